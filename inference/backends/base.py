@@ -1,0 +1,101 @@
+"""The backend contract every inference server plug-in follows, and the errors it may raise.
+
+A backend lists its models, reports its health and streams one chat completion. Closing the stream
+(``aclose()`` on the iterator, or leaving the ``async for``) must stop the server decoding it.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+
+class BackendError(Exception):
+    """A backend failure with a message fit to show the user. ``retryable`` marks transient faults."""
+
+    retryable = False
+    code = "backend_error"
+
+
+class BackendUnavailable(BackendError):
+    """The server refused the connection, timed out or answered 5xx."""
+
+    retryable = True
+    code = "backend_unavailable"
+
+
+class ModelNotFound(BackendError):
+    code = "unknown_model"
+
+
+class BackendProtocolError(BackendError):
+    """The server answered something this plug-in cannot parse."""
+
+    code = "backend_protocol"
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    name: str
+    context_length: int | None = None
+    size_bytes: int | None = None
+    details: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Health:
+    ok: bool
+    detail: str
+    version: str = ""
+
+
+@dataclass(frozen=True)
+class ChatRequest:
+    model: str
+    messages: list[dict[str, str]]
+    max_tokens: int
+    temperature: float | None = None
+    top_p: float | None = None
+    seed: int | None = None
+
+
+@dataclass
+class BackendStats:
+    """The backend's own account of a reply, normalised; ``raw`` keeps its fields as it sent them."""
+
+    prompt_tokens: int | None = None
+    prompt_ms: float | None = None
+    cached_tokens: int | None = None
+    output_tokens: int | None = None
+    decode_ms: float | None = None
+    decode_tps: float | None = None
+    raw: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class StreamChunk:
+    """Text decoded since the previous chunk (may hold several tokens, or none)."""
+
+    text: str
+    finish_reason: str | None = None
+    stats: BackendStats | None = None
+
+
+class Backend(ABC):
+    kind: str
+
+    def __init__(self, base_url: str, *, timeout_s: float = 10.0) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.timeout_s = timeout_s
+
+    @abstractmethod
+    async def health(self) -> Health: ...
+
+    @abstractmethod
+    async def list_models(self) -> list[ModelInfo]: ...
+
+    @abstractmethod
+    def stream_chat(self, request: ChatRequest) -> AsyncIterator[StreamChunk]:
+        """Stream one reply. The last chunk carries ``finish_reason`` and the backend's ``stats``."""

@@ -1,0 +1,149 @@
+"""llama.cpp's ``llama-server``: OpenAI-style streaming with llama.cpp's own per-token timings.
+
+Protocol: https://github.com/ggml-org/llama.cpp/tree/master/tools/server (``/v1/chat/completions`` with
+``stream`` and ``timings_per_token``; ``/v1/models``; ``/health``). Closing the HTTP stream frees the slot.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+
+from inference.backends.base import (
+    Backend,
+    BackendError,
+    BackendProtocolError,
+    BackendStats,
+    BackendUnavailable,
+    ChatRequest,
+    Health,
+    ModelInfo,
+    StreamChunk,
+)
+
+
+def stats_from_timings(timings: dict[str, Any]) -> BackendStats:
+    return BackendStats(
+        prompt_tokens=timings.get("prompt_n"),
+        prompt_ms=timings.get("prompt_ms"),
+        cached_tokens=timings.get("cache_n"),
+        output_tokens=timings.get("predicted_n"),
+        decode_ms=timings.get("predicted_ms"),
+        decode_tps=timings.get("predicted_per_second"),
+        raw=dict(timings),
+    )
+
+
+def _error_message(response: httpx.Response, body: bytes) -> str:
+    try:
+        payload = json.loads(body)
+        message = payload.get("error", {}).get("message") or str(payload)
+    except (ValueError, AttributeError):
+        message = body[:300].decode("utf-8", "replace")
+    return f"llama-server answered {response.status_code}: {message}"
+
+
+class LlamaCppBackend(Backend):
+    kind = "llamacpp"
+
+    def _client(self, *, read_timeout: float | None) -> httpx.AsyncClient:
+        timeout = httpx.Timeout(self.timeout_s, read=read_timeout)
+        return httpx.AsyncClient(base_url=self.base_url, timeout=timeout, trust_env=False)
+
+    async def _get_json(self, path: str) -> Any:
+        try:
+            async with self._client(read_timeout=self.timeout_s) as client:
+                response = await client.get(path)
+        except httpx.HTTPError as exc:
+            raise BackendUnavailable(f"llama-server at {self.base_url} is unreachable: {exc!r}") from exc
+        if response.status_code >= 500:
+            raise BackendUnavailable(_error_message(response, response.content))
+        if response.status_code >= 400:
+            raise BackendError(_error_message(response, response.content))
+        try:
+            return response.json()
+        except ValueError as exc:
+            raise BackendProtocolError(f"llama-server sent non-JSON for {path}") from exc
+
+    async def health(self) -> Health:
+        try:
+            await self._get_json("/health")
+        except BackendError as exc:
+            return Health(ok=False, detail=str(exc))
+        return Health(ok=True, detail="ok")
+
+    async def list_models(self) -> list[ModelInfo]:
+        payload = await self._get_json("/v1/models")
+        models = []
+        for entry in payload.get("data", []):
+            meta = entry.get("meta") or {}
+            models.append(
+                ModelInfo(
+                    name=entry["id"],
+                    context_length=meta.get("n_ctx_train"),
+                    size_bytes=meta.get("size"),
+                    details=meta,
+                )
+            )
+        return models
+
+    def _payload(self, request: ChatRequest) -> dict[str, Any]:
+        payload: dict[str, Any] = {
+            "model": request.model,
+            "messages": request.messages,
+            "stream": True,
+            "timings_per_token": True,
+            "max_tokens": request.max_tokens,
+        }
+        for name in ("temperature", "top_p", "seed"):
+            value = getattr(request, name)
+            if value is not None:
+                payload[name] = value
+        return payload
+
+    async def stream_chat(self, request: ChatRequest) -> AsyncIterator[StreamChunk]:
+        # No read timeout here: the turn runner enforces first-token and stall timeouts itself.
+        client = self._client(read_timeout=None)
+        try:
+            async with client.stream("POST", "/v1/chat/completions", json=self._payload(request)) as response:
+                if response.status_code != 200:
+                    body = await response.aread()
+                    error = BackendUnavailable if response.status_code >= 500 else BackendError
+                    raise error(_error_message(response, body))
+                async for chunk in self._parse_sse(response):
+                    yield chunk
+        except httpx.HTTPError as exc:
+            raise BackendUnavailable(f"llama-server stream failed: {exc!r}") from exc
+        finally:
+            await client.aclose()
+
+    async def _parse_sse(self, response: httpx.Response) -> AsyncIterator[StreamChunk]:
+        finished = False
+        async for line in response.aiter_lines():
+            if not line.startswith("data: "):
+                continue
+            data = line[6:]
+            if data == "[DONE]":
+                break
+            try:
+                event = json.loads(data)
+            except ValueError as exc:
+                raise BackendProtocolError(f"llama-server sent a malformed event: {data[:200]!r}") from exc
+            if "error" in event:
+                raise BackendError(f"llama-server error: {event['error']}")
+            choice = (event.get("choices") or [{}])[0]
+            text = (choice.get("delta") or {}).get("content") or ""
+            reason = choice.get("finish_reason")
+            timings = event.get("timings")
+            if reason:
+                finished = True
+            yield StreamChunk(
+                text=text,
+                finish_reason=reason,
+                stats=stats_from_timings(timings) if (reason and timings) else None,
+            )
+        if not finished:
+            raise BackendUnavailable("llama-server closed the stream before the reply finished")

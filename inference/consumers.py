@@ -1,0 +1,119 @@
+"""The chat websocket: authorise, then translate browser frames to services and events to frames.
+
+Browser -> server frames (JSON): ``turn.send {text, params?}``, ``turn.cancel {turn}``, ``turn.resync {turn}``.
+Server -> browser frames: ``session.snapshot``, ``turn.snapshot``, ``turn.queued``, ``turn.state``,
+``token``, ``turn.end``, ``error {code, message}``. See docs/streaming.md.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from channels.db import database_sync_to_async
+from channels.generic.websocket import AsyncJsonWebsocketConsumer
+from django.conf import settings
+from django.http import Http404
+
+from inference import events, selectors, services
+
+CLOSE_NOT_FOUND = 4404
+
+
+class ChatConsumer(AsyncJsonWebsocketConsumer):  # type: ignore[misc]
+    session_id: int
+    group: str | None = None
+
+    async def connect(self) -> None:
+        user = self.scope.get("user")
+        if user is None or not user.is_authenticated or not user.is_active:
+            await self.close(code=4401)
+            return
+        try:
+            session = await database_sync_to_async(selectors.session_get_for)(
+                user, int(self.scope["url_route"]["kwargs"]["session_id"])
+            )
+        except Http404:
+            await self.close(code=CLOSE_NOT_FOUND)
+            return
+        self.session_id = session.pk
+        # Join the group before reading the snapshot: a batch published in between is then both in
+        # the snapshot and delivered live, and the browser drops it by seq; none can fall in a gap.
+        self.group = events.session_group(session.pk)
+        await self.channel_layer.group_add(self.group, self.channel_name)
+        await self.accept()
+        history = await database_sync_to_async(selectors.session_history)(session)
+        await self.send_json({"type": "session.snapshot", "session": session.pk, "turns": history})
+
+    async def disconnect(self, code: int) -> None:
+        if self.group:
+            await self.channel_layer.group_discard(self.group, self.channel_name)
+
+    async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None, **kwargs: Any) -> None:
+        limit = settings.RIGDASH.max_ws_frame_bytes
+        if text_data is None:
+            await self._error("bad_frame", "Frames must be JSON text.")
+            return
+        if len(text_data.encode("utf-8")) > limit:
+            await self._error("frame_too_large", f"Frames are limited to {limit} bytes.")
+            return
+        try:
+            content = json.loads(text_data)
+        except ValueError:
+            await self._error("bad_json", "The frame is not valid JSON.")
+            return
+        if not isinstance(content, dict):
+            await self._error("bad_frame", "A frame must be a JSON object with a type.")
+            return
+        await self.receive_json(content)
+
+    async def receive_json(self, content: dict[str, Any], **kwargs: Any) -> None:
+        handlers = {"turn.send": self._turn_send, "turn.cancel": self._turn_cancel, "turn.resync": self._turn_resync}
+        handler = handlers.get(content.get("type", ""))
+        if handler is None:
+            await self._error("unknown_type", f"Unknown frame type {content.get('type')!r}.")
+            return
+        try:
+            await handler(content)
+        except services.InvalidInput as exc:
+            await self._error(exc.code, exc.message, request=content.get("client_id"))
+        except Http404:
+            await self._error("not_found", "No such turn in this session.")
+
+    async def _turn_send(self, content: dict[str, Any]) -> None:
+        await database_sync_to_async(self._submit)(content.get("text"), content.get("params"))
+
+    def _submit(self, text: Any, params: Any) -> None:
+        session = selectors.session_get_for(self.scope["user"], self.session_id)
+        services.turn_submit(session=session, text=text, params=params)
+
+    async def _owned_turn(self, content: dict[str, Any]) -> Any:
+        turn = await database_sync_to_async(selectors.turn_get_for)(self.scope["user"], content.get("turn"))
+        if turn.session_id != self.session_id:
+            raise Http404
+        return turn
+
+    async def _turn_cancel(self, content: dict[str, Any]) -> None:
+        turn = await self._owned_turn(content)
+        await database_sync_to_async(services.turn_cancel)(turn=turn)
+
+    async def _turn_resync(self, content: dict[str, Any]) -> None:
+        turn = await self._owned_turn(content)
+        snapshot = await database_sync_to_async(selectors.turn_snapshot)(turn)
+        await self.send_json({"type": "turn.snapshot", "turn": snapshot})
+
+    async def _error(self, code: str, message: str, request: Any = None) -> None:
+        await self.send_json({"type": "error", "code": code, "message": message, "request": request})
+
+    # Channel-layer events (built in inference/events.py), one handler each.
+    async def chat_token(self, event: dict[str, Any]) -> None:
+        await self.send(text_data=json.dumps({**event, "type": "token"}, ensure_ascii=False))
+
+    async def chat_turn_queued(self, event: dict[str, Any]) -> None:
+        await self.send_json({"type": "turn.queued", "turn": event["turn"]})
+
+    async def chat_turn_state(self, event: dict[str, Any]) -> None:
+        await self.send_json({"type": "turn.state", "turn": event["turn"], "status": event["status"]})
+
+    async def chat_turn_end(self, event: dict[str, Any]) -> None:
+        await self.send_json({"type": "turn.end", "turn": event["turn"], "seq": event["seq"]})

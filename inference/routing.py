@@ -1,0 +1,7 @@
+from __future__ import annotations
+
+from django.urls import path
+
+from inference.consumers import ChatConsumer
+
+websocket_urlpatterns = [path("ws/chat/<int:session_id>/", ChatConsumer.as_asgi())]

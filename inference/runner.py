@@ -1,0 +1,285 @@
+"""Run one chat turn: stream it from the backend, coalesce tokens, publish batches, store the end.
+
+The contract (docs/streaming.md): the first token is published at once; later ones are coalesced and
+flushed at most FLUSH_INTERVAL_MS after the oldest unsent token arrived. Every batch carries the turn id
+and seq_from..seq_to (one seq per backend chunk with text, usually one token). Each batch is appended
+to the turn's Redis live list before it is published. The database is written when the turn is claimed,
+at its first token, at checkpoints every few seconds, and once at the end.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+import time
+from collections.abc import AsyncGenerator
+from dataclasses import dataclass, field
+from typing import Any, cast
+
+import redis.asyncio as aioredis
+from channels.db import database_sync_to_async as db_async
+from django.conf import settings
+
+from inference import events, live, services
+from inference.backends import backend_for
+from inference.backends.base import BackendError, BackendStats, ChatRequest, StreamChunk
+from inference.models import Turn
+from inference.selectors import turn_snapshot
+from rigdash.env import RigDashConfig
+
+log = logging.getLogger(__name__)
+_END = object()
+WORKER_ID = f"{socket.gethostname()}:{os.getpid()}"
+
+
+class TurnCancelled(Exception):
+    pass
+
+
+class TurnTimeout(Exception):
+    pass
+
+
+@dataclass
+class StreamMeter:
+    """Client-side timings of one reply (perf_counter seconds); see ../shared performance definitions."""
+
+    t_request: float
+    t_first: float | None = None
+    t_last: float | None = None
+    events: int = 0
+    gaps_ms: list[float] = field(default_factory=list)
+
+    def token(self, now: float) -> None:
+        if self.t_first is None:
+            self.t_first = now
+        elif self.t_last is not None:
+            self.gaps_ms.append(round((now - self.t_last) * 1000, 3))
+        self.t_last = now
+        self.events += 1
+
+    @property
+    def ttft_ms(self) -> float | None:
+        return None if self.t_first is None else round((self.t_first - self.t_request) * 1000, 2)
+
+    @property
+    def decode_tps(self) -> float | None:
+        """(n - 1) / (t_last - t_first): decode rate without the prompt phase."""
+        if self.events < 2 or self.t_first is None or self.t_last is None or self.t_last <= self.t_first:
+            return None
+        return round((self.events - 1) / (self.t_last - self.t_first), 2)
+
+    def live_stats(self) -> dict[str, Any]:
+        return {"tokens": self.events, "ttft_ms": self.ttft_ms, "decode_tps": self.decode_tps}
+
+    def final_stats(self, backend: BackendStats | None) -> dict[str, Any]:
+        stats: dict[str, Any] = {
+            "ttft_ms": self.ttft_ms,
+            "decode_tps": self.decode_tps,
+            "output_events": self.events,
+            "output_tokens": self.events,
+            "inter_token_gaps_ms": self.gaps_ms,
+            "e2e_ms": round(((self.t_last or self.t_request) - self.t_request) * 1000, 2),
+        }
+        if backend is not None:
+            stats.update(
+                {
+                    "prompt_tokens": backend.prompt_tokens,
+                    "prompt_ms": backend.prompt_ms,
+                    "cached_tokens": backend.cached_tokens,
+                    "backend_decode_tps": backend.decode_tps,
+                    "backend_timings": backend.raw,
+                }
+            )
+            if backend.output_tokens is not None:
+                stats["output_tokens"] = backend.output_tokens
+        return stats
+
+
+@dataclass
+class TurnStream:
+    """The state of one streaming turn inside the worker's event loop."""
+
+    turn: Turn
+    redis: aioredis.Redis
+    meter: StreamMeter
+    flush_interval_s: float
+    parts: list[str] = field(default_factory=list)
+    pending: list[str] = field(default_factory=list)
+    pending_since: float | None = None
+    seq_sent: int = 0
+    last_checkpoint: float = 0.0
+    cancelled: bool = False
+
+    @property
+    def text(self) -> str:
+        return "".join(self.parts)
+
+    async def flush(self) -> None:
+        """Append the pending batch to the live list, read the cancel flag, then publish the batch."""
+        text = "".join(self.pending) if self.pending else ""
+        seq_from, seq_to = self.seq_sent + 1, self.meter.events
+        async with self.redis.pipeline(transaction=False) as pipe:
+            if text:
+                pipe.rpush(live.live_key(self.turn.pk), live.encode_batch(seq_from, seq_to, text))
+                if seq_from == 1:
+                    pipe.expire(live.live_key(self.turn.pk), live.LIVE_TTL_S)
+            pipe.get(live.cancel_key(self.turn.pk))
+            results = await pipe.execute()
+        self.cancelled = self.cancelled or bool(results[-1])
+        if text:
+            self.pending.clear()
+            self.pending_since = None
+            self.seq_sent = seq_to
+            await events.token_batch(
+                session_id=self.turn.session_id,
+                turn_id=self.turn.pk,
+                seq_from=seq_from,
+                seq_to=seq_to,
+                text=text,
+                stats=self.meter.live_stats(),
+            )
+
+    def accept(self, chunk: StreamChunk, now: float) -> None:
+        if not chunk.text:
+            return
+        self.meter.token(now)
+        self.parts.append(chunk.text)
+        self.pending.append(chunk.text)
+        if self.pending_since is None:
+            self.pending_since = now
+
+
+async def _pump(backend_iter: Any, queue: asyncio.Queue[Any]) -> None:
+    """Read the backend stream into a queue, so the runner can wait on it with timeouts."""
+    try:
+        async for chunk in backend_iter:
+            await queue.put(chunk)
+        await queue.put(_END)
+    except BackendError as exc:
+        await queue.put(exc)
+
+
+async def stream_turn(turn: Turn, request: ChatRequest, redis_client: aioredis.Redis) -> services.TurnOutcome:
+    conf = settings.RIGDASH
+    backend = backend_for(turn.session.rig)
+    state = TurnStream(
+        turn=turn,
+        redis=redis_client,
+        meter=StreamMeter(t_request=time.perf_counter()),
+        flush_interval_s=conf.flush_interval_ms / 1000,
+    )
+    state.last_checkpoint = state.meter.t_request
+    queue: asyncio.Queue[Any] = asyncio.Queue()
+    backend_iter = cast(AsyncGenerator[StreamChunk, None], backend.stream_chat(request))
+    pump = asyncio.create_task(_pump(backend_iter, queue))
+    final: StreamChunk | None = None
+    status, error, finish_reason = Turn.Status.DONE, "", ""
+    try:
+        final = await _consume(state, queue, conf)
+        finish_reason = final.finish_reason or "stop"
+    except TurnCancelled:
+        status, finish_reason = Turn.Status.CANCELLED, "cancelled"
+    except TurnTimeout as exc:
+        status, finish_reason, error = Turn.Status.FAILED, "timeout", str(exc)
+    except BackendError as exc:
+        status, finish_reason, error = Turn.Status.FAILED, exc.code, str(exc)
+    finally:
+        pump.cancel()  # closes the HTTP stream: the backend stops decoding this reply
+        await asyncio.gather(pump, return_exceptions=True)
+        await backend_iter.aclose()
+    if state.pending:
+        await state.flush()
+    return services.TurnOutcome(
+        status=status,
+        reply_text=state.text,
+        finish_reason=finish_reason,
+        stats=state.meter.final_stats(final.stats if final else None),
+        error=error,
+    )
+
+
+async def _consume(state: TurnStream, queue: asyncio.Queue[Any], conf: RigDashConfig) -> StreamChunk:
+    """Wait for chunks and flush on the coalescing timer; wake at least every 100 ms to see a cancel."""
+    idle_since = time.perf_counter()
+    while True:
+        now = time.perf_counter()
+        wait = 0.1
+        if state.pending_since is not None:
+            wait = max(0.0, min(wait, state.pending_since + state.flush_interval_s - now))
+        try:
+            item = await asyncio.wait_for(queue.get(), timeout=wait)
+        except TimeoutError:
+            item = None
+        now = time.perf_counter()
+        if isinstance(item, BackendError):
+            raise item
+        if item is _END:
+            raise BackendError("the backend ended the stream without a finish reason")
+        if isinstance(item, StreamChunk):
+            idle_since = now
+            first = state.meter.events == 0 and bool(item.text)
+            state.accept(item, now)
+            if first:
+                await state.flush()  # the first token goes out at once
+                await db_async(services.turn_mark_decoding)(turn_id=state.turn.pk)
+            if item.finish_reason:
+                return item
+        if state.pending_since is not None and now - state.pending_since >= state.flush_interval_s:
+            await state.flush()
+        elif item is None:
+            await state.flush()  # nothing to send: just reads the cancel flag
+        if state.cancelled:
+            raise TurnCancelled
+        limit = conf.first_token_timeout_s if state.meter.events == 0 else conf.stall_timeout_s
+        if now - idle_since > limit:
+            phase = "the first token" if state.meter.events == 0 else "the next token"
+            raise TurnTimeout(f"The backend sent nothing for {limit:g} s while waiting for {phase}.")
+        if now - state.last_checkpoint >= conf.checkpoint_interval_s:
+            state.last_checkpoint = now
+            await db_async(services.turn_checkpoint)(turn_id=state.turn.pk, reply_text=state.text)
+
+
+_redis_clients: dict[int, aioredis.Redis] = {}
+
+
+def _redis_for_loop() -> aioredis.Redis:
+    loop_id = id(asyncio.get_running_loop())
+    if loop_id not in _redis_clients:
+        _redis_clients[loop_id] = aioredis.Redis.from_url(settings.REDIS_URL)
+    return _redis_clients[loop_id]
+
+
+async def run_claimed_turn(turn: Turn) -> None:
+    params = turn.params or {}
+    request = ChatRequest(
+        model=turn.session.model_name,
+        messages=await db_async(services.turn_history_messages)(turn),
+        max_tokens=min(params.get("max_tokens", settings.RIGDASH.max_reply_tokens), settings.RIGDASH.max_reply_tokens),
+        temperature=params.get("temperature"),
+        top_p=params.get("top_p"),
+        seed=params.get("seed"),
+    )
+    outcome = await stream_turn(turn, request, _redis_for_loop())
+    stored = await db_async(services.turn_finish)(turn=turn, outcome=outcome)
+    if not stored:
+        log.warning("turn %s had already ended when its worker finished", turn.pk)
+        return
+    await db_async(turn.refresh_from_db)()
+    snapshot = await db_async(turn_snapshot)(turn)
+    await events.turn_end(session_id=turn.session_id, turn=snapshot, seq=outcome.stats["output_events"])
+    await db_async(live.forget)(turn.pk)
+
+
+def turn_run(turn_id: int) -> str:
+    """Claim and run a turn once. Returns what happened (a second delivery of the task is a no-op)."""
+    from inference import aio
+
+    turn = services.turn_claim(turn_id=turn_id, worker=WORKER_ID)
+    if turn is None:
+        return "not-claimed"
+    aio.run(events.turn_state(session_id=turn.session_id, turn_id=turn.pk, status=Turn.Status.PROMPT))
+    aio.run(run_claimed_turn(turn))
+    return "ran"

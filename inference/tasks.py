@@ -1,0 +1,17 @@
+"""Thin Celery tasks: take an id, call the runner or a service."""
+
+from __future__ import annotations
+
+from celery import shared_task
+
+from inference import runner, services
+
+
+@shared_task(name="inference.turn_run")
+def turn_run_task(turn_id: int) -> str:
+    return runner.turn_run(turn_id)
+
+
+@shared_task(name="inference.turn_reap_stale")
+def turn_reap_stale_task(older_than_s: float = 60.0) -> list[int]:
+    return services.turn_reap_stale(older_than_s=older_than_s)

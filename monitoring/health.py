@@ -1,0 +1,70 @@
+"""Liveness of everything a chat turn needs: database, Redis, Celery workers, each rig's backend."""
+
+from __future__ import annotations
+
+import asyncio
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from django.conf import settings
+from django.db import connection
+
+from inference import live
+from inference.backends import backend_for
+from inference.backends.base import BackendError
+from inference.models import Rig
+
+
+def check_database() -> dict[str, Any]:
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT 1")
+        return {"ok": True, "detail": connection.vendor}
+    except Exception as exc:
+        return {"ok": False, "detail": repr(exc)}
+    finally:
+        connection.close()  # this runs in a pool thread: do not leak its connection
+
+
+def check_redis() -> dict[str, Any]:
+    try:
+        live.sync_client().ping()
+        return {"ok": True, "detail": "pong"}
+    except Exception as exc:
+        return {"ok": False, "detail": repr(exc)}
+
+
+def check_workers(timeout_s: float = 1.0) -> dict[str, Any]:
+    from rigdash.celery import app
+
+    try:
+        replies = app.control.ping(timeout=timeout_s)
+    except Exception as exc:
+        return {"ok": False, "detail": repr(exc), "workers": []}
+    names = sorted(name for reply in replies for name in reply)
+    return {"ok": bool(names), "detail": f"{len(names)} worker(s)" if names else "no worker answered", "workers": names}
+
+
+def check_rig(rig: Rig) -> dict[str, Any]:
+    try:
+        backend = backend_for(rig, timeout_s=settings.RIGDASH.backend_health_timeout_s)
+        health = asyncio.run(backend.health())
+    except BackendError as exc:
+        return {"ok": False, "detail": str(exc), "kind": rig.kind, "url": rig.base_url}
+    return {"ok": health.ok, "detail": health.detail, "kind": rig.kind, "url": rig.base_url}
+
+
+def health_report() -> dict[str, Any]:
+    rigs = list(Rig.objects.filter(enabled=True))
+    with ThreadPoolExecutor(max_workers=4 + len(rigs)) as pool:
+        futures = {
+            "database": pool.submit(check_database),
+            "redis": pool.submit(check_redis),
+            "workers": pool.submit(check_workers),
+        }
+        rig_futures = {rig.name: pool.submit(check_rig, rig) for rig in rigs}
+        checks = {name: future.result() for name, future in futures.items()}
+        checks["rigs"] = {name: future.result() for name, future in rig_futures.items()}
+    down = [name for name in ("database", "redis", "workers") if not checks[name]["ok"]]
+    down += [f"rig:{name}" for name, result in checks["rigs"].items() if not result["ok"]]
+    return {"status": "ok" if not down else "down", "down": down, "checks": checks}

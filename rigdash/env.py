@@ -1,0 +1,72 @@
+"""Small typed readers for settings from the environment that fail loudly on a bad value."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from django.core.exceptions import ImproperlyConfigured
+
+
+def env_str(name: str, default: str) -> str:
+    return os.environ.get(name, default)
+
+
+def env_int(name: str, default: int, *, minimum: int | None = None, maximum: int | None = None) -> int:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = int(raw)
+    except ValueError as exc:
+        raise ImproperlyConfigured(f"{name} must be an integer, got {raw!r}") from exc
+    if (minimum is not None and value < minimum) or (maximum is not None and value > maximum):
+        raise ImproperlyConfigured(f"{name} must be between {minimum} and {maximum}, got {value}")
+    return value
+
+
+def env_float(name: str, default: float, *, minimum: float = 0.0) -> float:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = float(raw)
+    except ValueError as exc:
+        raise ImproperlyConfigured(f"{name} must be a number, got {raw!r}") from exc
+    if value < minimum:
+        raise ImproperlyConfigured(f"{name} must be >= {minimum}, got {value}")
+    return value
+
+
+def env_bool(name: str, default: bool) -> bool:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    lowered = raw.strip().lower()
+    if lowered in {"1", "true", "yes", "on"}:
+        return True
+    if lowered in {"0", "false", "no", "off"}:
+        return False
+    raise ImproperlyConfigured(f"{name} must be a boolean (1/0, true/false), got {raw!r}")
+
+
+def env_list(name: str, default: list[str]) -> list[str]:
+    raw = os.environ.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    return [item.strip() for item in raw.split(",") if item.strip()]
+
+
+@dataclass(frozen=True)
+class RigDashConfig:
+    """RigDash's own settings (``settings.RIGDASH``); each maps to one RIGDASH_* variable."""
+
+    max_message_chars: int
+    max_ws_frame_bytes: int
+    flush_interval_ms: int
+    max_reply_tokens: int
+    first_token_timeout_s: float
+    stall_timeout_s: float
+    checkpoint_interval_s: float
+    backend_health_timeout_s: float
+    default_rig_url: str

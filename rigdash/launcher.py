@@ -1,0 +1,214 @@
+"""Start RigDash with the embedded llama-server: Redis check, migrations, worker, web server, one Ctrl-C.
+
+``scripts/run`` builds llama-server and the model first, then runs ``python -m rigdash.launcher``.
+The process helpers here are also used by the test suite to start the same pieces.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from urllib.parse import urlparse
+
+ROOT = Path(__file__).resolve().parent.parent
+PYTHON = sys.executable
+
+
+def log(message: str) -> None:
+    print(f"[rigdash] {message}", flush=True)
+
+
+def port_open(host: str, port: int, timeout_s: float = 0.5) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=timeout_s):
+            return True
+    except OSError:
+        return False
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def redis_answers(url: str) -> bool:
+    import redis
+
+    try:
+        return bool(redis.Redis.from_url(url, socket_connect_timeout=1, socket_timeout=1).ping())
+    except redis.RedisError:
+        return False
+
+
+def wait_http(url: str, *, timeout_s: float, proc: subprocess.Popen[bytes] | None = None) -> None:
+    """Wait until ``url`` answers 200 (llama-server answers 503 while loading the model)."""
+    deadline = time.monotonic() + timeout_s
+    last = ""
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"process for {url} exited with code {proc.returncode}")
+        try:
+            with urllib.request.urlopen(url, timeout=2) as response:  # noqa: S310 - loopback URL we built
+                if response.status == 200:
+                    return
+        except (urllib.error.URLError, OSError) as exc:
+            last = repr(exc)
+        time.sleep(0.2)
+    raise TimeoutError(f"{url} did not answer within {timeout_s:g} s ({last})")
+
+
+def llama_server_command(*, port: int, slots: int, ctx: int, extra: Sequence[str] = ()) -> list[str]:
+    binary = os.environ.get("LLAMA_SERVER_BIN", "")
+    model = os.environ.get("LLAMA_MODEL_PATH", "")
+    if not (binary and Path(binary).exists() and model and Path(model).exists()):
+        raise SystemExit("LLAMA_SERVER_BIN / LLAMA_MODEL_PATH are not set: run scripts/build-llama-server first")
+    threads = os.environ.get("LLAMA_THREADS", str(os.cpu_count() or 2))
+    alias = os.environ.get("LLAMA_MODEL_ALIAS", "SmolLM2-135M-Instruct-Q4_1")
+    return [
+        binary, "-m", model, "--host", "127.0.0.1", "--port", str(port), "--metrics", "--slots",
+        "-np", str(slots), "-c", str(ctx), "-t", threads, "--alias", alias, "--no-webui", *extra,
+    ]  # fmt: skip
+
+
+@dataclass
+class Stack:
+    """Processes started together and stopped together (SIGTERM, then SIGKILL after a grace period)."""
+
+    procs: list[tuple[str, subprocess.Popen[bytes]]] = field(default_factory=list)
+
+    def start(self, name: str, cmd: Sequence[str], *, env: dict[str, str] | None = None,
+              log_path: Path | None = None) -> subprocess.Popen[bytes]:  # fmt: skip
+        out = open(log_path, "ab") if log_path else None  # noqa: SIM115 - lives as long as the process
+        proc = subprocess.Popen(
+            list(cmd),
+            cwd=ROOT,
+            env={**os.environ, **(env or {})},
+            stdout=out,
+            stderr=subprocess.STDOUT if out else None,
+            start_new_session=True,
+        )
+        self.procs.append((name, proc))
+        return proc
+
+    def stop(self, grace_s: float = 8.0) -> None:
+        for _, proc in reversed(self.procs):
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGTERM)
+        deadline = time.monotonic() + grace_s
+        for _, proc in reversed(self.procs):
+            try:
+                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+        self.procs.clear()
+
+    def first_exited(self) -> tuple[str, int] | None:
+        for name, proc in self.procs:
+            if proc.poll() is not None:
+                return name, proc.returncode
+        return None
+
+
+def ensure_redis(stack: Stack, var_dir: Path) -> str:
+    """REDIS_URL if it answers; else a private redis-server if one is installed; else stop with advice."""
+    url = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
+    if redis_answers(url):
+        return url
+    server = shutil.which("redis-server")
+    if not server:
+        raise SystemExit(
+            f"No Redis answers at {url} and redis-server is not installed.\n"
+            "Install it (Debian/Ubuntu: sudo apt-get install redis-server) or set REDIS_URL to a running Redis."
+        )
+    port = free_port()
+    log(f"no Redis at {url}: starting a private redis-server on 127.0.0.1:{port}")
+    stack.start(
+        "redis",
+        [
+            server,
+            "--bind",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            str(var_dir),
+        ],
+        log_path=var_dir / "redis.log",
+    )
+    url = f"redis://127.0.0.1:{port}/0"
+    deadline = time.monotonic() + 10
+    while not redis_answers(url):
+        if time.monotonic() > deadline:
+            raise SystemExit("the private redis-server did not start; see var/redis.log")
+        time.sleep(0.1)
+    return url
+
+
+def manage(*args: str, env: dict[str, str]) -> None:
+    subprocess.run([PYTHON, "manage.py", *args], cwd=ROOT, env={**os.environ, **env}, check=True)
+
+
+def run() -> int:
+    var_dir = Path(os.environ.get("RIGDASH_VAR_DIR", ROOT / "var"))
+    (var_dir / "log").mkdir(parents=True, exist_ok=True)
+    host = os.environ.get("RIGDASH_HOST", "127.0.0.1")
+    port = int(os.environ.get("RIGDASH_PORT", "8000"))
+    llama_url = urlparse(os.environ.get("LLAMA_SERVER_URL", "http://127.0.0.1:8081"))
+    llama_port = llama_url.port or 8081
+    stack = Stack()
+    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    try:
+        env = {"REDIS_URL": ensure_redis(stack, var_dir), "LLAMA_SERVER_URL": llama_url.geturl()}
+        for busy_port, what in ((port, "RIGDASH_PORT"), (llama_port, "LLAMA_SERVER_URL")):
+            if port_open("127.0.0.1", busy_port):
+                raise SystemExit(f"port {busy_port} is already in use: stop what holds it or set {what}")
+        manage("migrate", "--noinput", "-v", "0", env=env)
+        manage("rigdash_bootstrap", env=env)
+        slots = int(os.environ.get("LLAMA_SLOTS", "4"))
+        ctx = int(os.environ.get("LLAMA_CTX", "8192"))
+        llama = stack.start(
+            "llama-server", llama_server_command(port=llama_port, slots=slots, ctx=ctx),
+            log_path=var_dir / "log" / "llama-server.log",
+        )  # fmt: skip
+        stack.start(
+            "worker",
+            [PYTHON, "-m", "celery", "-A", "rigdash", "worker", "-B", "-s", str(var_dir / "celerybeat-schedule"),
+             "-Q", "rig.embedded,rigdash.default", "-c", str(slots), "-l", "INFO", "-n", "rigdash@%h"],
+            env=env, log_path=var_dir / "log" / "worker.log",
+        )  # fmt: skip
+        web = stack.start(
+            "web", [PYTHON, "-m", "daphne", "-b", host, "-p", str(port), "rigdash.asgi:application"],
+            env=env, log_path=var_dir / "log" / "web.log",
+        )  # fmt: skip
+        wait_http(f"{llama_url.geturl()}/health", timeout_s=120, proc=llama)
+        wait_http(f"http://127.0.0.1:{port}/static/rigdash/app.css", timeout_s=60, proc=web)
+        log(f"RigDash is up: http://{host}:{port}/   (logs in {var_dir / 'log'}; Ctrl-C stops everything)")
+        while (exited := stack.first_exited()) is None:
+            time.sleep(0.5)
+        log(f"{exited[0]} exited with code {exited[1]}; stopping the rest (see {var_dir / 'log'})")
+        return 1
+    except KeyboardInterrupt:
+        log("stopping…")
+        return 0
+    finally:
+        stack.stop()
+
+
+if __name__ == "__main__":
+    sys.exit(run())

