@@ -6,6 +6,7 @@ import asyncio
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from celery import Celery
 from django.conf import settings
 from django.db import connection
 
@@ -34,9 +35,9 @@ def check_redis() -> dict[str, Any]:
         return {"ok": False, "detail": repr(exc)}
 
 
-def check_workers(timeout_s: float = 1.0) -> dict[str, Any]:
-    from rigdash.celery import app
-
+def check_workers(timeout_s: float = 1.0, app: Celery | None = None) -> dict[str, Any]:
+    if app is None:
+        from rigdash.celery import app
     try:
         replies = app.control.ping(timeout=timeout_s)
     except Exception as exc:

@@ -32,7 +32,8 @@ def _clean_redis() -> None:
 
 
 @pytest.fixture(scope="session")
-def stack() -> Iterator[Stack]:
+def stack(django_db_setup: Any) -> Iterator[Stack]:
+    """Processes the tests start; set up after (so stopped before) the test database."""
     processes = Stack()
     LOG_DIR.mkdir(parents=True, exist_ok=True)
     yield processes

@@ -1,0 +1,143 @@
+"""Real headless Chromium (Debian's package) driven by Playwright against Daphne, the worker and llama-server."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from inference.models import Turn
+
+pytestmark = [pytest.mark.browser, pytest.mark.llama, pytest.mark.django_db(transaction=True)]
+
+CHROMIUM = os.environ.get("CHROMIUM_PATH") or shutil.which("chromium") or "/usr/bin/chromium"
+SHOT_DIR = os.environ.get("RIGDASH_SCREENSHOT_DIR")
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    from playwright.sync_api import sync_playwright
+
+    if not os.path.exists(CHROMIUM):
+        pytest.fail(f"Chromium not found at {CHROMIUM}: scripts/test installs Debian's chromium package")
+    os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")  # Playwright's sync API runs a loop
+    with sync_playwright() as p:
+        browser = p.chromium.launch(
+            executable_path=CHROMIUM,
+            args=["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                  "--disable-background-networking", "--disable-component-update", "--disable-sync"],
+        )  # fmt: skip
+        yield browser
+        browser.close()
+
+
+@pytest.fixture
+def page(browser: Any) -> Iterator[Any]:
+    context = browser.new_context(viewport={"width": 1200, "height": 800})
+    page = context.new_page()
+    page.set_default_timeout(30_000)
+    page.errors = []
+    page.on("pageerror", lambda exc: page.errors.append(str(exc)))
+    yield page
+    context.close()
+
+
+def login(page: Any, web_url: str, username: str) -> None:
+    page.goto(f"{web_url}/login/")
+    page.fill("input[name=username]", username)
+    page.fill("input[name=password]", f"{username}-pw-123")
+    page.click("button[type=submit]")
+    page.wait_for_url(f"{web_url}/")
+
+
+def test_chat_in_browser_streams_tokens_and_fills_stats(page, web_url, celery_worker, owner, rig, model_name):
+    login(page, web_url, "owner")
+    picker = page.get_by_test_id("model-picker")
+    assert model_name in picker.inner_text()
+    page.get_by_test_id("new-chat").click()
+    page.wait_for_url(re.compile(r".*/sessions/\d+/$"))
+    page.wait_for_selector("[data-testid=connection][data-state=live]")
+
+    # Record every change of the reply's text as it happens, to see tokens arrive one batch at a time.
+    page.evaluate(
+        """() => {
+        window.__replySizes = [];
+        new MutationObserver(() => {
+          const r = document.querySelector('[data-testid=reply]');
+          if (r) window.__replySizes.push(r.textContent.length);
+        }).observe(document.querySelector('[data-testid=turns]'),
+                   {subtree: true, childList: true, characterData: true});
+    }"""
+    )
+    page.get_by_test_id("message").fill("Write a short poem about the sea.")
+    page.get_by_test_id("send").click()
+    page.wait_for_selector("[data-testid=stats]:has-text('tok/s')")
+    stats_live = page.get_by_test_id("stats").inner_text()
+    page.wait_for_selector(".turn[data-status=done]", timeout=60_000)
+    if SHOT_DIR:
+        page.screenshot(path=os.path.join(SHOT_DIR, "chat.png"), full_page=True)
+
+    turn = Turn.objects.get()
+    reply_el = page.get_by_test_id("reply")
+    sizes = page.evaluate("window.__replySizes")
+    assert len(set(sizes)) > 2, f"the reply appeared all at once, not streamed: {sizes}"
+    assert "TTFT" in stats_live
+    final_stats = page.get_by_test_id("stats").inner_text()
+    assert re.search(r"TTFT \d+ ms", final_stats) and re.search(r"\d+ tokens", final_stats)
+    assert re.search(r"[\d.]+ tok/s", final_stats)
+    # What the page shows is the stored reply, rendered (compare words, Markdown changes spacing).
+    shown = " ".join(reply_el.inner_text().split())
+    stored_words = re.findall(r"[A-Za-z]{4,}", turn.reply_text)
+    assert stored_words and all(word in shown for word in stored_words[:20])
+    assert page.get_by_test_id("user-message").inner_text() == "Write a short poem about the sea."
+    assert page.errors == []
+
+
+def test_empty_and_oversized_messages_get_a_clear_error_and_keep_the_text(page, web_url, celery_worker, chat_session):
+    from django.conf import settings
+
+    login(page, web_url, "owner")
+    page.goto(f"{web_url}/sessions/{chat_session.pk}/")
+    page.wait_for_selector("[data-testid=connection][data-state=live]")
+    page.get_by_test_id("send").click()
+    assert "empty" in page.get_by_test_id("error").inner_text()
+    too_long = "x" * (settings.RIGDASH.max_message_chars + 1)
+    page.get_by_test_id("message").fill(too_long)
+    page.get_by_test_id("send").click()
+    page.wait_for_selector("[data-testid=error]:has-text('limit')")
+    assert page.get_by_test_id("message").input_value() == too_long  # nothing typed is lost
+    assert Turn.objects.count() == 0
+
+
+XSS_REPLY = """Here you go:
+
+<img src=x onerror="window.__xss='img'"><script>window.__xss='script'</script>
+<svg onload="window.__xss='svg'"></svg>
+
+[click me](javascript:window.__xss='link') and [data](data:text/html,<script>alert(1)</script>)
+
+<a href="#" onclick="window.__xss='onclick'">raw anchor</a> **bold** `code`
+"""
+
+
+def test_model_output_never_runs_as_html_or_script(page, web_url, chat_session):
+    Turn.objects.create(
+        session=chat_session, user_text="<b>hi</b>", reply_text=XSS_REPLY, status=Turn.Status.DONE,
+        finish_reason="stop", stats={"output_events": 1},
+    )  # fmt: skip
+    login(page, web_url, "owner")
+    response = page.goto(f"{web_url}/sessions/{chat_session.pk}/")
+    assert "script-src 'self'" in response.headers["content-security-policy"]
+    page.wait_for_selector("[data-testid=reply] strong")
+    page.wait_for_timeout(300)
+    assert page.evaluate("window.__xss") is None
+    reply = page.get_by_test_id("reply")
+    assert reply.locator("script, img, svg, [onerror], [onclick], [onload]").count() == 0
+    hrefs = reply.locator("a").evaluate_all("els => els.map(a => a.getAttribute('href'))")
+    assert not any(h and re.match(r"\s*(javascript|data):", h, re.I) for h in hrefs), hrefs
+    assert "<script>" in reply.inner_text()  # raw HTML is shown as text, not parsed
+    assert page.get_by_test_id("user-message").inner_text() == "<b>hi</b>"
