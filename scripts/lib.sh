@@ -10,8 +10,10 @@ ensure_venv() {
   "$py" -c 'import sys; sys.exit(sys.version_info < (3, 11))' || { echo "RigDash needs Python 3.11+ ($py is older)" >&2; exit 1; }
   echo "[rigdash] installing Python dependencies into $VENV" >&2
   [ -x "$VENV/bin/python" ] || "$py" -m venv "$VENV"
-  "$VENV/bin/python" -m pip install -q --upgrade pip >&2
-  "$VENV/bin/python" -m pip install -q -e "$ROOT[test]" >&2
+  local log="$VENV/pip-install.log"
+  if ! { "$VENV/bin/python" -m pip install --upgrade pip && "$VENV/bin/python" -m pip install "$ROOT[test]"; } >"$log" 2>&1; then
+    tail -30 "$log" >&2; echo "[rigdash] dependency install failed; full log: $log" >&2; exit 1
+  fi
   echo "$want" > "$stamp"
 }
 

@@ -1,0 +1,15 @@
+# RigDash web and worker image (docker-compose.yml runs both from it).
+FROM python:3.11-slim
+ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 RIGDASH_VAR_DIR=/data
+WORKDIR /app
+COPY pyproject.toml ./
+RUN pip install --no-cache-dir . && mkdir -p /data
+COPY manage.py ./
+COPY rigdash ./rigdash
+COPY inference ./inference
+COPY monitoring ./monitoring
+COPY templates ./templates
+COPY static ./static
+RUN RIGDASH_SECRET_KEY=build python manage.py collectstatic --noinput -v 0
+EXPOSE 8000
+CMD ["daphne", "-b", "0.0.0.0", "-p", "8000", "rigdash.asgi:application"]
