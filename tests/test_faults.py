@@ -116,7 +116,7 @@ def test_sqlite_takes_a_web_server_and_a_worker_writing_at_once(tmp_path):
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
-        )  # fmt: skip
+        )
         for turn_id in ids
     ]
     for proc in writers:
