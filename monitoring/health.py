@@ -36,10 +36,10 @@ def check_redis() -> dict[str, Any]:
 
 
 def check_workers(timeout_s: float = 1.0, app: Celery | None = None) -> dict[str, Any]:
-    if app is None:
-        from rigdash.celery import app
+    from rigdash.celery import app as rigdash_app
+
     try:
-        replies = app.control.ping(timeout=timeout_s)
+        replies = (app or rigdash_app).control.ping(timeout=timeout_s)
     except Exception as exc:
         return {"ok": False, "detail": repr(exc), "workers": []}
     names = sorted(name for reply in replies for name in reply)
