@@ -24,7 +24,9 @@ def browser() -> Iterator[Any]:
 
     if not os.path.exists(CHROMIUM):
         pytest.fail(f"Chromium not found at {CHROMIUM}: scripts/test installs Debian's chromium package")
-    os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")  # Playwright's sync API runs a loop
+    # Playwright's sync API runs an event loop in this thread; the ORM calls in these tests are safe.
+    previous = os.environ.get("DJANGO_ALLOW_ASYNC_UNSAFE")
+    os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = "true"
     with sync_playwright() as p:
         browser = p.chromium.launch(
             executable_path=CHROMIUM,
@@ -33,6 +35,8 @@ def browser() -> Iterator[Any]:
         )  # fmt: skip
         yield browser
         browser.close()
+    if previous is None:
+        del os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"]
 
 
 @pytest.fixture
