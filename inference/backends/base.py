@@ -30,6 +30,12 @@ class ModelNotFound(BackendError):
     code = "unknown_model"
 
 
+class BackendNotSupported(BackendError):
+    """The backend has no such capability (e.g. llama.cpp has no model pull)."""
+
+    code = "not_supported"
+
+
 class BackendProtocolError(BackendError):
     """The server answered something this plug-in cannot parse."""
 
@@ -59,6 +65,32 @@ class ChatRequest:
     temperature: float | None = None
     top_p: float | None = None
     seed: int | None = None
+
+
+@dataclass(frozen=True)
+class ModelArchitecture:
+    """What KV-cache arithmetic needs to know about a model (GGUF ``<arch>.*`` keys)."""
+
+    arch: str
+    block_count: int
+    head_count: int
+    head_count_kv: int
+    embedding_length: int
+    context_length: int | None = None
+    key_length: int | None = None
+    value_length: int | None = None
+
+
+@dataclass(frozen=True)
+class LoadedModel:
+    """A model the server holds in memory now, and how much of it sits in VRAM."""
+
+    name: str
+    size_bytes: int
+    size_vram_bytes: int | None = None
+    context_length: int | None = None
+    expires_at: str | None = None
+    details: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -99,3 +131,10 @@ class Backend(ABC):
     @abstractmethod
     def stream_chat(self, request: ChatRequest) -> AsyncIterator[StreamChunk]:
         """Stream one reply. The last chunk carries ``finish_reason`` and the backend's ``stats``."""
+
+    # Optional capabilities: a backend that cannot answer raises BackendNotSupported.
+    async def model_architecture(self, model: str) -> ModelArchitecture:
+        raise BackendNotSupported(f"{self.kind} cannot describe a model's architecture")
+
+    async def loaded_models(self) -> list[LoadedModel]:
+        raise BackendNotSupported(f"{self.kind} cannot list loaded models")
