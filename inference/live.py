@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from functools import cache
+from typing import Any
 
 import redis
 from django.conf import settings
@@ -28,8 +29,20 @@ def cancel_key(turn_id: int) -> str:
     return f"rigdash:turn:{turn_id}:cancel"
 
 
-def encode_batch(seq_from: int, seq_to: int, text: str) -> str:
-    return json.dumps({"f": seq_from, "t": seq_to, "x": text}, ensure_ascii=False, separators=(",", ":"))
+def encode_batch(seq_from: int, seq_to: int, text: str, stats: dict[str, Any] | None = None) -> str:
+    """One batch as stored in the live list; ``s`` (the running stats) lets the sampler read a turn's
+    progress with one LINDEX instead of a write per batch."""
+    batch: dict[str, Any] = {"f": seq_from, "t": seq_to, "x": text}
+    if stats is not None:
+        batch["s"] = stats
+    return json.dumps(batch, ensure_ascii=False, separators=(",", ":"))
+
+
+def latest_stats(raw_batch: bytes | str | None) -> dict[str, Any] | None:
+    if not raw_batch:
+        return None
+    stats = json.loads(raw_batch).get("s")
+    return stats if isinstance(stats, dict) else None
 
 
 @dataclass(frozen=True)

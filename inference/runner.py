@@ -24,7 +24,7 @@ from django.conf import settings
 
 from inference import events, live, services
 from inference.backends import backend_for
-from inference.backends.base import BackendError, BackendStats, ChatRequest, StreamChunk
+from inference.backends.base import Backend, BackendError, BackendStats, ChatRequest, StreamChunk
 from inference.models import Turn
 from inference.selectors import turn_snapshot
 from rigdash.env import RigDashConfig
@@ -112,6 +112,8 @@ class TurnStream:
     seq_sent: int = 0
     last_checkpoint: float = 0.0
     cancelled: bool = False
+    context_tokens: int | None = None
+    context_limit: int | None = None
 
     @property
     def text(self) -> str:
@@ -123,7 +125,8 @@ class TurnStream:
         seq_from, seq_to = self.seq_sent + 1, self.meter.events
         async with self.redis.pipeline(transaction=False) as pipe:
             if text:
-                pipe.rpush(live.live_key(self.turn.pk), live.encode_batch(seq_from, seq_to, text))
+                batch = live.encode_batch(seq_from, seq_to, text, self.live_stats())
+                pipe.rpush(live.live_key(self.turn.pk), batch)
                 if seq_from == 1:
                     pipe.expire(live.live_key(self.turn.pk), live.LIVE_TTL_S)
             pipe.get(live.cancel_key(self.turn.pk))
@@ -139,10 +142,15 @@ class TurnStream:
                 seq_from=seq_from,
                 seq_to=seq_to,
                 text=text,
-                stats=self.meter.live_stats(),
+                stats=self.live_stats(),
             )
 
+    def live_stats(self) -> dict[str, Any]:
+        return {**self.meter.live_stats(), "context_tokens": self.context_tokens, "context_limit": self.context_limit}
+
     def accept(self, chunk: StreamChunk, now: float) -> None:
+        if chunk.context_tokens is not None:
+            self.context_tokens = chunk.context_tokens
         if not chunk.text:
             return
         self.meter.token(now)
@@ -150,6 +158,27 @@ class TurnStream:
         self.pending.append(chunk.text)
         if self.pending_since is None:
             self.pending_since = now
+
+
+_context_limits: dict[int, tuple[float, int | None]] = {}
+
+
+async def _context_limit(backend: Backend, turn: Turn) -> int | None:
+    """The context window a turn gets on its rig (per slot), cached a minute per rig and process."""
+    cached = _context_limits.get(turn.session.rig_id)
+    if cached and time.monotonic() - cached[0] < 60:
+        return cached[1]
+    try:
+        limit = await backend.context_window(turn.session.model_name)
+    except BackendError:
+        limit = None
+    _context_limits[turn.session.rig_id] = (time.monotonic(), limit)
+    return limit
+
+
+def _set_limit(state: TurnStream, task: asyncio.Task[int | None]) -> None:
+    if not task.cancelled() and task.exception() is None:
+        state.context_limit = task.result()
 
 
 async def _pump(backend_iter: Any, queue: asyncio.Queue[Any]) -> None:
@@ -172,6 +201,8 @@ async def stream_turn(turn: Turn, request: ChatRequest, redis_client: aioredis.R
         flush_interval_s=conf.flush_interval_ms / 1000,
     )
     state.last_checkpoint = state.meter.t_request
+    limit_task = asyncio.create_task(_context_limit(backend, turn))
+    limit_task.add_done_callback(lambda task: _set_limit(state, task))
     queue: asyncio.Queue[Any] = asyncio.Queue()
     backend_iter = cast(AsyncGenerator[StreamChunk, None], backend.stream_chat(request))
     pump = asyncio.create_task(_pump(backend_iter, queue))
@@ -196,7 +227,11 @@ async def stream_turn(turn: Turn, request: ChatRequest, redis_client: aioredis.R
         status=status,
         reply_text=state.text,
         finish_reason=finish_reason,
-        stats=state.meter.final_stats(final.stats if final else None),
+        stats={
+            **state.meter.final_stats(final.stats if final else None),
+            "context_tokens": state.context_tokens,
+            "context_limit": state.context_limit,
+        },
         error=error,
     )
 

@@ -1,8 +1,18 @@
+"""Dashboards, their JSON feeds, /healthz and the Prometheus export."""
+
 from __future__ import annotations
 
-from django.http import HttpRequest, JsonResponse
+import hmac
+from collections import Counter
+
+from django.conf import settings
+from django.contrib.auth.decorators import login_required
+from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.shortcuts import get_object_or_404, render
 from django.views.decorators.http import require_GET
 
+from inference.models import Rig
+from monitoring import plotting, selectors
 from monitoring.health import health_report
 
 
@@ -11,3 +21,91 @@ def healthz(request: HttpRequest) -> JsonResponse:
     """200 when the database, Redis, a Celery worker and every enabled rig answer; 503 naming what is down."""
     report = health_report()
     return JsonResponse(report, status=200 if not report["down"] else 503)
+
+
+def _range_s(request: HttpRequest) -> int:
+    return selectors.RANGES_S.get(request.GET.get("range", "15m"), selectors.RANGES_S["15m"])
+
+
+def _viewer_sample(request: HttpRequest, rig: Rig) -> dict[str, object] | None:
+    latest = selectors.rig_latest(rig)
+    if latest is None:
+        return None
+    return selectors.redact_users(latest, viewer=request.user.get_username(), is_staff=request.user.is_staff)
+
+
+@login_required
+@require_GET
+def overview(request: HttpRequest) -> HttpResponse:
+    rigs = [{"rig": rig, "latest": _viewer_sample(request, rig)} for rig in Rig.objects.filter(enabled=True)]
+    return render(request, "monitoring/overview.html", {"rigs": rigs, "page_config": {"overview": True}})
+
+
+@login_required
+@require_GET
+def rig_dashboard(request: HttpRequest, rig_id: int) -> HttpResponse:
+    rig = get_object_or_404(Rig, pk=rig_id, enabled=True)
+    range_key = request.GET.get("range", "15m")
+    figures = plotting.dashboard_figures(selectors.rig_series(rig, _range_s(request)), selectors.rig_latency(rig))
+    config = {"rig": rig.pk, "range": range_key, "figures": figures, "latest": _viewer_sample(request, rig)}
+    return render(
+        request,
+        "monitoring/rig.html",
+        {"rig": rig, "ranges": list(selectors.RANGES_S), "range": range_key, "page_config": config},
+    )
+
+
+@login_required
+@require_GET
+def api_rig_series(request: HttpRequest, rig_id: int) -> JsonResponse:
+    rig = get_object_or_404(Rig, pk=rig_id, enabled=True)
+    columns = selectors.rig_series(rig, _range_s(request))
+    figures = {
+        "decode": plotting.series_figure(columns, plotting.DECODE_TRACES, "Decode tokens/s"),
+        "kv": plotting.series_figure(columns, plotting.KV_TRACES, "KV cache"),
+        "memory": plotting.series_figure(columns, plotting.MEMORY_TRACES, "Memory"),
+    }
+    return JsonResponse({"rig": rig.pk, "columns": columns, "figures": figures})
+
+
+@login_required
+@require_GET
+def api_rig_latency(request: HttpRequest, rig_id: int) -> JsonResponse:
+    rig = get_object_or_404(Rig, pk=rig_id, enabled=True)
+    latency = selectors.rig_latency(rig)
+    return JsonResponse({"rig": rig.pk, "latency": latency, "figures": plotting.latency_figures(latency)})
+
+
+def _metrics_allowed(request: HttpRequest) -> bool:
+    token = settings.RIGDASH.metrics_token
+    header = request.headers.get("Authorization", "")
+    if token and header.startswith("Bearer ") and hmac.compare_digest(header[7:].encode(), token.encode()):
+        return True
+    return bool(request.user.is_authenticated and request.user.is_staff)
+
+
+@require_GET
+def prometheus_metrics(request: HttpRequest) -> HttpResponse:
+    """Prometheus scrape target. It names users and models: a bearer token (RIGDASH_METRICS_TOKEN) or an
+    admin session is required."""
+    from monitoring.prometheus import render as render_metrics
+
+    if not _metrics_allowed(request):
+        response = HttpResponse("Authentication required: Authorization: Bearer <RIGDASH_METRICS_TOKEN>\n",
+                                status=401, content_type="text/plain")  # fmt: skip
+        response["WWW-Authenticate"] = 'Bearer realm="rigdash-metrics"'
+        return response
+    rigs = []
+    for rig in Rig.objects.filter(enabled=True):
+        latest = selectors.rig_latest(rig) or {"series": {}, "detail": {}}
+        detail = latest["detail"]
+        rigs.append(
+            {
+                "name": rig.name,
+                "model": str(detail.get("model", "")),
+                "up": bool(detail.get("sources", {}).get("backend", {}).get("ok")),
+                "series": latest["series"],
+                "turns_by_user": Counter(turn["user"] for turn in detail.get("turns", [])),
+            }
+        )
+    return HttpResponse(render_metrics(rigs), content_type="text/plain; version=0.0.4; charset=utf-8")

@@ -14,10 +14,11 @@ from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 
 from inference.routing import websocket_urlpatterns as inference_ws  # noqa: E402
+from monitoring.routing import websocket_urlpatterns as monitoring_ws  # noqa: E402
 
 application = ProtocolTypeRouter(
     {
         "http": django_asgi_app,
-        "websocket": AllowedHostsOriginValidator(AuthMiddlewareStack(URLRouter(inference_ws))),
+        "websocket": AllowedHostsOriginValidator(AuthMiddlewareStack(URLRouter(inference_ws + monitoring_ws))),
     }
 )

@@ -70,3 +70,7 @@ class RigDashConfig:
     checkpoint_interval_s: float
     backend_health_timeout_s: float
     default_rig_url: str
+    sample_interval_s: float = 1.0
+    sample_raw_retention_h: float = 24.0
+    sample_downsampled_retention_d: float = 30.0
+    metrics_token: str = ""

@@ -192,6 +192,9 @@ def run() -> int:
              "-Q", "rig.embedded,rigdash.default", "-c", str(slots), "-l", "INFO", "-n", "rigdash@%h"],
             env=env, log_path=var_dir / "log" / "worker.log",
         )  # fmt: skip
+        stack.start(
+            "sampler", [PYTHON, "manage.py", "rigdash_sampler"], env=env, log_path=var_dir / "log" / "sampler.log"
+        )
         web = stack.start(
             "web", [PYTHON, "-m", "daphne", "-b", host, "-p", str(port), "rigdash.asgi:application"],
             env=env, log_path=var_dir / "log" / "web.log",

@@ -4,10 +4,12 @@ from django.contrib import admin
 from django.contrib.auth import views as auth_views
 from django.urls import include, path
 
-from monitoring.views import healthz
+from monitoring.views import healthz, prometheus_metrics
 
 urlpatterns = [
     path("healthz", healthz, name="healthz"),
+    path("metrics", prometheus_metrics, name="metrics"),
+    path("monitoring/", include("monitoring.urls")),
     path("login/", auth_views.LoginView.as_view(), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("admin/", admin.site.urls),

@@ -8,8 +8,10 @@ Personas: ``owner`` (a user with a chat session), ``other_user`` (must never see
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -86,6 +88,20 @@ def celery_worker(stack: Stack, service_env: dict[str, str], llama_url: str) -> 
         if any(name in reply for reply in app.control.ping(timeout=0.5)):
             return name
     raise TimeoutError(f"celery worker did not answer; see {LOG_DIR / 'worker.log'}")
+
+
+@pytest.fixture
+def sampler_process(service_env: dict[str, str]) -> Iterator[None]:
+    """The monitoring sampler process (``manage.py rigdash_sampler``) for one test, against the test database."""
+    processes = Stack()
+    processes.start(
+        "sampler",
+        [sys.executable, "manage.py", "rigdash_sampler"],
+        env=service_env,
+        log_path=LOG_DIR / "sampler.log",
+    )
+    yield
+    processes.stop()
 
 
 @pytest.fixture(scope="session")
@@ -171,3 +187,30 @@ def wait_until(predicate: Any, *, timeout_s: float, interval_s: float = 0.05, wh
 
 def run(cmd: list[str], **kwargs: Any) -> subprocess.CompletedProcess[str]:
     return subprocess.run(cmd, capture_output=True, text=True, check=False, **kwargs)
+
+
+@pytest.fixture
+def silent_server() -> Iterator[str]:
+    """A TCP server that accepts connections and never answers: a backend hung before its first token."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(8)
+    held: list[socket.socket] = []
+    stop = threading.Event()
+
+    def accept() -> None:
+        server.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                held.append(server.accept()[0])
+            except OSError:
+                continue
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.getsockname()[1]}"
+    stop.set()
+    thread.join()
+    for conn in held:
+        conn.close()
+    server.close()

@@ -6,11 +6,13 @@ import os
 import re
 import shutil
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
 
 from inference.models import Turn
+from tests.conftest import wait_until
 
 pytestmark = [pytest.mark.browser, pytest.mark.llama, pytest.mark.django_db(transaction=True)]
 
@@ -145,3 +147,38 @@ def test_model_output_never_runs_as_html_or_script(page, web_url, chat_session):
     assert not any(h and re.match(r"\s*(javascript|data):", h, re.I) for h in hrefs), hrefs
     assert "<script>" in reply.inner_text()  # raw HTML is shown as text, not parsed
     assert page.get_by_test_id("user-message").inner_text() == "<b>hi</b>"
+
+
+def test_rig_dashboard_fills_its_panels_during_a_chat_turn(
+    page, web_url, celery_worker, sampler_process, chat_session, admin_user
+):
+    from inference import services
+    from monitoring.models import RigSample
+
+    off_loop = ThreadPoolExecutor(max_workers=1)  # services publish events: not from Playwright's loop thread
+    off_loop.submit(
+        services.turn_submit, session=chat_session, text="Tell me a long story about a dragon.",
+        params={"max_tokens": 700, "temperature": 0.9, "seed": 5},
+    ).result()  # fmt: skip
+    login(page, web_url, "admin")
+    page.goto(f"{web_url}/monitoring/rigs/{chat_session.rig_id}/")
+    page.wait_for_selector("[data-testid=connection][data-state=live]")
+    page.wait_for_selector("[data-testid=slots] td:has-text('decoding')", timeout=30_000)
+    page.wait_for_selector("[data-testid=active-turns] td:has-text('owner')")
+    wait_until(
+        lambda: page.evaluate("() => (document.getElementById('fig-decode').data || [{x: []}])[0].x.length") >= 2,
+        timeout_s=20, interval_s=0.25, what="points on the decode panel",
+    )  # fmt: skip
+    assert "bytes per token" in page.get_by_test_id("kv-facts").inner_text()
+    assert "23040 bytes per token" in page.get_by_test_id("kv-facts").inner_text()
+    assert "system RAM" in page.get_by_test_id("placement").inner_text()
+    assert page.get_by_test_id("backend-state").get_attribute("data-state") == "up"
+    assert "tokens/s" in page.get_by_test_id("roofline").inner_text()
+    gpu_text = page.get_by_test_id("gpu").inner_text()
+    assert gpu_text.startswith("GPU")
+    if SHOT_DIR:
+        page.screenshot(path=os.path.join(SHOT_DIR, "dashboard.png"), full_page=True)
+    for turn in Turn.objects.filter(status__in=Turn.ACTIVE):
+        off_loop.submit(services.turn_cancel, turn=turn).result()
+    assert RigSample.objects.filter(rig_id=chat_session.rig_id).count() >= 2
+    assert page.errors == []

@@ -25,7 +25,7 @@ def _commands(service: dict) -> list[list[str]]:
 
 
 def test_compose_has_the_whole_system():
-    assert {"web", "worker", "redis", "postgres", "llamacpp", "ollama"} <= set(SERVICES)
+    assert {"web", "worker", "sampler", "redis", "postgres", "llamacpp", "ollama"} <= set(SERVICES)
     assert SERVICES["llamacpp"]["image"].startswith("ghcr.io/ggml-org/llama.cpp:server")
     assert SERVICES["ollama"]["image"].startswith("ollama/ollama")
     assert {"rigdash-data", "postgres-data", "ollama-models"} <= set(COMPOSE["volumes"])
@@ -42,7 +42,7 @@ def test_every_command_the_project_runs_exists():
     from rigdash.celery import app
 
     checked = 0
-    for name in ("web", "worker"):
+    for name in ("web", "worker", "sampler"):
         for words in _commands(SERVICES[name]):
             if words[:2] == ["python", "manage.py"]:
                 assert words[2] in get_commands(), words

@@ -2,44 +2,14 @@
 
 from __future__ import annotations
 
-import socket
 import subprocess
 import sys
-import threading
-from collections.abc import Iterator
 
 import pytest
 
 from inference import live, runner, services
 from inference.models import ChatSession, Rig, Turn
 from rigdash.launcher import ROOT
-
-
-@pytest.fixture
-def silent_server() -> Iterator[str]:
-    """A TCP server that accepts connections and never answers: a backend hung before its first token."""
-    server = socket.socket()
-    server.bind(("127.0.0.1", 0))
-    server.listen(8)
-    held: list[socket.socket] = []
-    stop = threading.Event()
-
-    def accept() -> None:
-        server.settimeout(0.2)
-        while not stop.is_set():
-            try:
-                held.append(server.accept()[0])
-            except OSError:
-                continue
-
-    thread = threading.Thread(target=accept, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.getsockname()[1]}"
-    stop.set()
-    thread.join()
-    for conn in held:
-        conn.close()
-    server.close()
 
 
 @pytest.mark.django_db(transaction=True)

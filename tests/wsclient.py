@@ -12,12 +12,14 @@ from channels.testing import WebsocketCommunicator
 from rigdash.asgi import application
 
 
-class ChatSocket:
-    def __init__(self, session_id: int, cookie: str | None, origin: str = "http://127.0.0.1") -> None:
+class Socket:
+    """Any RigDash websocket, opened with a session cookie and an Origin header."""
+
+    def __init__(self, path: str, cookie: str | None, origin: str = "http://127.0.0.1") -> None:
         headers = [(b"origin", origin.encode()), (b"host", b"127.0.0.1")]
         if cookie:
             headers.append((b"cookie", f"sessionid={cookie}".encode()))
-        self.comm = WebsocketCommunicator(application, f"/ws/chat/{session_id}/", headers=headers)
+        self.comm = WebsocketCommunicator(application, path, headers=headers)
         self.frames: list[dict[str, Any]] = []
 
     async def connect(self) -> tuple[bool, Any]:
@@ -47,6 +49,14 @@ class ChatSocket:
     async def close(self) -> None:
         await self.comm.disconnect()
         await asyncio.sleep(0)
+
+
+class ChatSocket(Socket):
+    def __init__(self, session_id: int, cookie: str | None, origin: str = "http://127.0.0.1") -> None:
+        super().__init__(f"/ws/chat/{session_id}/", cookie, origin)
+
+
+MonitorSocket = Socket
 
 
 def token_frames(frames: list[dict[str, Any]], turn_id: int) -> list[dict[str, Any]]:

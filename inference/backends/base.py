@@ -113,6 +113,7 @@ class StreamChunk:
     text: str
     finish_reason: str | None = None
     stats: BackendStats | None = None
+    context_tokens: int | None = None  # tokens in the sequence's context now, when the backend says
 
 
 class Backend(ABC):
@@ -135,6 +136,10 @@ class Backend(ABC):
     # Optional capabilities: a backend that cannot answer raises BackendNotSupported.
     async def model_architecture(self, model: str) -> ModelArchitecture:
         raise BackendNotSupported(f"{self.kind} cannot describe a model's architecture")
+
+    async def context_window(self, model: str) -> int | None:
+        """Tokens of context one sequence of ``model`` gets on this server (a llama.cpp slot's n_ctx)."""
+        return None
 
     async def loaded_models(self) -> list[LoadedModel]:
         raise BackendNotSupported(f"{self.kind} cannot list loaded models")

@@ -6,7 +6,9 @@ Protocol: https://github.com/ggml-org/llama.cpp/tree/master/tools/server (``/v1/
 
 from __future__ import annotations
 
+import asyncio
 import json
+import os
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -15,11 +17,13 @@ import httpx
 from inference.backends.base import (
     Backend,
     BackendError,
+    BackendNotSupported,
     BackendProtocolError,
     BackendStats,
     BackendUnavailable,
     ChatRequest,
     Health,
+    ModelArchitecture,
     ModelInfo,
     StreamChunk,
 )
@@ -35,6 +39,14 @@ def stats_from_timings(timings: dict[str, Any]) -> BackendStats:
         decode_tps=timings.get("predicted_per_second"),
         raw=dict(timings),
     )
+
+
+def context_tokens(timings: dict[str, Any]) -> int | None:
+    """Tokens in the slot's context: cached prompt + processed prompt + decoded (llama.cpp timings)."""
+    try:
+        return int(timings.get("cache_n", 0)) + int(timings["prompt_n"]) + int(timings["predicted_n"])
+    except (KeyError, TypeError, ValueError):
+        return None
 
 
 def _error_message(response: httpx.Response, body: bytes) -> str:
@@ -90,6 +102,28 @@ class LlamaCppBackend(Backend):
             )
         return models
 
+    async def props(self) -> dict[str, Any]:
+        payload = await self._get_json("/props")
+        if not isinstance(payload, dict):
+            raise BackendProtocolError("llama-server /props is not an object")
+        return payload
+
+    async def context_window(self, model: str) -> int | None:
+        n_ctx = (await self.props()).get("default_generation_settings", {}).get("n_ctx")
+        return int(n_ctx) if n_ctx else None
+
+    async def model_architecture(self, model: str) -> ModelArchitecture:
+        """From the GGUF file itself, when llama-server's model file is readable on RigDash's host."""
+        from inference.backends.gguf import architecture_from_metadata, read_metadata
+
+        path = (await self.props()).get("model_path") or ""
+        if not path or not os.path.isfile(path):
+            raise BackendNotSupported(f"the model file {path!r} is not readable from RigDash's host")
+        try:
+            return architecture_from_metadata(await asyncio.to_thread(read_metadata, path))
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise BackendProtocolError(f"cannot read the GGUF metadata of {path}: {exc}") from exc
+
     def _payload(self, request: ChatRequest) -> dict[str, Any]:
         payload: dict[str, Any] = {
             "model": request.model,
@@ -144,6 +178,7 @@ class LlamaCppBackend(Backend):
                 text=text,
                 finish_reason=reason,
                 stats=stats_from_timings(timings) if (reason and timings) else None,
+                context_tokens=context_tokens(timings) if timings else None,
             )
         if not finished:
             raise BackendUnavailable("llama-server closed the stream before the reply finished")

@@ -46,6 +46,7 @@
     if (n !== undefined) parts.push(`${n} tokens`);
     if (s.decode_tps !== undefined) parts.push(`${fmt(s.decode_tps, 1)} tok/s`);
     if (s.prompt_tokens !== undefined && s.prompt_tokens !== null) parts.push(`prompt ${s.prompt_tokens} tok in ${fmt(s.prompt_ms, 0)} ms`);
+    if (s.context_tokens && s.context_limit) parts.push(`context ${s.context_tokens} / ${s.context_limit}`);
     return parts.join(" · ");
   }
 
@@ -64,10 +65,17 @@
       const stats = document.createElement("div");
       stats.className = "stats muted";
       stats.dataset.testid = "stats";
+      const gauge = document.createElement("meter");
+      gauge.className = "ctx-gauge";
+      gauge.dataset.testid = "context-gauge";
+      gauge.min = 0;
+      gauge.max = 1;
+      gauge.high = 0.9;
+      gauge.hidden = true;
       const err = document.createElement("div");
       err.className = "turn-error error";
       err.hidden = true;
-      el.append(user, reply, stats, err);
+      el.append(user, reply, stats, gauge, err);
       list.appendChild(el);
       t = { id: snapshot.id, text: "", seq: 0, status: "", stats: {}, el, renderer: new RigDashMarkdown.ReplyRenderer(reply), resyncing: false };
       turns.set(snapshot.id, t);
@@ -95,6 +103,13 @@
   function updateTurnChrome(t) {
     t.el.dataset.status = t.status;
     t.el.querySelector(".stats").textContent = statsText(t);
+    const s = t.stats || {};
+    const gauge = t.el.querySelector(".ctx-gauge");
+    if (s.context_tokens && s.context_limit) {
+      gauge.value = Math.min(1, s.context_tokens / s.context_limit);
+      gauge.title = `context ${s.context_tokens} / ${s.context_limit} tokens`;
+      gauge.hidden = false;
+    }
     refreshControls();
   }
 

@@ -1,0 +1,99 @@
+"""llama-server's own signals: /metrics (Prometheus text), /slots and /props.
+
+https://github.com/ggml-org/llama.cpp/tree/master/tools/server — /metrics needs --metrics and /slots --slots.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+from monitoring.collectors import Unavailable
+
+
+def parse_prometheus(text: str, prefix: str = "llamacpp:") -> dict[str, float]:
+    """``name value`` lines of the Prometheus text format, without the prefix (labels are not used here)."""
+    values: dict[str, float] = {}
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        name, _, value = line.rpartition(" ")
+        if name.startswith(prefix) and "{" not in name:
+            try:
+                values[name[len(prefix) :]] = float(value)
+            except ValueError:
+                continue
+    return values
+
+
+@dataclass
+class SlotReading:
+    id: int
+    n_ctx: int
+    processing: bool
+    task: int | None = None
+    prompt_tokens: int = 0
+    prompt_processed: int = 0
+    prompt_cached: int = 0
+    decoded: int = 0
+
+    @property
+    def context_tokens(self) -> int:
+        return self.prompt_cached + self.prompt_processed + self.decoded if self.processing else 0
+
+    @property
+    def phase(self) -> str:
+        if not self.processing:
+            return "idle"
+        return "decoding" if self.decoded > 0 else "prompt"
+
+
+def parse_slot(raw: dict[str, Any]) -> SlotReading:
+    next_token = raw.get("next_token") or {}
+    if isinstance(next_token, list):
+        next_token = next_token[0] if next_token else {}
+    return SlotReading(
+        id=int(raw["id"]),
+        n_ctx=int(raw.get("n_ctx") or 0),
+        processing=bool(raw.get("is_processing")),
+        task=raw.get("id_task"),
+        prompt_tokens=int(raw.get("n_prompt_tokens") or 0),
+        prompt_processed=int(raw.get("n_prompt_tokens_processed") or 0),
+        prompt_cached=int(raw.get("n_prompt_tokens_cache") or 0),
+        decoded=int(next_token.get("n_decoded") or 0),
+    )
+
+
+@dataclass
+class LlamaCppReading:
+    metrics: dict[str, float]
+    slots: list[SlotReading]
+    props: dict[str, Any] = field(default_factory=dict)
+
+
+async def collect(client: httpx.AsyncClient, *, props_cache: dict[str, Any] | None = None) -> LlamaCppReading:
+    """Read /metrics and /slots (and /props once: it only changes when the server restarts)."""
+
+    async def get(path: str) -> httpx.Response:
+        response = await client.get(path)
+        if response.status_code != 200:
+            raise Unavailable(f"llama-server {path} answered {response.status_code}")
+        return response
+
+    try:
+        wanted = [get("/metrics"), get("/slots")]
+        if not props_cache:
+            wanted.append(get("/props"))
+        responses = await asyncio.gather(*wanted)
+    except httpx.HTTPError as exc:
+        raise Unavailable(f"llama-server unreachable: {exc!r}") from exc
+    props = props_cache if props_cache else responses[2].json()
+    props = {k: v for k, v in props.items() if k != "chat_template"}
+    return LlamaCppReading(
+        metrics=parse_prometheus(responses[0].text),
+        slots=[parse_slot(slot) for slot in responses[1].json()],
+        props=props,
+    )

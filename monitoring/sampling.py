@@ -1,0 +1,254 @@
+"""Take one sample of a rig: backend signals, slots, KV cache, memory, queue, active turns, roofline.
+
+Each source is read on its own; one that fails is reported under ``detail.sources`` with its reason
+and the others still count. Nothing here writes: ``monitoring.services`` stores and publishes.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import urlparse
+
+import httpx
+import redis.asyncio as aioredis
+from channels.db import database_sync_to_async
+
+from inference import live
+from inference.backends import backend_for
+from inference.backends.base import BackendError, ModelArchitecture
+from inference.models import Rig, Turn
+from monitoring import decode
+from monitoring.collectors import Unavailable, host, llamacpp, nvml
+
+LOOPBACK = {"127.0.0.1", "localhost", "::1"}
+
+
+@dataclass
+class Sample:
+    ts: float
+    series: dict[str, float]
+    detail: dict[str, Any]
+
+
+@dataclass
+class RigSampler:
+    """Sampling state kept between ticks of one rig (previous counters, cached model facts)."""
+
+    rig: Rig
+    kv_cache_type: str = "f16"
+    bandwidth_gbs: float | None = None
+    client: httpx.AsyncClient | None = None
+    props: dict[str, Any] = field(default_factory=dict)
+    arch: ModelArchitecture | None = None
+    arch_error: str = ""
+    weight_bytes: float | None = None
+    backend_pid: int | None = None
+    previous_slots: dict[int, tuple[int | None, int, float]] = field(default_factory=dict)
+
+    def _client(self) -> httpx.AsyncClient:
+        if self.client is None:
+            self.client = httpx.AsyncClient(base_url=self.rig.base_url, timeout=0.8, trust_env=False)
+        return self.client
+
+    async def close(self) -> None:
+        if self.client is not None:
+            await self.client.aclose()
+
+    async def take(self, redis_client: aioredis.Redis) -> Sample:
+        now = time.time()
+        series: dict[str, float] = {}
+        detail: dict[str, Any] = {"sources": {}, "rig": self.rig.name, "kind": self.rig.kind}
+        await self._backend(now, series, detail)
+        self._kv(series, detail)
+        self._memory(series, detail)
+        await self._queue_and_turns(redis_client, series, detail)
+        self._roofline(series, detail)
+        return Sample(ts=now, series=series, detail=detail)
+
+    async def _backend(self, now: float, series: dict[str, float], detail: dict[str, Any]) -> None:
+        if self.rig.kind != Rig.Kind.LLAMACPP:
+            detail["sources"]["backend"] = {"ok": False, "error": f"no monitoring collector for {self.rig.kind} yet"}
+            return
+        try:
+            reading = await llamacpp.collect(self._client(), props_cache=self.props)
+        except Unavailable as exc:
+            self.props = {}  # re-read /props after the server comes back (it may have restarted)
+            detail["sources"]["backend"] = {"ok": False, "error": str(exc)}
+            return
+        self.props = reading.props
+        detail["sources"]["backend"] = {"ok": True, "error": ""}
+        await self._model_facts()
+        metrics = reading.metrics
+        for name in ("prompt_tokens_total", "tokens_predicted_total", "requests_processing", "requests_deferred",
+                     "n_decode_total", "n_busy_slots_per_decode", "prompt_tokens_seconds", "predicted_tokens_seconds",
+                     "spec_decode_num_draft_tokens_total", "spec_decode_num_accepted_tokens_total"):  # fmt: skip
+            if name in metrics:
+                series[f"llamacpp_{name}"] = metrics[name]
+        drafts = metrics.get("spec_decode_num_draft_tokens_total") or 0
+        if drafts:
+            series["spec_acceptance"] = metrics.get("spec_decode_num_accepted_tokens_total", 0) / drafts
+        slots = []
+        total_tps = 0.0
+        for slot in reading.slots:
+            tps = self._slot_rate(slot, now)
+            total_tps += tps or 0.0
+            slots.append(
+                {
+                    "id": slot.id, "phase": slot.phase, "n_ctx": slot.n_ctx, "context_tokens": slot.context_tokens,
+                    "prompt_tokens": slot.prompt_tokens, "prompt_processed": slot.prompt_processed,
+                    "decoded": slot.decoded, "decode_tps": tps,
+                }
+            )  # fmt: skip
+        detail["slots"] = slots
+        detail["model"] = self.props.get("model_alias") or self.props.get("model_path", "")
+        series["decode_tps"] = round(total_tps, 3)
+        series["busy_slots"] = float(sum(1 for s in reading.slots if s.processing))
+        series["total_slots"] = float(len(reading.slots))
+        series["deferred_requests"] = metrics.get("requests_deferred", 0.0)
+
+    def _slot_rate(self, slot: llamacpp.SlotReading, now: float) -> float | None:
+        """Tokens/s of a slot since the last tick (0 when idle; None on its first tick)."""
+        previous = self.previous_slots.get(slot.id)
+        self.previous_slots[slot.id] = (slot.task, slot.decoded, now)
+        if not slot.processing:
+            return 0.0
+        if previous is None or previous[0] != slot.task:
+            return None
+        return decode.rate_from_counters(previous[1], slot.decoded, now - previous[2])
+
+    async def _model_facts(self) -> None:
+        if self.arch is None and not self.arch_error:
+            try:
+                backend = backend_for(self.rig, timeout_s=2.0)
+                self.arch = await backend.model_architecture(self.props.get("model_alias", ""))
+                models = await backend.list_models()
+                self.weight_bytes = float(models[0].size_bytes) if models and models[0].size_bytes else None
+            except BackendError as exc:
+                self.arch_error = str(exc)
+
+    def _kv(self, series: dict[str, float], detail: dict[str, Any]) -> None:
+        if self.arch is None:
+            detail["sources"]["kv"] = {"ok": False, "error": self.arch_error or "model architecture not known yet"}
+            return
+        per_token = decode.kv_bytes_per_token(self.arch, self.kv_cache_type)
+        slots = detail.get("slots", [])
+        for slot in slots:
+            slot["kv_bytes"] = slot["context_tokens"] * per_token
+            slot["fill"] = slot["context_tokens"] / slot["n_ctx"] if slot["n_ctx"] else None
+        series["kv_bytes_per_token"] = per_token
+        series["kv_used_bytes"] = sum(slot["kv_bytes"] for slot in slots)
+        series["kv_allocated_bytes"] = sum(slot["n_ctx"] for slot in slots) * per_token
+        series["context_tokens"] = float(sum(slot["context_tokens"] for slot in slots))
+        detail["kv"] = {"cache_type": self.kv_cache_type, "arch": vars(self.arch)}
+        detail["sources"]["kv"] = {"ok": True, "error": ""}
+
+    def _memory(self, series: dict[str, float], detail: dict[str, Any]) -> None:
+        try:
+            for key, value in host.host_memory().items():
+                series[f"host_{key}"] = value
+            detail["sources"]["host"] = {"ok": True, "error": ""}
+        except Unavailable as exc:
+            detail["sources"]["host"] = {"ok": False, "error": str(exc)}
+        self._backend_process(series, detail)
+        try:
+            gpus = nvml.gpus()
+            for gpu in gpus:
+                i = gpu["index"]
+                series[f"gpu{i}_memory_used_bytes"] = gpu["memory_used_bytes"]
+                series[f"gpu{i}_memory_total_bytes"] = gpu["memory_total_bytes"]
+                series[f"gpu{i}_utilization_pct"] = gpu["utilization_gpu_pct"]
+                series[f"gpu{i}_power_w"] = gpu["power_w"]
+                series[f"gpu{i}_temperature_c"] = gpu["temperature_c"]
+            detail["gpus"] = gpus
+            detail["sources"]["gpu"] = {"ok": True, "error": ""}
+        except Unavailable as exc:
+            detail["gpus"] = []
+            detail["sources"]["gpu"] = {"ok": False, "error": str(exc)}
+        if self.weight_bytes:
+            series["weight_bytes"] = self.weight_bytes
+        detail["placement"] = self._placement(detail)
+
+    def _backend_process(self, series: dict[str, float], detail: dict[str, Any]) -> None:
+        url = urlparse(self.rig.base_url)
+        if url.hostname not in LOOPBACK:
+            detail["sources"]["process"] = {"ok": False, "error": "the backend runs on another host"}
+            return
+        try:
+            if self.backend_pid is None:
+                self.backend_pid = host.find_listening_pid(url.port or 80)
+            if self.backend_pid is None:
+                raise Unavailable(f"no local process listens on port {url.port}")
+            process = host.process_memory(self.backend_pid)
+        except Unavailable as exc:
+            self.backend_pid = None
+            detail["sources"]["process"] = {"ok": False, "error": str(exc)}
+            return
+        series["backend_rss_bytes"] = process["rss_bytes"]
+        detail["process"] = process
+        detail["sources"]["process"] = {"ok": True, "error": ""}
+
+    def _placement(self, detail: dict[str, Any]) -> dict[str, Any]:
+        """Where the weights live. llama.cpp reports no layer split over HTTP, so with no GPU the answer is
+        "system RAM"; with GPUs, RigDash cannot yet tell the split and says so."""
+        if not detail.get("gpus"):
+            return {"vram_fraction": 0.0, "spill": False, "label": "CPU only: weights and KV cache in system RAM"}
+        return {"vram_fraction": None, "spill": None, "label": "GPU present: layer split not reported by llama-server"}
+
+    async def _queue_and_turns(
+        self, redis_client: aioredis.Redis, series: dict[str, float], detail: dict[str, Any]
+    ) -> None:
+        try:
+            depth = 0
+            for key in [self.rig.queue] + [f"{self.rig.queue}\x06\x16{p}" for p in (3, 6, 9)]:
+                depth += int(await redis_client.llen(key))  # type: ignore[misc]
+            series["queue_depth"] = float(depth)
+            turns = await database_sync_to_async(_active_turns)(self.rig.pk)
+            if turns:
+                async with redis_client.pipeline(transaction=False) as pipe:
+                    for turn in turns:
+                        pipe.lindex(live.live_key(turn["id"]), -1)
+                    latest = await pipe.execute()
+                for turn, raw in zip(turns, latest, strict=True):
+                    turn["live"] = live.latest_stats(raw) or {}
+            detail["turns"] = turns
+            series["active_turns"] = float(len(turns))
+            detail["sources"]["queue"] = {"ok": True, "error": ""}
+        except Exception as exc:
+            detail["sources"]["queue"] = {"ok": False, "error": repr(exc)}
+
+    def _roofline(self, series: dict[str, float], detail: dict[str, Any]) -> None:
+        if not (self.bandwidth_gbs and self.weight_bytes):
+            detail["roofline"] = {"ok": False, "error": "memory bandwidth or model size unknown"}
+            return
+        active = [slot for slot in detail.get("slots", []) if slot["phase"] == "decoding"]
+        kv_read = sum(slot.get("kv_bytes", 0.0) for slot in active)
+        streams = max(1, len(active))
+        # One decode step reads the weights once for all active sequences, and each sequence's KV cache.
+        bound = streams * decode.decode_bound_tps(
+            bandwidth_bytes_s=self.bandwidth_gbs * 1e9, weight_bytes=self.weight_bytes, kv_bytes_read=kv_read
+        )
+        series["bound_tps"] = round(bound, 2)
+        if active and series.get("decode_tps"):
+            series["roofline_ratio"] = round(series["decode_tps"] / bound, 4)
+        detail["roofline"] = {"ok": True, "bandwidth_gbs": self.bandwidth_gbs, "streams": streams}
+
+
+def _active_turns(rig_id: int) -> list[dict[str, Any]]:
+    rows = (
+        Turn.objects.filter(session__rig_id=rig_id, status__in=Turn.ACTIVE)
+        .order_by("created_at")
+        .values("id", "status", "created_at", "started_at", "session__owner__username", "session__model_name")
+    )
+    return [
+        {
+            "id": row["id"],
+            "status": row["status"],
+            "user": row["session__owner__username"],
+            "model": row["session__model_name"],
+            "created_at": row["created_at"].isoformat(),
+            "started_at": row["started_at"].isoformat() if row["started_at"] else None,
+        }
+        for row in rows
+    ]

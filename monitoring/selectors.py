@@ -1,0 +1,84 @@
+"""Reads for monitoring panels: time series for a range, the latest sample, recent per-token latency."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from django.utils import timezone
+
+from inference.models import Rig, Turn
+from monitoring import decode
+from monitoring.models import RigSample
+
+RANGES_S = {"5m": 300, "15m": 900, "1h": 3600, "6h": 6 * 3600, "24h": 86400, "7d": 7 * 86400, "30d": 30 * 86400}
+RAW_UP_TO_S = 6 * 3600
+MAX_POINTS = 3000
+
+
+def rig_series(rig: Rig, range_s: int) -> dict[str, Any]:
+    """Columns {ts: [...], series: {name: [...]}} for the range: raw samples up to 6 h, minutes beyond."""
+    since = timezone.now() - timedelta(seconds=range_s)
+    resolution = RigSample.RAW_S if range_s <= RAW_UP_TO_S else RigSample.DOWNSAMPLED_S
+    rows = list(
+        RigSample.objects.filter(rig=rig, resolution_s=resolution, ts__gte=since)
+        .order_by("-ts")
+        .values_list("ts", "series")[:MAX_POINTS]
+    )
+    rows.reverse()
+    names = sorted({name for _, series in rows for name in series})
+    return {
+        "resolution_s": resolution,
+        "ts": [ts.timestamp() for ts, _ in rows],
+        "series": {name: [series.get(name) for _, series in rows] for name in names},
+    }
+
+
+def rig_latest(rig: Rig) -> dict[str, Any] | None:
+    sample = RigSample.objects.filter(rig=rig, resolution_s=RigSample.RAW_S).order_by("-ts").first()
+    if sample is None:
+        return None
+    return {"ts": sample.ts.timestamp(), "series": sample.series, "detail": sample.detail}
+
+
+def rig_latency(rig: Rig, *, turns: int = 20) -> dict[str, Any]:
+    """Inter-token gaps and TTFT of the rig's most recent finished turns, with gap percentiles."""
+    recent = list(
+        Turn.objects.filter(session__rig=rig, finished_at__isnull=False, stats__has_key="ttft_ms")
+        .order_by("-finished_at")
+        .values("id", "finished_at", "stats")[:turns]
+    )
+    recent.reverse()
+    gaps: list[float] = []
+    per_turn = []
+    for row in recent:
+        turn_gaps = [float(g) for g in row["stats"].get("inter_token_gaps_ms") or []]
+        gaps.extend(turn_gaps)
+        per_turn.append(
+            {
+                "id": row["id"],
+                "finished_at": row["finished_at"].timestamp() if row["finished_at"] else None,
+                "ttft_ms": row["stats"].get("ttft_ms"),
+                "decode_tps": row["stats"].get("decode_tps"),
+                "gaps_ms": turn_gaps,
+            }
+        )
+    return {
+        "turns": per_turn,
+        "p50_ms": decode.percentile(gaps, 50),
+        "p95_ms": decode.percentile(gaps, 95),
+        "p99_ms": decode.percentile(gaps, 99),
+        "gap_count": len(gaps),
+    }
+
+
+def redact_users(sample: dict[str, Any], *, viewer: str, is_staff: bool) -> dict[str, Any]:
+    """Ordinary users see their own turns by name and others' only as "another user"."""
+    if is_staff:
+        return sample
+    detail = dict(sample.get("detail") or {})
+    detail["turns"] = [
+        {**turn, "user": turn["user"] if turn.get("user") == viewer else "another user"}
+        for turn in detail.get("turns", [])
+    ]
+    return {**sample, "detail": detail}

@@ -1,0 +1,104 @@
+"""Writes for monitoring: store and publish samples, downsample and prune, measure memory bandwidth."""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from django.db import transaction
+from django.utils import timezone
+
+from inference.models import Rig
+from monitoring import events
+from monitoring.models import RigProfile, RigSample
+from monitoring.sampling import Sample
+
+
+def profile_for(rig: Rig) -> RigProfile:
+    profile, _ = RigProfile.objects.get_or_create(rig=rig)
+    return profile
+
+
+def sample_as_dict(sample: Sample) -> dict[str, Any]:
+    return {"ts": sample.ts, "series": sample.series, "detail": sample.detail}
+
+
+def sample_store(*, rig_id: int, sample: Sample) -> RigSample:
+    return RigSample.objects.create(
+        rig_id=rig_id,
+        ts=datetime.fromtimestamp(sample.ts, tz=UTC),
+        resolution_s=RigSample.RAW_S,
+        series=sample.series,
+        detail=sample.detail,
+    )
+
+
+async def sample_publish(*, rig_id: int, sample: Sample) -> None:
+    await events.rig_sample(rig_id=rig_id, sample=sample_as_dict(sample))
+
+
+def average_series(rows: list[dict[str, float]]) -> dict[str, float]:
+    """Mean of each number over the rows that have it (a source that was down does not count as 0)."""
+    sums: dict[str, float] = defaultdict(float)
+    counts: dict[str, int] = defaultdict(int)
+    for series in rows:
+        for name, value in series.items():
+            if isinstance(value, int | float):
+                sums[name] += value
+                counts[name] += 1
+    return {name: round(sums[name] / counts[name], 6) for name in sums}
+
+
+def samples_downsample(*, older_than: datetime | None = None) -> int:
+    """Fold complete minutes of raw samples into one 60 s sample each; returns how many were made.
+
+    Raw samples stay until retention removes them, so recent panels keep full resolution."""
+    now = timezone.now()
+    end = (older_than or now).replace(second=0, microsecond=0)
+    made = 0
+    for rig_id in Rig.objects.values_list("pk", flat=True):
+        last = RigSample.objects.filter(rig_id=rig_id, resolution_s=RigSample.DOWNSAMPLED_S).order_by("-ts").first()
+        start = last.ts + timedelta(seconds=RigSample.DOWNSAMPLED_S) if last else None
+        raw = RigSample.objects.filter(rig_id=rig_id, resolution_s=RigSample.RAW_S, ts__lt=end)
+        if start is not None:
+            raw = raw.filter(ts__gte=start)
+        buckets: dict[datetime, list[dict[str, float]]] = defaultdict(list)
+        for ts, series in raw.values_list("ts", "series").iterator():
+            buckets[ts.replace(second=0, microsecond=0)].append(series)
+        with transaction.atomic():
+            RigSample.objects.bulk_create(
+                RigSample(rig_id=rig_id, ts=minute, resolution_s=RigSample.DOWNSAMPLED_S, series=average_series(rows))
+                for minute, rows in sorted(buckets.items())
+            )
+        made += len(buckets)
+    return made
+
+
+def samples_prune(*, raw_retention: timedelta, downsampled_retention: timedelta) -> int:
+    now = timezone.now()
+    raw, _ = RigSample.objects.filter(resolution_s=RigSample.RAW_S, ts__lt=now - raw_retention).delete()
+    old, _ = RigSample.objects.filter(resolution_s=RigSample.DOWNSAMPLED_S, ts__lt=now - downsampled_retention).delete()
+    return raw + old
+
+
+def bandwidth_probe_gbs(*, size_bytes: int = 256 * 2**20, repeats: int = 5) -> float:
+    """Single-thread memory read bandwidth of this host, GB/s: memchr over a buffer far larger than the
+    caches (the best of a few runs). It measures RigDash's host: valid for a rig on the same machine."""
+    buffer = bytearray(size_bytes)
+    buffer.find(b"\x01")  # touch the pages first
+    best = 0.0
+    for _ in range(repeats):
+        start = time.perf_counter()
+        buffer.find(b"\x01")
+        best = max(best, size_bytes / (time.perf_counter() - start))
+    return round(best / 1e9, 2)
+
+
+def rig_bandwidth_measure(*, rig: Rig) -> RigProfile:
+    profile = profile_for(rig)
+    profile.bandwidth_gbs = bandwidth_probe_gbs()
+    profile.bandwidth_source = RigProfile.BandwidthSource.PROBE
+    profile.save(update_fields=["bandwidth_gbs", "bandwidth_source"])
+    return profile

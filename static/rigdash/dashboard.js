@@ -1,0 +1,185 @@
+/* A rig's dashboard: Plotly panels drawn from the server's figures, then extended live from samples.
+ *
+ * Each sample arrives over /ws/monitoring/rigs/<id>/ about once a second. Time-series panels are
+ * extended with Plotly.extendTraces in a bounded window (never re-plotted); tables are rebuilt with
+ * textContent only. A source that failed shows "unavailable: <reason>" on its panel.
+ */
+(function () {
+  "use strict";
+
+  const cfg = JSON.parse(document.getElementById("page-config").textContent);
+  const $ = (sel, root = document) => root.querySelector(sel);
+  const PLOT_CONFIG = { displaylogo: false, responsive: true };
+  const WINDOW = { "5m": 300, "15m": 900, "1h": 3600, "6h": 21600 };
+  let range = cfg.range;
+  let figures = cfg.figures;
+
+  const fmt = (v, d = 1) => (v === null || v === undefined || Number.isNaN(v) ? "–" : Number(v).toFixed(d));
+  const mib = (b) => (b === null || b === undefined ? "–" : `${(b / 2 ** 20).toFixed(1)} MiB`);
+  const gib = (b) => (b === null || b === undefined ? "–" : `${(b / 2 ** 30).toFixed(2)} GiB`);
+
+  function draw(name, figure) {
+    const el = document.getElementById(`fig-${name}`);
+    if (el && figure) Plotly.react(el, figure.data, figure.layout, PLOT_CONFIG);
+  }
+
+  function drawAll() {
+    for (const [name, figure] of Object.entries(figures)) draw(name, figure);
+  }
+
+  function extendSeries(name, sample) {
+    const figure = figures[name];
+    const el = document.getElementById(`fig-${name}`);
+    if (!figure || !el || !el.data || !(range in WINDOW)) return; // long ranges: minute data, no live tail
+    const xs = [];
+    const ys = [];
+    const idx = [];
+    figure.meta.series.forEach(([key, scale], i) => {
+      const value = sample.series[key];
+      if (value === undefined) return;
+      xs.push([sample.ts * 1000]);
+      ys.push([value / scale]);
+      idx.push(i);
+    });
+    if (idx.length) Plotly.extendTraces(el, { x: xs, y: ys }, idx, WINDOW[range]);
+  }
+
+  function row(cells) {
+    const tr = document.createElement("tr");
+    for (const cell of cells) {
+      const td = document.createElement("td");
+      if (cell instanceof Node) td.appendChild(cell);
+      else td.textContent = cell;
+      tr.appendChild(td);
+    }
+    return tr;
+  }
+
+  function gauge(fill) {
+    const meter = document.createElement("meter");
+    meter.min = 0;
+    meter.max = 1;
+    meter.high = 0.9;
+    meter.value = fill || 0;
+    meter.title = `${fmt((fill || 0) * 100, 0)} %`;
+    return meter;
+  }
+
+  function showSource(panel, source) {
+    const el = $(`[data-panel=${panel}] .unavailable`);
+    if (!el) return;
+    el.hidden = !source || source.ok;
+    el.textContent = source && !source.ok ? `unavailable: ${source.error}` : "";
+  }
+
+  function render(sample) {
+    const d = sample.detail || {};
+    const s = sample.series || {};
+    const sources = d.sources || {};
+    const backend = sources.backend || { ok: false, error: "no reading" };
+    const badge = $("[data-testid=backend-state]");
+    badge.textContent = backend.ok ? `up · ${d.model || ""}` : `unavailable: ${backend.error}`;
+    badge.dataset.state = backend.ok ? "up" : "down";
+    showSource("decode", backend);
+    showSource("signals", sources.queue && !sources.queue.ok ? sources.queue : backend);
+    showSource("kv", sources.kv);
+    showSource("memory", sources.host);
+
+    const roof = $("[data-testid=roofline]");
+    if (s.bound_tps !== undefined) {
+      const ratio = s.roofline_ratio === undefined ? "idle" : `${fmt(s.roofline_ratio * 100, 0)} % of it`;
+      roof.textContent = `bound ${fmt(s.bound_tps, 0)} tokens/s at ${fmt(d.roofline.bandwidth_gbs, 1)} GB/s · measured ${fmt(s.decode_tps)} (${ratio})`;
+    } else {
+      roof.textContent = d.roofline ? `roofline: ${d.roofline.error}` : "";
+    }
+
+    const slots = $("[data-testid=slots] tbody");
+    slots.replaceChildren(
+      ...(d.slots || []).map((slot) => {
+        let phase = slot.phase;
+        if (phase === "prompt" && slot.prompt_tokens) phase += ` ${fmt((100 * slot.prompt_processed) / slot.prompt_tokens, 0)} %`;
+        return row([String(slot.id), phase, `${slot.context_tokens} / ${slot.n_ctx}`, gauge(slot.fill), fmt(slot.decode_tps), mib(slot.kv_bytes)]);
+      })
+    );
+
+    const kv = d.kv ? `${d.kv.cache_type} · ${fmt(s.kv_bytes_per_token, 0)} bytes per token (${d.kv.arch.block_count} layers × ${d.kv.arch.head_count_kv} KV heads) · in use ${mib(s.kv_used_bytes)} of ${mib(s.kv_allocated_bytes)} allocated` : "";
+    $("[data-testid=kv-facts]").textContent = kv;
+
+    const placement = d.placement || {};
+    $("[data-testid=placement]").textContent = `${placement.label || ""} · weights ${gib(s.weight_bytes)} · system RAM ${gib(s.host_used_bytes)} / ${gib(s.host_total_bytes)} used · backend process ${gib(s.backend_rss_bytes)} resident`;
+    $("[data-testid=spill]").hidden = !placement.spill;
+    const gpu = sources.gpu;
+    $("[data-testid=gpu]").textContent = gpu && gpu.ok
+      ? (d.gpus || []).map((g) => `GPU ${g.index} ${g.name}: ${gib(g.memory_used_bytes)} / ${gib(g.memory_total_bytes)}, ${g.utilization_gpu_pct} %, ${fmt(g.power_w, 0)} W, ${g.temperature_c} °C`).join(" · ")
+      : `GPU: unavailable (${gpu ? gpu.error : "no reading"})`;
+
+    const signals = [
+      ["busy slots", s.total_slots === undefined ? "–" : `${s.busy_slots} / ${s.total_slots}`],
+      ["deferred requests", fmt(s.deferred_requests, 0)],
+      ["queued in Celery", fmt(s.queue_depth, 0)],
+      ["prompt tokens (finished requests)", fmt(s.llamacpp_prompt_tokens_total, 0)],
+      ["decoded tokens (finished requests)", fmt(s.llamacpp_tokens_predicted_total, 0)],
+      ["speculative acceptance", s.spec_acceptance === undefined ? "no draft model" : `${fmt(s.spec_acceptance * 100, 0)} %`],
+    ];
+    $("[data-testid=signals] tbody").replaceChildren(...signals.map(([k, v]) => row([k, v])));
+    $("[data-testid=active-turns] tbody").replaceChildren(
+      ...(d.turns || []).map((t) => {
+        const live = t.live || {};
+        const ctx = live.context_tokens ? `${live.context_tokens} / ${live.context_limit || "?"}` : "–";
+        return row([`#${t.id}`, t.user, t.model, t.status, fmt(live.tokens, 0), fmt(live.decode_tps), ctx]);
+      })
+    );
+
+    extendSeries("decode", sample);
+    extendSeries("kv", sample);
+    extendSeries("memory", sample);
+  }
+
+  async function refetch(path) {
+    const response = await fetch(path, { credentials: "same-origin" });
+    if (!response.ok) throw new Error(`${path}: ${response.status}`);
+    return response.json();
+  }
+
+  async function refreshLatency() {
+    try {
+      const body = await refetch(`/monitoring/api/rigs/${cfg.rig}/latency`);
+      Object.assign(figures, body.figures);
+      for (const name of ["gaps", "histogram", "ttft"]) draw(name, figures[name]);
+    } catch (err) {
+      console.warn(err);
+    }
+  }
+
+  $("[data-testid=range]").addEventListener("change", async (event) => {
+    range = event.target.value;
+    const body = await refetch(`/monitoring/api/rigs/${cfg.rig}/series?range=${encodeURIComponent(range)}`);
+    Object.assign(figures, body.figures);
+    for (const name of ["decode", "kv", "memory"]) draw(name, figures[name]);
+    history.replaceState(null, "", `?range=${encodeURIComponent(range)}`);
+  });
+
+  function connect() {
+    const proto = location.protocol === "https:" ? "wss:" : "ws:";
+    const ws = new WebSocket(`${proto}//${location.host}/ws/monitoring/rigs/${cfg.rig}/`);
+    const conn = $("[data-testid=connection]");
+    ws.onopen = () => {
+      conn.textContent = "live";
+      conn.dataset.state = "live";
+    };
+    ws.onmessage = (event) => {
+      const msg = JSON.parse(event.data);
+      if (msg.type === "rig.sample") render(msg.sample);
+    };
+    ws.onclose = () => {
+      conn.textContent = "reconnecting…";
+      conn.dataset.state = "down";
+      setTimeout(connect, 2000);
+    };
+  }
+
+  drawAll();
+  if (cfg.latest) render(cfg.latest);
+  connect();
+  setInterval(refreshLatency, 5000);
+})();

@@ -1,0 +1,199 @@
+"""Collectors and the sampler against the real llama-server, the real database and the real channel layer."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from datetime import timedelta
+
+import httpx
+import pytest
+import redis.asyncio as aioredis
+from asgiref.sync import sync_to_async
+from django.conf import settings
+from django.utils import timezone
+
+from inference.models import Rig
+from monitoring import sampler, services
+from monitoring.collectors import Unavailable, nvml
+from monitoring.models import RigProfile, RigSample
+from monitoring.sampling import RigSampler
+from tests.conftest import free_port, session_cookie_for, wait_until
+from tests.wsclient import MonitorSocket
+
+
+def _generate_in_background(llama_url: str, tokens: int = 400) -> threading.Thread:
+    def run() -> None:
+        body = {"messages": [{"role": "user", "content": "Tell a long story."}], "max_tokens": tokens,
+                "temperature": 0.8, "seed": 3, "stream": True}  # fmt: skip
+        with httpx.stream("POST", f"{llama_url}/v1/chat/completions", json=body, timeout=60) as response:
+            for _ in response.iter_lines():
+                pass
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread
+
+
+def _decoded(llama_url: str) -> int:
+    slots = httpx.get(f"{llama_url}/slots").json()
+    return max(
+        ((s.get("next_token") or [{}])[0].get("n_decoded", 0) for s in slots if s.get("is_processing")), default=0
+    )
+
+
+async def _take(rig: Rig, ticks: int = 1, pause_s: float = 0.5) -> list:
+    client = aioredis.Redis.from_url(settings.REDIS_URL)
+    state = RigSampler(rig=rig, bandwidth_gbs=25.0)
+    samples = []
+    try:
+        for _ in range(ticks):
+            samples.append(await state.take(client))
+            await asyncio.sleep(pause_s)
+    finally:
+        await state.close()
+        await client.aclose()
+    return samples
+
+
+@pytest.mark.llama
+@pytest.mark.django_db
+def test_sample_of_a_decoding_rig_has_slots_kv_memory_and_roofline(rig, llama_url):
+    thread = _generate_in_background(llama_url, tokens=600)
+    wait_until(lambda: _decoded(llama_url) >= 3, timeout_s=60, what="llama-server to start decoding")
+    samples = asyncio.run(_take(rig, ticks=3, pause_s=0.4))
+    thread.join(timeout=60)
+    last = samples[-1]
+    sources = last.detail["sources"]
+    assert sources["backend"]["ok"] and sources["kv"]["ok"] and sources["host"]["ok"], sources
+    decoding = [slot for slot in last.detail["slots"] if slot["phase"] == "decoding"]
+    assert len(decoding) == 1
+    slot = decoding[0]
+    assert slot["context_tokens"] > slot["decoded"] > 0
+    assert slot["kv_bytes"] == slot["context_tokens"] * 23_040
+    assert 0 < slot["fill"] < 1 and slot["n_ctx"] == 2048
+    assert slot["decode_tps"] and slot["decode_tps"] > 5
+    assert last.series["kv_allocated_bytes"] == 4096 * 23_040
+    assert last.series["decode_tps"] == pytest.approx(slot["decode_tps"], rel=1e-3)
+    assert last.series["llamacpp_tokens_predicted_total"] >= 0
+    assert last.series["host_total_bytes"] > last.series["host_used_bytes"] > 0
+    assert last.series["backend_rss_bytes"] > 50 * 2**20  # the model is mapped into llama-server
+    assert last.series["weight_bytes"] > 50e6
+    assert 0 < last.series["roofline_ratio"] < 1.5
+    assert last.detail["placement"]["label"].startswith("CPU only") or last.detail["gpus"]
+
+
+@pytest.mark.django_db
+def test_a_down_backend_is_reported_unavailable_with_its_reason():
+    rig = Rig.objects.create(name="down", kind="llamacpp", base_url=f"http://127.0.0.1:{free_port()}", queue="q.d")
+    sample = asyncio.run(_take(rig))[0]
+    backend = sample.detail["sources"]["backend"]
+    assert backend["ok"] is False and "unreachable" in backend["error"]
+    assert sample.detail["sources"]["host"]["ok"]  # the other sources still report
+    assert "decode_tps" not in sample.series
+
+
+def test_nvml_reads_gpus_where_a_gpu_exists():
+    try:
+        gpus = nvml.gpus()
+    except Unavailable as exc:
+        pytest.skip(f"no GPU on this machine: {exc}")
+    assert gpus and all(g["memory_total_bytes"] >= g["memory_used_bytes"] > 0 for g in gpus)
+
+
+@pytest.mark.django_db
+def test_without_a_gpu_memory_falls_back_to_system_ram(rig):
+    try:
+        nvml.gpus()
+        pytest.skip("this machine has a GPU: the fallback is not taken")
+    except Unavailable:
+        pass
+    sample = asyncio.run(_take(rig))[0]
+    assert sample.detail["sources"]["gpu"]["ok"] is False
+    assert "no GPU" in sample.detail["sources"]["gpu"]["error"]
+    assert sample.series["host_total_bytes"] > 0
+    assert sample.detail["placement"] == {
+        "vram_fraction": 0.0, "spill": False, "label": "CPU only: weights and KV cache in system RAM",
+    }  # fmt: skip
+
+
+@pytest.mark.llama
+@pytest.mark.django_db(transaction=True)
+async def test_samples_are_stored_and_pushed_live_through_the_channel_layer(rig, owner):
+    await RigProfile.objects.acreate(rig=rig, bandwidth_gbs=20.0, bandwidth_source="setting")
+    sock = MonitorSocket(f"/ws/monitoring/rigs/{rig.pk}/", await sync_to_async(session_cookie_for)(owner))
+    assert (await sock.connect())[0]
+    client = aioredis.Redis.from_url(settings.REDIS_URL)
+    try:
+        await sampler.rig_loop(rig.pk, client, interval_s=0.2, ticks=3)
+    finally:
+        await client.aclose()
+    frames = [await sock.recv() for _ in range(3)]
+    await sock.close()
+    assert [f["type"] for f in frames] == ["rig.sample"] * 3
+    assert all(f["rig"] == rig.pk and f["sample"]["detail"]["sources"]["backend"]["ok"] for f in frames)
+    stored = [s async for s in RigSample.objects.filter(rig=rig).order_by("ts")]
+    assert len(stored) == 3
+    assert [s.ts.timestamp() for s in stored] == pytest.approx([f["sample"]["ts"] for f in frames])
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_hung_rig_does_not_block_another_and_a_crash_is_restarted(rig, silent_server, monkeypatch, caplog):
+    hung = Rig.objects.create(name="hung", kind="llamacpp", base_url=silent_server, queue="q.h")
+    original = RigSampler.take
+    crashed = []
+
+    async def take_crashing_once(self, redis_client):
+        if self.rig.pk == rig.pk and not crashed:
+            crashed.append(1)
+            raise RuntimeError("collector bug")
+        return await original(self, redis_client)
+
+    monkeypatch.setattr(RigSampler, "take", take_crashing_once)
+    monkeypatch.setattr(sampler, "RESTART_DELAY_S", 0.1)
+    monkeypatch.setattr(
+        settings, "RIGDASH", type(settings.RIGDASH)(**{**vars(settings.RIGDASH), "sample_interval_s": 0.25})
+    )
+
+    async def run_for(seconds: float) -> None:
+        stop = asyncio.Event()
+        task = asyncio.create_task(sampler.run(stop=stop))
+        await asyncio.sleep(seconds)
+        stop.set()
+        await task
+
+    with caplog.at_level(logging.ERROR, logger="monitoring.sampler"):
+        asyncio.run(run_for(3.0))
+    assert "crashed; restarting" in caplog.text
+    good = RigSample.objects.filter(rig=rig).count()
+    assert good >= 5, f"the healthy rig got only {good} samples in 3 s at 4 Hz"
+    hung_samples = list(RigSample.objects.filter(rig=hung))
+    assert hung_samples and not hung_samples[-1].detail["sources"]["backend"]["ok"]
+
+
+@pytest.mark.django_db
+def test_downsampling_averages_minutes_and_retention_prunes(rig):
+    base = (timezone.now() - timedelta(days=3)).replace(second=0, microsecond=0)
+    for minute in range(3):
+        for second in range(0, 60, 10):
+            series = {"decode_tps": float(minute * 10 + second / 10), "busy_slots": 1.0}
+            RigSample.objects.create(rig=rig, ts=base + timedelta(minutes=minute, seconds=second), series=series)
+    RigSample.objects.create(rig=rig, ts=base + timedelta(minutes=1, seconds=5), series={"busy_slots": 3.0})
+    assert services.samples_downsample() == 3
+    assert services.samples_downsample() == 0  # a second run makes nothing twice
+    minutes = list(RigSample.objects.filter(rig=rig, resolution_s=60).order_by("ts"))
+    assert [m.ts for m in minutes] == [base + timedelta(minutes=i) for i in range(3)]
+    assert minutes[1].series["decode_tps"] == pytest.approx(12.5)  # mean of 10..15, the gap row not counted
+    assert minutes[1].series["busy_slots"] == pytest.approx((6 * 1 + 3) / 7)
+    removed = services.samples_prune(raw_retention=timedelta(days=1), downsampled_retention=timedelta(days=30))
+    assert removed == 19
+    assert RigSample.objects.filter(rig=rig, resolution_s=1).count() == 0
+    assert RigSample.objects.filter(rig=rig, resolution_s=60).count() == 3
+    services.samples_prune(raw_retention=timedelta(days=1), downsampled_retention=timedelta(days=2))
+    assert RigSample.objects.filter(rig=rig).count() == 0
+
+
+def test_bandwidth_probe_measures_something_plausible():
+    gbs = services.bandwidth_probe_gbs(size_bytes=64 * 2**20, repeats=2)
+    assert 0.5 < gbs < 2000

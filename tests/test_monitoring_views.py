@@ -1,0 +1,99 @@
+"""Dashboard routes, their permissions, and the Prometheus export."""
+
+from __future__ import annotations
+
+import pytest
+from asgiref.sync import sync_to_async
+from django.test import Client
+from django.utils import timezone
+
+from inference.models import Rig
+from monitoring.models import RigSample
+from monitoring.prometheus import render
+from tests.conftest import session_cookie_for
+from tests.wsclient import MonitorSocket
+
+SERIES = {"decode_tps": 123.5, "busy_slots": 1.0, "total_slots": 4.0, "kv_used_bytes": 2304000.0,
+          "gpu0_memory_used_bytes": 5e9}  # fmt: skip
+DETAIL = {
+    "sources": {"backend": {"ok": True, "error": ""}},
+    "model": "SmolLM2",
+    "turns": [{"id": 7, "user": "owner", "status": "decoding"}, {"id": 8, "user": "other", "status": "queued"}],
+}
+
+
+@pytest.fixture
+def sampled_rig(db):
+    rig = Rig.objects.create(name="box", kind="llamacpp", base_url="http://127.0.0.1:9", queue="rig.box")
+    RigSample.objects.create(rig=rig, ts=timezone.now(), series=SERIES, detail=DETAIL)
+    return rig
+
+
+def _client(user=None):
+    client = Client()
+    if user is not None:
+        client.force_login(user)
+    return client
+
+
+def test_metrics_need_a_token_or_an_admin_session(sampled_rig, owner, admin_user, settings):
+    settings.RIGDASH = type(settings.RIGDASH)(**{**vars(settings.RIGDASH), "metrics_token": "s3cret-token"})
+    assert _client().get("/metrics").status_code == 401
+    assert _client(owner).get("/metrics").status_code == 401
+    assert _client().get("/metrics", HTTP_AUTHORIZATION="Bearer wrong").status_code == 401
+    by_token = _client().get("/metrics", HTTP_AUTHORIZATION="Bearer s3cret-token")
+    assert by_token.status_code == 200
+    assert by_token["Content-Type"].startswith("text/plain; version=0.0.4")
+    text = by_token.content.decode()
+    assert 'rigdash_decode_tokens_per_second{rig="box",model="SmolLM2"} 123.5' in text
+    assert 'rigdash_rig_up{rig="box",model="SmolLM2"} 1' in text
+    assert 'rigdash_gpu_memory_used_bytes{rig="box",model="SmolLM2",gpu="0"} 5e+09' in text
+    assert 'rigdash_active_turns_by_user{rig="box",model="SmolLM2",user="owner"} 1' in text
+    assert _client(admin_user).get("/metrics").status_code == 200
+
+
+def test_metrics_without_a_configured_token_refuse_any_bearer(sampled_rig):
+    assert _client().get("/metrics", HTTP_AUTHORIZATION="Bearer ").status_code == 401
+
+
+def test_prometheus_labels_are_escaped():
+    text = render([{"name": 'a"b', "model": "m\\1\n", "up": True, "series": {}, "turns_by_user": {}}])
+    assert 'rigdash_rig_up{rig="a\\"b",model="m\\\\1\\n"} 1' in text
+
+
+def test_dashboards_need_login_and_show_only_enabled_rigs(sampled_rig, owner):
+    assert _client().get(f"/monitoring/rigs/{sampled_rig.pk}/").status_code == 302
+    assert _client(owner).get(f"/monitoring/rigs/{sampled_rig.pk}/").status_code == 200
+    assert _client(owner).get("/monitoring/").status_code == 200
+    Rig.objects.filter(pk=sampled_rig.pk).update(enabled=False)
+    assert _client(owner).get(f"/monitoring/rigs/{sampled_rig.pk}/").status_code == 404
+    assert _client(owner).get(f"/monitoring/api/rigs/{sampled_rig.pk}/series").status_code == 404
+
+
+def test_series_and_latency_feeds(sampled_rig, owner):
+    body = _client(owner).get(f"/monitoring/api/rigs/{sampled_rig.pk}/series?range=5m").json()
+    assert body["columns"]["series"]["decode_tps"] == [123.5]
+    assert body["figures"]["decode"]["data"][0]["y"] == [123.5]
+    latency = _client(owner).get(f"/monitoring/api/rigs/{sampled_rig.pk}/latency").json()
+    assert latency["latency"]["gap_count"] == 0
+
+
+def test_ordinary_users_see_other_users_only_as_another_user(sampled_rig, owner, admin_user):
+    page = _client(owner).get(f"/monitoring/rigs/{sampled_rig.pk}/").content.decode()
+    assert '"user": "another user"' in page and '"user": "other"' not in page
+    admin_page = _client(admin_user).get(f"/monitoring/rigs/{sampled_rig.pk}/").content.decode()
+    assert '"user": "other"' in admin_page
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_monitoring_sockets_need_login_and_an_enabled_rig(owner):
+    rig = await Rig.objects.acreate(name="r", kind="llamacpp", base_url="http://127.0.0.1:9", queue="q.r")
+    assert not (await MonitorSocket(f"/ws/monitoring/rigs/{rig.pk}/", None).connect())[0]
+    cookie = await sync_to_async(session_cookie_for)(owner)
+    connected, code = await MonitorSocket("/ws/monitoring/rigs/999999/", cookie).connect()
+    assert not connected and code == 4404
+    foreign = MonitorSocket(f"/ws/monitoring/rigs/{rig.pk}/", cookie, origin="http://evil.example")
+    assert not (await foreign.connect())[0]
+    sock = MonitorSocket("/ws/monitoring/", cookie)
+    assert (await sock.connect())[0]
+    await sock.close()
