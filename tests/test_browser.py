@@ -83,6 +83,12 @@ def test_chat_in_browser_streams_tokens_and_fills_stats(page, web_url, celery_wo
     page.get_by_test_id("send").click()
     page.wait_for_selector("[data-testid=stats]:has-text('tok/s')")
     stats_live = page.get_by_test_id("stats").inner_text()
+    gauge = page.get_by_test_id("context-gauge")
+    gauge.wait_for(state="visible")
+    assert (
+        0 < float(gauge.get_attribute("value") or page.evaluate("() => document.querySelector('.ctx-gauge').value")) < 1
+    )
+    assert re.search(r"context \d+ / 2048", page.get_by_test_id("stats").inner_text())
     page.wait_for_selector(".turn[data-status=done]", timeout=60_000)
     if SHOT_DIR:
         page.screenshot(path=os.path.join(SHOT_DIR, "chat.png"), full_page=True)
@@ -95,10 +101,14 @@ def test_chat_in_browser_streams_tokens_and_fills_stats(page, web_url, celery_wo
     final_stats = page.get_by_test_id("stats").inner_text()
     assert re.search(r"TTFT \d+ ms", final_stats) and re.search(r"\d+ tokens", final_stats)
     assert re.search(r"[\d.]+ tok/s", final_stats)
-    # What the page shows is the stored reply, rendered (compare words, Markdown changes spacing).
-    shown = " ".join(reply_el.inner_text().split())
+    # What the page shows is the stored reply, rendered (compare words, Markdown changes spacing); the
+    # last render happens on the next animation frame after the end.
     stored_words = re.findall(r"[A-Za-z]{4,}", turn.reply_text)
-    assert stored_words and all(word in shown for word in stored_words[:20])
+    assert stored_words
+    wait_until(
+        lambda: all(word in " ".join(reply_el.inner_text().split()) for word in stored_words),
+        timeout_s=5, what="the whole stored reply on the page",
+    )  # fmt: skip
     assert page.get_by_test_id("user-message").inner_text() == "Write a short poem about the sea."
     assert page.errors == []
 
