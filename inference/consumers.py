@@ -11,23 +11,19 @@ import json
 from typing import Any
 
 from channels.db import database_sync_to_async
-from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from django.conf import settings
 from django.http import Http404
 
 from inference import events, selectors, services
+from rigdash.ws import CLOSE_NOT_FOUND, GroupJsonConsumer
 
-CLOSE_NOT_FOUND = 4404
 
-
-class ChatConsumer(AsyncJsonWebsocketConsumer):  # type: ignore[misc]
+class ChatConsumer(GroupJsonConsumer):
     session_id: int
-    group: str | None = None
 
     async def connect(self) -> None:
-        user = self.scope.get("user")
-        if user is None or not user.is_authenticated or not user.is_active:
-            await self.close(code=4401)
+        user = await self.active_user_or_close()
+        if user is None:
             return
         try:
             session = await database_sync_to_async(selectors.session_get_for)(
@@ -39,15 +35,10 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):  # type: ignore[misc]
         self.session_id = session.pk
         # Join the group before reading the snapshot: a batch published in between is then both in
         # the snapshot and delivered live, and the browser drops it by seq; none can fall in a gap.
-        self.group = events.session_group(session.pk)
-        await self.channel_layer.group_add(self.group, self.channel_name)
+        await self.join(events.session_group(session.pk))
         await self.accept()
         history = await database_sync_to_async(selectors.session_history)(session)
         await self.send_json({"type": "session.snapshot", "session": session.pk, "turns": history})
-
-    async def disconnect(self, code: int) -> None:
-        if self.group:
-            await self.channel_layer.group_discard(self.group, self.channel_name)
 
     async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None, **kwargs: Any) -> None:
         limit = settings.RIGDASH.max_ws_frame_bytes
