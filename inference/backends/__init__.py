@@ -6,11 +6,12 @@ from typing import TYPE_CHECKING
 
 from inference.backends.base import Backend, BackendError
 from inference.backends.llamacpp import LlamaCppBackend
+from inference.backends.ollama import OllamaBackend
 
 if TYPE_CHECKING:
     from inference.models import Rig
 
-BACKENDS: dict[str, type[Backend]] = {LlamaCppBackend.kind: LlamaCppBackend}
+BACKENDS: dict[str, type[Backend]] = {backend.kind: backend for backend in (LlamaCppBackend, OllamaBackend)}
 
 
 def backend_for(rig: Rig, *, timeout_s: float = 10.0) -> Backend:
