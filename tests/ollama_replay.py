@@ -20,8 +20,9 @@ ollama/ollama ``docs/api.md`` and ``api/types.go``, with error answers taken fro
   that is loaded without complaint (the runner keeps it in memory until it expires), and so does this.
 
 Fault modes: ``refuse_connections()`` (nothing listens on the port), ``cut_after_tokens`` (the chat
-stream is closed mid-reply without its terminating chunk) and ``fail_status`` (every API call answers
-that 5xx status). ``closed_early`` records each chat stream the client closed before its end.
+stream is closed mid-reply without its terminating chunk), ``omit_done_line`` (the stream ends cleanly
+but without ``done:true``) and ``fail_status`` (every API call answers that 5xx status).
+``closed_early`` records each chat stream the client closed before its end.
 """
 
 from __future__ import annotations
@@ -31,13 +32,33 @@ import json
 import socket
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+import pytest
+
 API_VERSION = "0.12.6"  # the version /api/version reports: the server series whose API this replays
-WORDS = "the keeper climbed the stairs and lit the lamp while waves broke on the rocks below".split()
+WORDS = [
+    "the",
+    "keeper",
+    "climbed",
+    "the",
+    "stairs",
+    "and",
+    "lit",
+    "the",
+    "lamp",
+    "while",
+    "waves",
+    "broke",
+    "on",
+    "the",
+    "rocks",
+    "below",
+]
 
 
 @dataclass
@@ -121,6 +142,7 @@ class OllamaReplay:
         self.token_interval_s = token_interval_s
         self.pull_step_s = pull_step_s
         self.cut_after_tokens: int | None = None
+        self.omit_done_line = False
         self.fail_status: int | None = None
         self.requests: list[tuple[str, str, dict[str, Any]]] = []
         self.closed_early: list[dict[str, Any]] = []  # {"path", "tokens_sent"} per stream the client left
@@ -407,6 +429,9 @@ class ReplayHandler(BaseHTTPRequestHandler):
                 sent += 1
                 time.sleep(state.token_interval_s)
             eval_ns = time.perf_counter_ns() - eval_started
+            if state.omit_done_line:  # a well-formed stream that still never says done:true
+                self._end_stream()
+                return
             final = {
                 "model": model.name,
                 "created_at": _now(),
@@ -476,3 +501,11 @@ class ReplayHandler(BaseHTTPRequestHandler):
         with self.state.lock:
             del self.state.models[full_name(name)]
         self._json(200, None)
+
+
+@pytest.fixture(name="ollama")
+def ollama_fixture() -> Iterator[OllamaReplay]:
+    """A fresh replay server per test, serving smollm2:135m; ``tinyllama`` can be pulled from its registry."""
+    replay = OllamaReplay(registry=[smollm2("tinyllama:latest")]).start()
+    yield replay
+    replay.stop()
