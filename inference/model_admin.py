@@ -170,8 +170,10 @@ async def _pull(rig: Rig, model: str, pull_id: str) -> str:
         async with aclosing(steps):
             async for step in steps:
                 now = time.monotonic()
-                # Ollama reports many steps a second per layer; send status changes, the end, and a few a second.
-                if step.done or step.status != last_status or now - last_sent >= PROGRESS_INTERVAL_S:
+                # Ollama reports many steps a second per layer: send each new status (a new layer), a layer's
+                # completion and the end, and otherwise at most a few a second.
+                layer_done = bool(step.total) and step.completed == step.total
+                if step.done or layer_done or step.status != last_status or now - last_sent >= PROGRESS_INTERVAL_S:
                     last_sent, last_status = now, step.status
                     await events.models_pull_progress(
                         rig_id=rig.pk,

@@ -27,7 +27,8 @@ MODEL = "smollm2:135m"
 
 
 def _chat(backend: OllamaBackend, **fields):
-    request = ChatRequest(**{"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 64, **fields})
+    fields = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 64, **fields}
+    request = ChatRequest(**fields)
 
     async def collect():
         chunks = []
