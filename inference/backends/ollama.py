@@ -10,7 +10,7 @@ Closing the HTTP stream makes Ollama stop generating that reply.
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from contextlib import aclosing
 from typing import Any, TypeVar, cast
 
@@ -93,12 +93,12 @@ class OllamaBackend(Backend):
         timeout = httpx.Timeout(self.timeout_s, read=read_timeout)
         return ollama.AsyncClient(host=self.base_url, timeout=timeout, trust_env=False)
 
-    async def _call(self, what: str, call: Any) -> Any:
+    async def _call(self, what: str, call: Callable[[ollama.AsyncClient], Awaitable[T]]) -> T:
         """Run ``call(client)`` with a fresh client, translating its errors."""
         client = self._client(read_timeout=self.timeout_s)
         try:
             async with client:  # closes its connections
-                return await cast(Awaitable[Any], call(client))
+                return await call(client)
         except CLIENT_ERRORS as exc:
             raise _translate(exc, what) from exc
 
@@ -114,7 +114,7 @@ class OllamaBackend(Backend):
         return Health(ok=True, detail="ok", version=version)
 
     async def list_models(self) -> list[ModelInfo]:
-        listing: ollama.ListResponse = await self._call("list models", lambda c: c.list())
+        listing = await self._call("list models", lambda c: c.list())
         return [
             ModelInfo(
                 name=entry.model or "",
@@ -162,7 +162,7 @@ class OllamaBackend(Backend):
 
     # Optional capabilities (base.Backend).
     async def model_architecture(self, model: str) -> ModelArchitecture:
-        shown: ollama.ShowResponse = await self._call("show model", lambda c: c.show(model))
+        shown = await self._call("show model", lambda c: c.show(model))
         info = dict(shown.modelinfo or {})
         arch = info.get("general.architecture")
         try:
@@ -180,7 +180,7 @@ class OllamaBackend(Backend):
             raise BackendProtocolError(f"Ollama's model_info for {model!r} lacks {exc}") from exc
 
     async def loaded_models(self) -> list[LoadedModel]:
-        listing: ollama.ProcessResponse = await self._call("list loaded models", lambda c: c.ps())
+        listing = await self._call("list loaded models", lambda c: c.ps())
         return [
             LoadedModel(
                 name=entry.model or entry.name or "",
