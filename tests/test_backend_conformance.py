@@ -120,12 +120,17 @@ def test_leaving_the_stream_early_stops_the_server_generating(target):
                     break
         return received, busy
 
+    _wait_until_idle(target, timeout_s=120)  # a reply another test left running would look like ours
     received, busy_before = asyncio.run(read_three_then_leave())
     assert received == 3 and busy_before, "the server should be mid-reply when the client leaves"
-    deadline = time.monotonic() + 3
+    _wait_until_idle(target, timeout_s=3)
+    assert not target.generating(), "the server kept generating after the client closed the stream"
+
+
+def _wait_until_idle(target: Target, *, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
     while target.generating() and time.monotonic() < deadline:
         time.sleep(0.02)
-    assert not target.generating(), "the server kept generating after the client closed the stream"
 
 
 def test_unknown_model_is_a_permanent_model_not_found(target):
