@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from celery import shared_task
 
-from inference import runner, services
+from inference import model_admin, runner, services
 
 
 @shared_task(name="inference.turn_run")
@@ -15,3 +15,8 @@ def turn_run_task(turn_id: int) -> str:
 @shared_task(name="inference.turn_reap_stale")
 def turn_reap_stale_task(older_than_s: float = 60.0) -> list[int]:
     return services.turn_reap_stale(older_than_s=older_than_s)
+
+
+@shared_task(name="inference.model_pull")
+def model_pull_task(rig_id: int, model: str, pull_id: str) -> str:
+    return model_admin.model_pull_run(rig_id=rig_id, model=model, pull_id=pull_id)

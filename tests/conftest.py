@@ -67,7 +67,13 @@ def _test_database_url() -> str:
 def service_env(django_db_setup: Any, django_db_blocker: Any) -> dict[str, str]:
     """Environment for processes that must use the test database and the test Redis."""
     with django_db_blocker.unblock():
-        return {"DATABASE_URL": _test_database_url(), "REDIS_URL": settings.REDIS_URL}
+        return {
+            "DATABASE_URL": _test_database_url(),
+            "REDIS_URL": settings.REDIS_URL,
+            "RIGDASH_CHANNEL_PREFIX": settings.CHANNEL_LAYERS["default"]["CONFIG"]["prefix"],
+            # Replies through the worker stop at 256 tokens: the suite's time stays bounded on a busy machine.
+            "RIGDASH_MAX_REPLY_TOKENS": "256",
+        }
 
 
 @pytest.fixture(scope="session")

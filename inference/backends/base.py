@@ -65,6 +65,9 @@ class ChatRequest:
     temperature: float | None = None
     top_p: float | None = None
     seed: int | None = None
+    # Server-side knobs a backend may honour and others ignore (llama.cpp fixes its context at start).
+    num_ctx: int | None = None
+    keep_alive: str | None = None
 
 
 @dataclass(frozen=True)
@@ -91,6 +94,20 @@ class LoadedModel:
     context_length: int | None = None
     expires_at: str | None = None
     details: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class PullProgress:
+    """One step of a model download as the server reports it; ``status == "success"`` ends it."""
+
+    status: str
+    digest: str | None = None
+    total: int | None = None
+    completed: int | None = None
+
+    @property
+    def done(self) -> bool:
+        return self.status == "success"
 
 
 @dataclass
@@ -143,3 +160,14 @@ class Backend(ABC):
 
     async def loaded_models(self) -> list[LoadedModel]:
         raise BackendNotSupported(f"{self.kind} cannot list loaded models")
+
+    def pull_model(self, model: str) -> AsyncIterator[PullProgress]:
+        """Download a model, yielding progress; the last item has ``done``. Closing it stops watching."""
+        raise BackendNotSupported(f"{self.kind} cannot pull models")
+
+    async def delete_model(self, model: str) -> None:
+        raise BackendNotSupported(f"{self.kind} cannot delete models")
+
+    async def unload_model(self, model: str) -> None:
+        """Free the memory a loaded model holds now (the files stay)."""
+        raise BackendNotSupported(f"{self.kind} cannot unload models")

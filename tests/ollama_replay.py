@@ -1,0 +1,511 @@
+"""A protocol replay of Ollama's REST API for tests: a small local HTTP server, not Ollama.
+
+No Ollama binary can run on the test machines, so the tests drive RigDash's Ollama plug-in against
+this server, which speaks the wire format of Ollama's v0.12 server series as documented in
+ollama/ollama ``docs/api.md`` and ``api/types.go``, with error answers taken from ``server/routes.go``:
+
+- ``POST /api/chat``: HTTP/1.1 chunked NDJSON, ``{model, created_at, message{role, content}, done:false}``
+  per token, then one ``done:true`` line with ``done_reason`` (stop | length) and ``total_duration,
+  load_duration, prompt_eval_count, prompt_eval_duration, eval_count, eval_duration`` (nanoseconds).
+  Empty ``messages`` with ``keep_alive`` 0 unloads the model (``done_reason: "unload"``).
+  Unknown model: 404 ``{"error": "model 'x' not found"}``.
+- ``POST /api/generate`` with no prompt: load, or unload with ``keep_alive`` 0.
+- ``GET /api/tags``, ``GET /api/version``, ``POST /api/show`` (``model_info`` with GGUF keys),
+  ``GET /api/ps`` (``size, size_vram, expires_at, context_length``).
+- ``POST /api/pull``: ``{"status": "pulling manifest"}``, per-layer ``{status, digest, total, completed}``
+  lines, ``verifying sha256 digest``, ``writing manifest``, ``success``. A name the registry lacks:
+  HTTP 200 with ``pulling manifest`` then ``{"error": "pull model manifest: file does not exist"}``
+  (the error arrives after the stream began, as in Ollama's PullHandler/streamResponse).
+- ``DELETE /api/delete``: 200 with an empty body, or 404 ``model 'x' not found``. Ollama deletes a model
+  that is loaded without complaint (the runner keeps it in memory until it expires), and so does this.
+
+Fault modes: ``refuse_connections()`` (nothing listens on the port), ``cut_after_tokens`` (the chat
+stream is closed mid-reply without its terminating chunk), ``omit_done_line`` (the stream ends cleanly
+but without ``done:true``) and ``fail_status`` (every API call answers that 5xx status).
+``closed_early`` records each chat stream the client closed before its end.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import pytest
+
+API_VERSION = "0.12.6"  # the version /api/version reports: the server series whose API this replays
+WORDS = [
+    "the",
+    "keeper",
+    "climbed",
+    "the",
+    "stairs",
+    "and",
+    "lit",
+    "the",
+    "lamp",
+    "while",
+    "waves",
+    "broke",
+    "on",
+    "the",
+    "rocks",
+    "below",
+]
+
+
+@dataclass
+class ReplayModel:
+    """A model the replay "has": its listing, its GGUF metadata and its layers (for pulls)."""
+
+    name: str
+    size: int = 105_000_000
+    family: str = "llama"
+    parameter_size: str = "135M"
+    quantization: str = "Q4_1"
+    model_info: dict[str, Any] = field(default_factory=dict)
+    layers: tuple[int, ...] = (100_000_000, 5_000_000)
+
+    @property
+    def digest(self) -> str:
+        return hashlib.sha256(self.name.encode()).hexdigest()
+
+    def details(self) -> dict[str, Any]:
+        return {
+            "parent_model": "",
+            "format": "gguf",
+            "family": self.family,
+            "families": [self.family],
+            "parameter_size": self.parameter_size,
+            "quantization_level": self.quantization,
+        }
+
+
+def smollm2(name: str = "smollm2:135m") -> ReplayModel:
+    """SmolLM2-135M's real GGUF figures (the model llama-server runs in these tests)."""
+    return ReplayModel(
+        name=name,
+        model_info={
+            "general.architecture": "llama",
+            "general.parameter_count": 134_515_008,
+            "llama.block_count": 30,
+            "llama.attention.head_count": 9,
+            "llama.attention.head_count_kv": 3,
+            "llama.embedding_length": 576,
+            "llama.context_length": 8192,
+            "llama.feed_forward_length": 1536,
+            "llama.rope.dimension_count": 64,
+            "llama.vocab_size": 49152,
+        },
+    )
+
+
+def full_name(name: str) -> str:
+    """Ollama's default tag: ``smollm2`` means ``smollm2:latest``."""
+    return name if ":" in name.rsplit("/", 1)[-1] else f"{name}:latest"
+
+
+def _now() -> str:
+    return datetime.now(UTC).isoformat().replace("+00:00", "Z")
+
+
+@dataclass
+class Loaded:
+    model: ReplayModel
+    expires_at: datetime
+    context_length: int
+
+
+class OllamaReplay:
+    """The replay server's state and controls; ``start()`` serves it on 127.0.0.1 in a thread."""
+
+    def __init__(
+        self,
+        models: list[ReplayModel] | None = None,
+        registry: list[ReplayModel] | None = None,
+        *,
+        reply_tokens: int = 12,
+        token_interval_s: float = 0.002,
+        pull_step_s: float = 0.02,
+    ) -> None:
+        self.models: dict[str, ReplayModel] = {m.name: m for m in (models if models is not None else [smollm2()])}
+        self.registry: dict[str, ReplayModel] = {m.name: m for m in (registry or [])}
+        self.loaded: dict[str, Loaded] = {}
+        self.reply_tokens = reply_tokens
+        self.token_interval_s = token_interval_s
+        self.pull_step_s = pull_step_s
+        self.cut_after_tokens: int | None = None
+        self.omit_done_line = False
+        self.fail_status: int | None = None
+        self.requests: list[tuple[str, str, dict[str, Any]]] = []
+        self.closed_early: list[dict[str, Any]] = []  # {"path", "tokens_sent"} per stream the client left
+        self.streams_open = 0
+        self.lock = threading.Lock()
+        self._httpd: ThreadingHTTPServer | None = None
+        self._thread: threading.Thread | None = None
+        self.port = 0
+
+    # Lifecycle and fault controls
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> OllamaReplay:
+        replay = self
+
+        class Handler(ReplayHandler):
+            state = replay
+
+        self._httpd = QuietServer(("127.0.0.1", self.port), Handler)
+        self.port = self._httpd.server_address[1]
+        self._thread = threading.Thread(target=self._httpd.serve_forever, name="ollama-replay", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        if self._httpd is not None:
+            self._httpd.shutdown()
+            self._httpd.server_close()
+            self._httpd = None
+
+    def refuse_connections(self) -> None:
+        """Close the listening socket: connecting now fails with ECONNREFUSED. ``start()`` reopens the port."""
+        self.stop()
+
+    def last_request(self, path: str) -> dict[str, Any]:
+        return next(body for method, p, body in reversed(self.requests) if p == path)
+
+    def wait_closed_early(self, timeout_s: float = 5.0) -> dict[str, Any] | None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            with self.lock:
+                if self.closed_early:
+                    return self.closed_early[-1]
+            time.sleep(0.01)
+        return None
+
+
+class QuietServer(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A client that drops a kept-alive connection is normal here, not an error worth a traceback."""
+
+
+class ReplayHandler(BaseHTTPRequestHandler):
+    state: OllamaReplay
+    protocol_version = "HTTP/1.1"  # keep-alive and chunked streams, as Go's net/http serves them
+    server_version = "OllamaReplay"
+
+    def log_message(self, format: str, *args: Any) -> None:  # quiet
+        pass
+
+    # Plumbing
+    def _body(self) -> dict[str, Any]:
+        length = int(self.headers.get("Content-Length") or 0)
+        raw = self.rfile.read(length) if length else b""
+        try:
+            body = json.loads(raw or b"{}")
+        except ValueError:
+            body = None
+        return body if isinstance(body, dict) else {"__invalid__": True}
+
+    def _json(self, status: int, payload: Any | None) -> None:
+        data = b"" if payload is None else json.dumps(payload).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json; charset=utf-8")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _error(self, status: int, message: str) -> None:
+        self._json(status, {"error": message})
+
+    def _start_stream(self) -> None:
+        self.send_response(200)
+        self.send_header("Content-Type", "application/x-ndjson")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+
+    def _line(self, payload: dict[str, Any]) -> None:
+        data = json.dumps(payload).encode() + b"\n"
+        self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
+        self.wfile.flush()
+
+    def _end_stream(self) -> None:
+        self.wfile.write(b"0\r\n\r\n")
+        self.wfile.flush()
+
+    def _cut(self) -> None:
+        """Drop the connection mid-body: no terminating chunk, as when the server process dies."""
+        self.wfile.flush()
+        self.close_connection = True
+        self.connection.shutdown(socket.SHUT_RDWR)
+
+    def _dispatch(self, method: str) -> None:
+        state = self.state
+        body = self._body() if method in ("POST", "DELETE") else {}
+        with state.lock:
+            state.requests.append((method, self.path, body))
+        if state.fail_status:
+            self._error(state.fail_status, "server busy, please try again.  maximum pending requests exceeded")
+            return
+        routes = {
+            ("GET", "/api/version"): self.version,
+            ("GET", "/api/tags"): self.tags,
+            ("GET", "/api/ps"): self.ps,
+            ("POST", "/api/show"): self.show,
+            ("POST", "/api/chat"): self.chat,
+            ("POST", "/api/generate"): self.generate,
+            ("POST", "/api/pull"): self.pull,
+            ("DELETE", "/api/delete"): self.delete,
+        }
+        route = routes.get((method, self.path))
+        if route is None:
+            self._json(404, None)  # Gin's 404 for an unknown route has no JSON body
+            return
+        if body.get("__invalid__"):
+            self._error(400, "invalid character looking for beginning of value")
+            return
+        route(body)
+
+    def do_GET(self) -> None:
+        self._dispatch("GET")
+
+    def do_POST(self) -> None:
+        self._dispatch("POST")
+
+    def do_DELETE(self) -> None:
+        self._dispatch("DELETE")
+
+    def do_HEAD(self) -> None:
+        self._json(200, None)
+
+    # Endpoints
+    def version(self, body: dict[str, Any]) -> None:
+        self._json(200, {"version": API_VERSION})
+
+    def tags(self, body: dict[str, Any]) -> None:
+        models = [
+            {
+                "name": m.name,
+                "model": m.name,
+                "modified_at": _now(),
+                "size": m.size,
+                "digest": m.digest,
+                "details": m.details(),
+            }
+            for m in self.state.models.values()
+        ]
+        self._json(200, {"models": models})
+
+    def ps(self, body: dict[str, Any]) -> None:
+        now = datetime.now(UTC)
+        with self.state.lock:
+            for name in [n for n, entry in self.state.loaded.items() if entry.expires_at <= now]:
+                del self.state.loaded[name]
+            models = [
+                {
+                    "name": entry.model.name,
+                    "model": entry.model.name,
+                    "size": entry.model.size + 50_000_000,
+                    "digest": entry.model.digest,
+                    "details": entry.model.details(),
+                    "expires_at": entry.expires_at.isoformat().replace("+00:00", "Z"),
+                    "size_vram": 0,  # a CPU-only server, like this machine
+                    "context_length": entry.context_length,
+                }
+                for entry in self.state.loaded.values()
+            ]
+        self._json(200, {"models": models})
+
+    def _model(self, body: dict[str, Any]) -> ReplayModel | None:
+        name = body.get("model") or body.get("name") or ""
+        if not name:
+            self._error(400, "model is required")
+            return None
+        model = self.state.models.get(full_name(str(name)))
+        if model is None:
+            self._error(404, f"model '{name}' not found")
+        return model
+
+    def show(self, body: dict[str, Any]) -> None:
+        model = self._model(body)
+        if model is not None:
+            self._json(
+                200,
+                {
+                    "license": "Apache-2.0",
+                    "modelfile": f"FROM {model.name}",
+                    "parameters": "",
+                    "template": "{{ .Prompt }}",
+                    "details": model.details(),
+                    "model_info": model.model_info,
+                    "capabilities": ["completion"],
+                    "modified_at": _now(),
+                },
+            )
+
+    def _keep_alive_s(self, body: dict[str, Any]) -> float:
+        value = body.get("keep_alive", "5m")
+        if isinstance(value, int | float):
+            return float(value)
+        units = {"ms": 0.001, "s": 1, "m": 60, "h": 3600}
+        for suffix in ("ms", "s", "m", "h"):
+            if str(value).endswith(suffix):
+                return float(str(value)[: -len(suffix)]) * units[suffix]
+        return float(value)
+
+    def _load(self, model: ReplayModel, body: dict[str, Any]) -> int:
+        """Mark the model loaded until keep_alive runs out; returns load_duration in ns."""
+        keep_alive_s = self._keep_alive_s(body)
+        context = int((body.get("options") or {}).get("num_ctx") or 4096)
+        with self.state.lock:
+            was_loaded = model.name in self.state.loaded
+            if keep_alive_s == 0:
+                self.state.loaded.pop(model.name, None)
+            else:
+                expires = datetime.now(UTC) + timedelta(seconds=keep_alive_s if keep_alive_s > 0 else 3650 * 86400)
+                self.state.loaded[model.name] = Loaded(model, expires, context)
+        return 120_000 if was_loaded else 350_000_000
+
+    def _load_or_unload(self, model: ReplayModel, body: dict[str, Any], reply: dict[str, Any]) -> None:
+        self._load(model, body)
+        reason = "unload" if self._keep_alive_s(body) == 0 else "load"
+        self._json(200, {"model": model.name, "created_at": _now(), **reply, "done": True, "done_reason": reason})
+
+    def generate(self, body: dict[str, Any]) -> None:
+        model = self._model(body)
+        if model is None:
+            return
+        if body.get("prompt"):
+            self._error(501, "the replay answers /api/generate only to load or unload a model")
+            return
+        self._load_or_unload(model, body, {"response": ""})
+
+    def chat(self, body: dict[str, Any]) -> None:
+        model = self._model(body)
+        if model is None:
+            return
+        messages = body.get("messages") or []
+        if not messages:
+            self._load_or_unload(model, body, {"message": {"role": "assistant", "content": ""}})
+            return
+        self._chat_stream(model, body, messages)
+
+    def _chat_stream(self, model: ReplayModel, body: dict[str, Any], messages: list[dict[str, Any]]) -> None:
+        state = self.state
+        started = time.perf_counter_ns()
+        load_ns = self._load(model, body)
+        options = body.get("options") or {}
+        limit = int(options.get("num_predict") or -1)
+        planned = state.reply_tokens if limit < 0 else min(limit, state.reply_tokens)
+        reason = "length" if 0 <= limit <= state.reply_tokens else "stop"
+        prompt_tokens = sum(len(str(m.get("content", "")).split()) + 4 for m in messages)
+        prompt_started = time.perf_counter_ns()
+        time.sleep(0.002)  # "prompt processing"
+        prompt_ns = time.perf_counter_ns() - prompt_started
+        sent = 0
+        eval_started = time.perf_counter_ns()
+        with state.lock:
+            state.streams_open += 1
+        try:
+            self._start_stream()
+            for index in range(planned):
+                if state.cut_after_tokens is not None and sent >= state.cut_after_tokens:
+                    self._cut()
+                    return
+                word = WORDS[index % len(WORDS)]
+                text = word if index == 0 else f" {word}"
+                self._line({"model": model.name, "created_at": _now(),
+                            "message": {"role": "assistant", "content": text}, "done": False})  # fmt: skip
+                sent += 1
+                time.sleep(state.token_interval_s)
+            eval_ns = time.perf_counter_ns() - eval_started
+            if state.omit_done_line:  # a well-formed stream that still never says done:true
+                self._end_stream()
+                return
+            final = {
+                "model": model.name,
+                "created_at": _now(),
+                "message": {"role": "assistant", "content": ""},
+                "done": True,
+                "done_reason": reason,
+                "total_duration": time.perf_counter_ns() - started + load_ns,
+                "load_duration": load_ns,
+                "prompt_eval_count": prompt_tokens,
+                "prompt_eval_duration": prompt_ns,
+                "eval_count": sent,
+                "eval_duration": eval_ns,
+            }
+            self._line(final)
+            self._end_stream()
+        except (BrokenPipeError, ConnectionResetError):
+            # The client closed the stream early: Ollama cancels the request's context and stops decoding.
+            with state.lock:
+                state.closed_early.append({"path": self.path, "tokens_sent": sent})
+            self.close_connection = True
+        finally:
+            with state.lock:
+                state.streams_open -= 1
+
+    def pull(self, body: dict[str, Any]) -> None:
+        name = str(body.get("model") or body.get("name") or "")
+        if not name or any(ch.isspace() for ch in name) or name.startswith(("/", ":")):
+            self._error(400, "invalid model name")
+            return
+        wanted = self.state.registry.get(full_name(name))
+        self._start_stream()
+        try:
+            self._line({"status": "pulling manifest"})
+            time.sleep(self.state.pull_step_s)
+            if wanted is None:
+                self._line({"error": "pull model manifest: file does not exist"})
+                self._end_stream()
+                return
+            for index, total in enumerate(wanted.layers):
+                digest = f"sha256:{index:02d}{wanted.digest[2:]}"
+                steps = 5
+                for step in range(steps + 1):
+                    line: dict[str, Any] = {"status": f"pulling {digest[7:19]}", "digest": digest, "total": total}
+                    completed = total * step // steps
+                    if completed:
+                        line["completed"] = completed  # omitempty in api.ProgressResponse
+                    self._line(line)
+                    time.sleep(self.state.pull_step_s)
+            for status in ("verifying sha256 digest", "writing manifest", "success"):
+                self._line({"status": status})
+            with self.state.lock:
+                self.state.models[wanted.name] = wanted
+            self._end_stream()
+        except (BrokenPipeError, ConnectionResetError):
+            with self.state.lock:
+                self.state.closed_early.append({"path": self.path, "tokens_sent": 0})
+            self.close_connection = True
+
+    def delete(self, body: dict[str, Any]) -> None:
+        name = str(body.get("model") or body.get("name") or "")
+        if not name:
+            self._error(400, 'name "" is invalid')
+            return
+        if full_name(name) not in self.state.models:
+            self._error(404, f"model '{name}' not found")
+            return
+        with self.state.lock:
+            del self.state.models[full_name(name)]
+        self._json(200, None)
+
+
+@pytest.fixture(name="ollama")
+def ollama_fixture() -> Iterator[OllamaReplay]:
+    """A fresh replay server per test, serving smollm2:135m; ``tinyllama`` can be pulled from its registry."""
+    replay = OllamaReplay(registry=[smollm2("tinyllama:latest")]).start()
+    yield replay
+    replay.stop()
