@@ -46,6 +46,7 @@ class RigSampler:
     weight_bytes: float | None = None
     backend_pid: int | None = None
     previous_slots: dict[int, tuple[int | None, int, float]] = field(default_factory=dict)
+    ollama_arch: dict[str, ModelArchitecture | None] = field(default_factory=dict)
 
     def _client(self) -> httpx.AsyncClient:
         if self.client is None:
@@ -68,6 +69,9 @@ class RigSampler:
         return Sample(ts=now, series=series, detail=detail)
 
     async def _backend(self, now: float, series: dict[str, float], detail: dict[str, Any]) -> None:
+        if self.rig.kind == Rig.Kind.OLLAMA:
+            await self._ollama(series, detail)
+            return
         if self.rig.kind != Rig.Kind.LLAMACPP:
             detail["sources"]["backend"] = {"ok": False, "error": f"no monitoring collector for {self.rig.kind} yet"}
             return
@@ -108,6 +112,49 @@ class RigSampler:
         series["total_slots"] = float(len(reading.slots))
         series["deferred_requests"] = metrics.get("requests_deferred", 0.0)
 
+    async def _ollama(self, series: dict[str, float], detail: dict[str, Any]) -> None:
+        """Ollama has no metrics endpoint: loaded models and their memory come from /api/ps, the KV geometry
+        from /api/show; decode speed is the sum of RigDash's own running turns (see _queue_and_turns)."""
+        backend = backend_for(self.rig, timeout_s=0.8)
+        try:
+            loaded = await backend.loaded_models()
+        except BackendError as exc:
+            detail["sources"]["backend"] = {"ok": False, "error": str(exc)}
+            return
+        detail["sources"]["backend"] = {"ok": True, "error": ""}
+        models: list[dict[str, Any]] = []
+        for model in loaded:
+            arch = await self._ollama_arch(backend, model.name)
+            per_token = decode.kv_bytes_per_token(arch, self.kv_cache_type) if arch else None
+            on_gpu = model.size_vram_bytes or 0
+            allocated = per_token * model.context_length if per_token and model.context_length else None
+            models.append(
+                {
+                    "name": model.name, "size_bytes": model.size_bytes, "size_vram_bytes": on_gpu,
+                    "cpu_fraction": 1 - on_gpu / model.size_bytes if model.size_bytes else None,
+                    "context_length": model.context_length, "expires_at": model.expires_at,
+                    "kv_bytes_per_token": per_token,
+                    "kv_allocated_bytes": allocated,
+                }
+            )  # fmt: skip
+        detail["loaded_models"] = models
+        detail["model"] = ", ".join(m["name"] for m in models)
+        series["loaded_models"] = float(len(models))
+        series["weight_bytes"] = float(sum(m["size_bytes"] for m in models))
+        series["vram_bytes"] = float(sum(m["size_vram_bytes"] for m in models))
+        if models and models[0]["kv_bytes_per_token"]:
+            series["kv_bytes_per_token"] = models[0]["kv_bytes_per_token"]
+        if any(m["kv_allocated_bytes"] for m in models):
+            series["kv_allocated_bytes"] = float(sum(m["kv_allocated_bytes"] or 0 for m in models))
+
+    async def _ollama_arch(self, backend: Any, name: str) -> ModelArchitecture | None:
+        if name not in self.ollama_arch:
+            try:
+                self.ollama_arch[name] = await backend.model_architecture(name)
+            except BackendError:
+                self.ollama_arch[name] = None
+        return self.ollama_arch[name]
+
     def _slot_rate(self, slot: llamacpp.SlotReading, now: float) -> float | None:
         """Tokens/s of a slot since the last tick (0 when idle; None on its first tick)."""
         previous = self.previous_slots.get(slot.id)
@@ -129,6 +176,12 @@ class RigSampler:
                 self.arch_error = str(exc)
 
     def _kv(self, series: dict[str, float], detail: dict[str, Any]) -> None:
+        if self.rig.kind == Rig.Kind.OLLAMA:
+            ok = "kv_bytes_per_token" in series
+            error = "" if ok else "no loaded model, or /api/show gave no KV geometry"
+            detail["sources"]["kv"] = {"ok": ok, "error": error}
+            detail["kv"] = {"cache_type": self.kv_cache_type, "arch": None}
+            return
         if self.arch is None:
             detail["sources"]["kv"] = {"ok": False, "error": self.arch_error or "model architecture not known yet"}
             return
@@ -190,8 +243,16 @@ class RigSampler:
         detail["sources"]["process"] = {"ok": True, "error": ""}
 
     def _placement(self, detail: dict[str, Any]) -> dict[str, Any]:
-        """Where the weights live. llama.cpp reports no layer split over HTTP, so with no GPU the answer is
-        "system RAM"; with GPUs, RigDash cannot yet tell the split and says so."""
+        """Where the weights live. Ollama says (size vs size_vram in /api/ps). llama.cpp reports no layer
+        split over HTTP, so with no GPU the answer is "system RAM"; with GPUs it says it cannot tell."""
+        loaded = detail.get("loaded_models")
+        if loaded:
+            size = sum(m["size_bytes"] for m in loaded)
+            vram = sum(m["size_vram_bytes"] for m in loaded)
+            fraction = vram / size if size else 0.0
+            spill = 0 < fraction < 1 or (fraction == 0 and bool(detail.get("gpus")))
+            label = f"Ollama: {fraction:.0%} of the loaded models in VRAM, {1 - fraction:.0%} in system RAM"
+            return {"vram_fraction": round(fraction, 4), "spill": spill, "label": label}
         if not detail.get("gpus"):
             return {"vram_fraction": 0.0, "spill": False, "label": "CPU only: weights and KV cache in system RAM"}
         return {"vram_fraction": None, "spill": None, "label": "GPU present: layer split not reported by llama-server"}
@@ -214,6 +275,8 @@ class RigSampler:
                     turn["live"] = live.latest_stats(raw) or {}
             detail["turns"] = turns
             series["active_turns"] = float(len(turns))
+            if self.rig.kind == Rig.Kind.OLLAMA:  # no per-slot view: the rig's rate is its running turns'
+                series["decode_tps"] = float(sum((t["live"].get("decode_tps") or 0) for t in turns if "live" in t))
             detail["sources"]["queue"] = {"ok": True, "error": ""}
         except Exception as exc:
             detail["sources"]["queue"] = {"ok": False, "error": repr(exc)}

@@ -20,6 +20,7 @@ from monitoring.collectors import Unavailable, nvml
 from monitoring.models import RigProfile, RigSample
 from monitoring.sampling import RigSampler
 from tests.conftest import free_port, session_cookie_for, wait_until
+from tests.ollama_replay import ollama_fixture  # noqa: F401  (the ``ollama`` fixture)
 from tests.wsclient import MonitorSocket
 
 
@@ -197,3 +198,33 @@ def test_downsampling_averages_minutes_and_retention_prunes(rig):
 def test_bandwidth_probe_measures_something_plausible():
     gbs = services.bandwidth_probe_gbs(size_bytes=64 * 2**20, repeats=2)
     assert 0.5 < gbs < 2000
+
+
+@pytest.mark.django_db
+def test_an_ollama_rig_is_sampled_from_ps_and_show(ollama):
+    """Ollama cannot run here: the protocol replay of its API (tests/ollama_replay.py) stands in."""
+    import asyncio as aio
+
+    from inference.backends.ollama import OllamaBackend
+
+    rig = Rig.objects.create(name="oll", kind="ollama", base_url=ollama.url, queue="rig.oll")
+    empty = aio.run(_take(rig))[0]
+    assert empty.detail["sources"]["backend"]["ok"] and empty.series["loaded_models"] == 0
+    assert empty.detail["sources"]["kv"]["ok"] is False
+
+    async def load() -> None:  # a short chat loads the model, as Ollama does
+        from inference.backends.base import ChatRequest
+
+        request = ChatRequest(model="smollm2:135m", messages=[{"role": "user", "content": "hi"}], max_tokens=4)
+        async for _ in OllamaBackend(ollama.url).stream_chat(request):
+            pass
+
+    aio.run(load())
+    sample = aio.run(_take(rig))[0]
+    (model,) = sample.detail["loaded_models"]
+    assert model["name"] == "smollm2:135m" and model["size_vram_bytes"] == 0 and model["cpu_fraction"] == 1
+    assert sample.series["kv_bytes_per_token"] == 23_040  # from /api/show's llama.* keys
+    assert sample.series["kv_allocated_bytes"] == 23_040 * model["context_length"]
+    assert sample.series["weight_bytes"] == model["size_bytes"]
+    assert sample.detail["placement"]["vram_fraction"] == 0.0
+    assert "0% of the loaded models in VRAM" in sample.detail["placement"]["label"]

@@ -107,6 +107,10 @@
 
     const placement = d.placement || {};
     $("[data-testid=placement]").textContent = `${placement.label || ""} · weights ${gib(s.weight_bytes)} · system RAM ${gib(s.host_used_bytes)} / ${gib(s.host_total_bytes)} used · backend process ${gib(s.backend_rss_bytes)} resident`;
+    if (d.loaded_models) {
+      const loaded = d.loaded_models.map((m) => `${m.name} (${gib(m.size_bytes)}, ${fmt(100 * (1 - (m.cpu_fraction ?? 1)), 0)} % in VRAM, context ${m.context_length ?? "?"})`);
+      $("[data-testid=placement]").textContent += ` · loaded: ${loaded.join(", ") || "none"}`;
+    }
     $("[data-testid=spill]").hidden = !placement.spill;
     const gpu = sources.gpu;
     $("[data-testid=gpu]").textContent = gpu && gpu.ok
