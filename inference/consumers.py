@@ -16,11 +16,12 @@ from django.conf import settings
 from django.http import Http404
 
 from inference import events, selectors, services
+from inference.consumers_board import RevocableMixin
 
 CLOSE_NOT_FOUND = 4404
 
 
-class ChatConsumer(AsyncJsonWebsocketConsumer):  # type: ignore[misc]
+class ChatConsumer(RevocableMixin, AsyncJsonWebsocketConsumer):  # type: ignore[misc]
     session_id: int
     group: str | None = None
 
@@ -42,10 +43,12 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):  # type: ignore[misc]
         self.group = events.session_group(session.pk)
         await self.channel_layer.group_add(self.group, self.channel_name)
         await self.accept()
+        await self.watch_user()  # a user deactivated while connected is closed out (4401) within seconds
         history = await database_sync_to_async(selectors.session_history)(session)
         await self.send_json({"type": "session.snapshot", "session": session.pk, "turns": history})
 
     async def disconnect(self, code: int) -> None:
+        await self.unwatch_user()
         if self.group:
             await self.channel_layer.group_discard(self.group, self.channel_name)
 
@@ -113,7 +116,7 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):  # type: ignore[misc]
         await self.send_json({"type": "turn.queued", "turn": event["turn"]})
 
     async def chat_turn_state(self, event: dict[str, Any]) -> None:
-        await self.send_json({"type": "turn.state", "turn": event["turn"], "status": event["status"]})
+        await self.send_json({**event, "type": "turn.state"})  # turn, status; queue_position/ahead when waiting
 
     async def chat_turn_end(self, event: dict[str, Any]) -> None:
         await self.send_json({"type": "turn.end", "turn": event["turn"], "seq": event["seq"]})

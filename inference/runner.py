@@ -22,7 +22,7 @@ import redis.asyncio as aioredis
 from channels.db import database_sync_to_async as db_async
 from django.conf import settings
 
-from inference import events, live, services
+from inference import board, dispatch, events, live, quotas, services
 from inference.backends import backend_for
 from inference.backends.base import BackendError, BackendStats, ChatRequest, StreamChunk
 from inference.models import Turn
@@ -112,6 +112,9 @@ class TurnStream:
     seq_sent: int = 0
     last_checkpoint: float = 0.0
     cancelled: bool = False
+    # Admin board progress (throttled) and the user's context quota, checked against the backend's prompt_n.
+    progress: board.ProgressReporter | None = None
+    context_limit: int | None = None
 
     @property
     def text(self) -> str:
@@ -141,8 +144,16 @@ class TurnStream:
                 text=text,
                 stats=self.meter.live_stats(),
             )
+            if self.progress is not None:
+                await self.progress.tick(
+                    self.redis, tokens=self.meter.events, decode_tps=self.meter.decode_tps, status="decoding"
+                )
 
     def accept(self, chunk: StreamChunk, now: float) -> None:
+        if chunk.stats is not None and chunk.stats.prompt_tokens is not None:
+            if self.progress is not None:
+                self.progress.backend_prompt(chunk.stats.prompt_tokens)
+            quotas.context_check(prompt_tokens=chunk.stats.prompt_tokens, limit=self.context_limit, estimated=False)
         if not chunk.text:
             return
         self.meter.token(now)
@@ -162,7 +173,14 @@ async def _pump(backend_iter: Any, queue: asyncio.Queue[Any]) -> None:
         await queue.put(exc)
 
 
-async def stream_turn(turn: Turn, request: ChatRequest, redis_client: aioredis.Redis) -> services.TurnOutcome:
+async def stream_turn(
+    turn: Turn,
+    request: ChatRequest,
+    redis_client: aioredis.Redis,
+    *,
+    progress: board.ProgressReporter | None = None,
+    context_limit: int | None = None,
+) -> services.TurnOutcome:
     conf = settings.RIGDASH
     backend = backend_for(turn.session.rig)
     state = TurnStream(
@@ -170,6 +188,8 @@ async def stream_turn(turn: Turn, request: ChatRequest, redis_client: aioredis.R
         redis=redis_client,
         meter=StreamMeter(t_request=time.perf_counter()),
         flush_interval_s=conf.flush_interval_ms / 1000,
+        progress=progress,
+        context_limit=context_limit,
     )
     state.last_checkpoint = state.meter.t_request
     queue: asyncio.Queue[Any] = asyncio.Queue()
@@ -184,6 +204,8 @@ async def stream_turn(turn: Turn, request: ChatRequest, redis_client: aioredis.R
         status, finish_reason = Turn.Status.CANCELLED, "cancelled"
     except TurnTimeout as exc:
         status, finish_reason, error = Turn.Status.FAILED, "timeout", str(exc)
+    except quotas.QuotaExceeded as exc:  # the backend's prompt_n is over the user's context limit
+        status, finish_reason, error = Turn.Status.FAILED, exc.code, exc.message
     except BackendError as exc:
         status, finish_reason, error = Turn.Status.FAILED, exc.code, str(exc)
     finally:
@@ -254,20 +276,38 @@ def _redis_for_loop() -> aioredis.Redis:
 
 async def run_claimed_turn(turn: Turn) -> None:
     params = turn.params or {}
-    request = ChatRequest(
-        model=turn.session.model_name,
-        messages=await db_async(services.turn_history_messages)(turn),
-        max_tokens=min(params.get("max_tokens", settings.RIGDASH.max_reply_tokens), settings.RIGDASH.max_reply_tokens),
-        temperature=params.get("temperature"),
-        top_p=params.get("top_p"),
-        seed=params.get("seed"),
-    )
-    outcome = await stream_turn(turn, request, _redis_for_loop())
+    messages = await db_async(services.turn_history_messages)(turn)
+    try:  # max_tokens: the request capped by the server, the per-reply quota and today's allowance left
+        budget = await db_async(quotas.turn_token_cap)(turn=turn)
+    except quotas.QuotaExceeded as exc:
+        outcome = services.TurnOutcome(
+            status=Turn.Status.FAILED,
+            reply_text="",
+            finish_reason=exc.code,
+            stats={"output_events": 0},
+            error=exc.message,
+        )
+    else:
+        request = ChatRequest(
+            model=turn.session.model_name,
+            messages=messages,
+            max_tokens=budget.max_tokens,
+            temperature=params.get("temperature"),
+            top_p=params.get("top_p"),
+            seed=params.get("seed"),
+        )
+        progress = await board.progress_start(turn, messages, _redis_for_loop())
+        outcome = await stream_turn(
+            turn, request, _redis_for_loop(), progress=progress, context_limit=budget.context_limit
+        )
+        outcome.stats["n_ctx"] = progress.n_ctx
     stored = await db_async(services.turn_finish)(turn=turn, outcome=outcome)
     if not stored:
         log.warning("turn %s had already ended when its worker finished", turn.pk)
         return
     await db_async(turn.refresh_from_db)()
+    # The board hears of the end and the next waiting turn gets the slot before the page hears of it.
+    await db_async(dispatch.turn_released)(turn_id=turn.pk, rig_id=turn.session.rig_id)
     snapshot = await db_async(turn_snapshot)(turn)
     await events.turn_end(session_id=turn.session_id, turn=snapshot, seq=outcome.stats["output_events"])
     await db_async(live.forget)(turn.pk)
@@ -281,5 +321,6 @@ def turn_run(turn_id: int) -> str:
     if turn is None:
         return "not-claimed"
     aio.run(events.turn_state(session_id=turn.session_id, turn_id=turn.pk, status=Turn.Status.PROMPT))
-    aio.run(run_claimed_turn(turn))
+    board.publish_turn(turn.pk)
+    aio.run(run_claimed_turn(turn))  # a run that breaks before the end is reaped (and its slot released) later
     return "ran"

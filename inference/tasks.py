@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from celery import shared_task
 
-from inference import runner, services
+from inference import dispatch, runner, services
 
 
 @shared_task(name="inference.turn_run")
@@ -15,3 +15,8 @@ def turn_run_task(turn_id: int) -> str:
 @shared_task(name="inference.turn_reap_stale")
 def turn_reap_stale_task(older_than_s: float = 60.0) -> list[int]:
     return services.turn_reap_stale(older_than_s=older_than_s)
+
+
+@shared_task(name="inference.dispatch_all")
+def dispatch_all_task(resend_after_s: float = 120.0) -> dict[str, list[int]]:
+    return dispatch.dispatch_all(resend_after_s=resend_after_s)

@@ -138,3 +138,7 @@ class Backend(ABC):
 
     async def loaded_models(self) -> list[LoadedModel]:
         raise BackendNotSupported(f"{self.kind} cannot list loaded models")
+
+    async def slot_context_tokens(self) -> int:
+        """The context one request may fill (tokens per slot), for the admin board's context fill."""
+        raise BackendNotSupported(f"{self.kind} cannot report its context per slot")

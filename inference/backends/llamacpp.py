@@ -90,6 +90,14 @@ class LlamaCppBackend(Backend):
             )
         return models
 
+    async def slot_context_tokens(self) -> int:
+        """``/props`` ``default_generation_settings.n_ctx``: the total context divided among the slots."""
+        payload = await self._get_json("/props")
+        n_ctx = (payload.get("default_generation_settings") or {}).get("n_ctx")
+        if not isinstance(n_ctx, int) or n_ctx <= 0:
+            raise BackendProtocolError("llama-server's /props has no default_generation_settings.n_ctx")
+        return n_ctx
+
     def _payload(self, request: ChatRequest) -> dict[str, Any]:
         payload: dict[str, Any] = {
             "model": request.model,
@@ -140,10 +148,8 @@ class LlamaCppBackend(Backend):
             timings = event.get("timings")
             if reason:
                 finished = True
-            yield StreamChunk(
-                text=text,
-                finish_reason=reason,
-                stats=stats_from_timings(timings) if (reason and timings) else None,
-            )
+            # With timings_per_token every chunk carries the running timings; the first one already
+            # holds prompt_n (the prompt's real size), which the quota check reads before decode goes on.
+            yield StreamChunk(text=text, finish_reason=reason, stats=stats_from_timings(timings) if timings else None)
         if not finished:
             raise BackendUnavailable("llama-server closed the stream before the reply finished")
