@@ -6,6 +6,8 @@ from typing import Any
 
 from django import forms
 from django.contrib.auth.models import Group, User
+from django.core.validators import MaxValueValidator, MinValueValidator
+from django.db import models
 
 from inference.models import Quota
 
@@ -20,9 +22,29 @@ class QuotaForm(forms.ModelForm):  # type: ignore[type-arg]
         self.fields["user"].queryset = User.objects.order_by("username")  # type: ignore[attr-defined]
         self.fields["user"].help_text = "Leave user and group empty for the default quota (everyone)."
         for name in Quota.LIMIT_FIELDS:
-            field = self.fields[name]
-            field.widget.attrs.update({"min": 0, "placeholder": "no limit"})
-            field.error_messages["invalid"] = "Enter a whole number, or leave it empty for no limit."
+            low, high = _bounds(name)
+            self.fields[name] = forms.IntegerField(
+                required=False,
+                min_value=low,
+                max_value=high,
+                label=Quota._meta.get_field(name).verbose_name.capitalize(),
+                help_text=Quota._meta.get_field(name).help_text,
+                error_messages={"invalid": "Enter a whole number, or leave it empty for no limit."},
+                widget=forms.NumberInput(attrs={"placeholder": "no limit"}),
+            )
+
+
+def _bounds(name: str) -> tuple[int | None, int | None]:
+    """The model field's own MinValueValidator / MaxValueValidator limits, so the form says the same."""
+    low = high = None
+    field = Quota._meta.get_field(name)
+    assert isinstance(field, models.Field)
+    for validator in field.validators:
+        if isinstance(validator, MinValueValidator):
+            low = int(validator.limit_value)  # type: ignore[arg-type]
+        elif isinstance(validator, MaxValueValidator):
+            high = int(validator.limit_value)  # type: ignore[arg-type]
+    return low, high
 
 
 class UserCreateForm(forms.Form):

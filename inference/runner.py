@@ -151,9 +151,10 @@ class TurnStream:
 
     def accept(self, chunk: StreamChunk, now: float) -> None:
         if chunk.stats is not None and chunk.stats.prompt_tokens is not None:
+            in_context = chunk.stats.prompt_tokens + (chunk.stats.cached_tokens or 0)  # prompt_n excludes the cache
             if self.progress is not None:
-                self.progress.backend_prompt(chunk.stats.prompt_tokens)
-            quotas.context_check(prompt_tokens=chunk.stats.prompt_tokens, limit=self.context_limit, estimated=False)
+                self.progress.backend_prompt(in_context)
+            quotas.context_check(prompt_tokens=in_context, limit=self.context_limit, estimated=False)
         if not chunk.text:
             return
         self.meter.token(now)
@@ -276,6 +277,7 @@ def _redis_for_loop() -> aioredis.Redis:
 
 async def run_claimed_turn(turn: Turn) -> None:
     params = turn.params or {}
+    rig_id = turn.session.rig_id
     messages = await db_async(services.turn_history_messages)(turn)
     try:  # max_tokens: the request capped by the server, the per-reply quota and today's allowance left
         budget = await db_async(quotas.turn_token_cap)(turn=turn)
@@ -307,7 +309,7 @@ async def run_claimed_turn(turn: Turn) -> None:
         return
     await db_async(turn.refresh_from_db)()
     # The board hears of the end and the next waiting turn gets the slot before the page hears of it.
-    await db_async(dispatch.turn_released)(turn_id=turn.pk, rig_id=turn.session.rig_id)
+    await db_async(dispatch.turn_released)(turn_id=turn.pk, rig_id=rig_id)
     snapshot = await db_async(turn_snapshot)(turn)
     await events.turn_end(session_id=turn.session_id, turn=snapshot, seq=outcome.stats["output_events"])
     await db_async(live.forget)(turn.pk)

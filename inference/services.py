@@ -177,10 +177,17 @@ def turn_finish(*, turn: Turn, outcome: TurnOutcome) -> bool:
         stats=outcome.stats,
         error=outcome.error,
         finished_at=timezone.now(),
-        prompt_tokens=outcome.stats.get("prompt_tokens"),
+        prompt_tokens=_prompt_in_context(outcome.stats),
         output_tokens=outcome.stats.get("output_tokens", outcome.stats.get("output_events")),
     )
     return bool(updated)
+
+
+def _prompt_in_context(stats: dict[str, Any]) -> int | None:
+    """The prompt's whole size: the backend's prompt_tokens count only what it did not have cached."""
+    if stats.get("prompt_tokens") is None:
+        return None
+    return int(stats["prompt_tokens"]) + int(stats.get("cached_tokens") or 0)
 
 
 def turn_history_messages(turn: Turn) -> list[dict[str, str]]:
