@@ -128,7 +128,7 @@ def rig_dispatch(*, rig_id: int) -> list[int]:
                     dispatched.append(item.turn_id)
         queue = rig.queue
         transaction.on_commit(lambda: _send(dispatched, queue))
-        transaction.on_commit(lambda: announce_positions(rig_id=rig_id, dispatched=dispatched))
+        transaction.on_commit(lambda: announce_positions(rig_id=rig_id))
     return dispatched
 
 
@@ -139,10 +139,11 @@ def _send(turn_ids: list[int], queue: str) -> None:
         turn_run_task.apply_async(args=[turn_id], queue=queue)
 
 
-def announce_positions(*, rig_id: int, dispatched: Sequence[int] = ()) -> None:
-    """Tell each waiting turn's chat page (and the board) where it now stands in the rig's queue."""
+def announce_positions(*, rig_id: int) -> None:
+    """Tell each waiting turn's chat page (and the board) where it now stands in the rig's queue (0: starting)."""
     positions: dict[int, int] = {}
-    for turn_id, session_id in Turn.objects.filter(pk__in=dispatched).values_list("pk", "session_id"):
+    starting = Turn.objects.filter(session__rig_id=rig_id, status=Turn.Status.QUEUED, dispatched_at__isnull=False)
+    for turn_id, session_id in starting.values_list("pk", "session_id"):
         positions[turn_id] = 0
         events.turn_state_sync(
             session_id=session_id, turn_id=turn_id, status=Turn.Status.QUEUED, queue_position=0, queue_ahead=0

@@ -22,23 +22,28 @@ class QuotaForm(forms.ModelForm):  # type: ignore[type-arg]
         self.fields["user"].queryset = User.objects.order_by("username")  # type: ignore[attr-defined]
         self.fields["user"].help_text = "Leave user and group empty for the default quota (everyone)."
         for name in Quota.LIMIT_FIELDS:
-            low, high = _bounds(name)
+            model_field = _limit_field(name)
+            low, high = _bounds(model_field)
             self.fields[name] = forms.IntegerField(
                 required=False,
                 min_value=low,
                 max_value=high,
-                label=Quota._meta.get_field(name).verbose_name.capitalize(),
-                help_text=Quota._meta.get_field(name).help_text,
+                label=str(model_field.verbose_name).capitalize(),
+                help_text=model_field.help_text,
                 error_messages={"invalid": "Enter a whole number, or leave it empty for no limit."},
                 widget=forms.NumberInput(attrs={"placeholder": "no limit"}),
             )
 
 
-def _bounds(name: str) -> tuple[int | None, int | None]:
-    """The model field's own MinValueValidator / MaxValueValidator limits, so the form says the same."""
-    low = high = None
+def _limit_field(name: str) -> models.Field[Any, Any]:
     field = Quota._meta.get_field(name)
     assert isinstance(field, models.Field)
+    return field
+
+
+def _bounds(field: models.Field[Any, Any]) -> tuple[int | None, int | None]:
+    """The model field's own MinValueValidator / MaxValueValidator limits, so the form says the same."""
+    low = high = None
     for validator in field.validators:
         if isinstance(validator, MinValueValidator):
             low = int(validator.limit_value)  # type: ignore[arg-type]

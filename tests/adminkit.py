@@ -38,7 +38,10 @@ class BoardSocket:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise AssertionError(f"no matching frame within {timeout} s; got {self.frames[-5:]}")
-            frame = await self.recv(timeout=remaining)
+            try:
+                frame = await self.recv(timeout=remaining)
+            except TimeoutError:
+                raise AssertionError(f"no matching frame within {timeout} s; got {self.frames[-8:]}") from None
             if predicate(frame):
                 return frame
 
