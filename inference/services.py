@@ -67,15 +67,21 @@ def rig_models(rig: Rig) -> list[ModelInfo]:
     return asyncio.run(backend.list_models())
 
 
-def rig_ensure_default(*, base_url: str, name: str = "embedded") -> Rig:
-    """The default rig (the embedded llama-server); its URL follows LLAMA_SERVER_URL."""
+def rig_ensure_default(*, base_url: str, name: str = "embedded", slots: int = 4) -> Rig:
+    """The default rig (the embedded llama-server); its URL and slots follow LLAMA_SERVER_URL and LLAMA_SLOTS."""
     rig, created = Rig.objects.get_or_create(
         name=name,
-        defaults={"kind": Rig.Kind.LLAMACPP, "base_url": base_url, "queue": f"rig.{name}", "is_default": True},
+        defaults={
+            "kind": Rig.Kind.LLAMACPP,
+            "base_url": base_url,
+            "queue": f"rig.{name}",
+            "is_default": True,
+            "slots": slots,
+        },
     )
-    if not created and rig.base_url != base_url:
-        rig.base_url = base_url
-        rig.save(update_fields=["base_url"])
+    if not created and (rig.base_url, rig.slots) != (base_url, slots):
+        rig.base_url, rig.slots = base_url, slots
+        rig.save(update_fields=["base_url", "slots"])
     return rig
 
 
