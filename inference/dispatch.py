@@ -141,24 +141,11 @@ def _send(turn_ids: list[int], queue: str) -> None:
 
 def announce_positions(*, rig_id: int) -> None:
     """Tell each waiting turn's chat page (and the board) where it now stands in the rig's queue (0: starting)."""
-    positions: dict[int, int] = {}
     starting = Turn.objects.filter(session__rig_id=rig_id, status=Turn.Status.QUEUED, dispatched_at__isnull=False)
-    for turn_id, session_id in starting.values_list("pk", "session_id"):
-        positions[turn_id] = 0
-        events.turn_state_sync(
-            session_id=session_id, turn_id=turn_id, status=Turn.Status.QUEUED, queue_position=0, queue_ahead=0
-        )
-    for index, item in enumerate(waiting_order(rig_id)):
-        positions[item.turn_id] = index + 1
-        events.turn_state_sync(
-            session_id=item.session_id,
-            turn_id=item.turn_id,
-            status=Turn.Status.QUEUED,
-            queue_position=index + 1,
-            queue_ahead=index,
-        )
-    if positions:
-        events.board_queue_sync(rig_id=rig_id, positions=positions)
+    waiting = [(session_id, turn_id, 0) for turn_id, session_id in starting.values_list("pk", "session_id")]
+    waiting += [(w.session_id, w.turn_id, i + 1) for i, w in enumerate(waiting_order(rig_id))]
+    if waiting:
+        events.queue_positions_sync(rig_id=rig_id, waiting=waiting)
 
 
 def turn_released(*, turn_id: int, rig_id: int) -> None:

@@ -3,7 +3,8 @@
 Groups: one per chat session (``chat.session.<id>``); a chat page joins its session's group.
 Event types (one consumer handler each):
 - ``chat.turn_queued``  a new turn was stored: its snapshot.
-- ``chat.turn_state``   a turn changed phase (queued -> prompt -> decoding).
+- ``chat.turn_state``   a turn changed phase (queued -> prompt -> decoding), or a waiting turn's place in
+                        its rig's fair queue changed (``queue_position``: 0 starting, n: n-1 wait ahead).
 - ``chat.token``        a coalesced batch of tokens: turn id, seq_from..seq_to, text, running stats.
 - ``chat.turn_end``     a turn ended: status, finish reason, error, final stats and last seq.
 
@@ -55,22 +56,8 @@ async def token_batch(
     )
 
 
-async def turn_state(
-    *, session_id: int, turn_id: int, status: str, queue_position: int | None = None, queue_ahead: int | None = None
-) -> None:
-    """A turn's phase; a waiting turn's also carries its place in the rig's fair queue (0: starting)."""
-    event: dict[str, Any] = {"type": "chat.turn_state", "turn": turn_id, "status": status}
-    if queue_position is not None:
-        event.update(queue_position=queue_position, queue_ahead=queue_ahead)
-    await _layer().group_send(session_group(session_id), event)
-
-
-def turn_state_sync(
-    *, session_id: int, turn_id: int, status: str, queue_position: int | None = None, queue_ahead: int | None = None
-) -> None:
-    async_to_sync(turn_state)(
-        session_id=session_id, turn_id=turn_id, status=status, queue_position=queue_position, queue_ahead=queue_ahead
-    )
+async def turn_state(*, session_id: int, turn_id: int, status: str) -> None:
+    await _layer().group_send(session_group(session_id), {"type": "chat.turn_state", "turn": turn_id, "status": status})
 
 
 async def turn_end(*, session_id: int, turn: dict[str, Any], seq: int) -> None:
@@ -85,17 +72,35 @@ def turn_queued_sync(*, session_id: int, turn: dict[str, Any]) -> None:
     async_to_sync(_layer().group_send)(session_group(session_id), {"type": "chat.turn_queued", "turn": turn})
 
 
+def queue_positions_sync(*, rig_id: int, waiting: list[tuple[int, int, int]]) -> None:
+    """After a dispatch: each waiting turn's place, ``(session_id, turn_id, position)``, to its chat page
+    (``chat.turn_state``) and all of them to the board (``board.queue``), in one hop to the event loop."""
+
+    async def send_all() -> None:
+        layer = _layer()
+        for session_id, turn_id, position in waiting:
+            await layer.group_send(
+                session_group(session_id),
+                {
+                    "type": "chat.turn_state",
+                    "turn": turn_id,
+                    "status": "queued",
+                    "queue_position": position,
+                    "queue_ahead": max(0, position - 1),
+                },
+            )
+        positions = {str(turn_id): position for _, turn_id, position in waiting}
+        await layer.group_send(BOARD_GROUP, {"type": "board.queue", "rig": rig_id, "positions": positions})
+
+    async_to_sync(send_all)()
+
+
 def board_turn_sync(*, row: dict[str, Any]) -> None:
     async_to_sync(_layer().group_send)(BOARD_GROUP, {"type": "board.turn", "turn": row})
 
 
 async def board_progress(*, progress: dict[str, Any]) -> None:
     await _layer().group_send(BOARD_GROUP, {"type": "board.progress", **progress})
-
-
-def board_queue_sync(*, rig_id: int, positions: dict[int, int]) -> None:
-    event = {"type": "board.queue", "rig": rig_id, "positions": {str(k): v for k, v in positions.items()}}
-    async_to_sync(_layer().group_send)(BOARD_GROUP, event)
 
 
 def user_revoked_sync(*, user_id: int) -> None:
