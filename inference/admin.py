@@ -1,13 +1,20 @@
 from __future__ import annotations
 
-from django.contrib import admin
+from typing import Any
 
-from inference.models import ChatSession, Rig, Turn
+from django.contrib import admin
+from django.contrib.auth.admin import UserAdmin
+from django.contrib.auth.models import User
+from django.http import HttpRequest
+
+from inference.audit import audit_record
+from inference.forms import QuotaForm
+from inference.models import AuditLog, ChatSession, Quota, Rig, Turn
 
 
 @admin.register(Rig)
 class RigAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
-    list_display = ("name", "kind", "base_url", "queue", "is_default", "enabled")
+    list_display = ("name", "kind", "base_url", "queue", "slots", "is_default", "enabled")
 
 
 @admin.register(ChatSession)
@@ -18,6 +25,59 @@ class ChatSessionAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
 
 @admin.register(Turn)
 class TurnAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
-    list_display = ("id", "session", "status", "finish_reason", "created_at", "finished_at")
+    list_display = ("id", "session", "status", "finish_reason", "output_tokens", "created_at", "finished_at")
     list_filter = ("status",)
     readonly_fields = ("reply_text", "stats")
+
+
+@admin.register(Quota)
+class QuotaAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+    """Quotas edited here are validated like on /board/quotas/ and audited the same way."""
+
+    form = QuotaForm
+    list_display = ("__str__", *Quota.LIMIT_FIELDS, "updated_at")
+
+    def save_model(self, request: HttpRequest, obj: Quota, form: Any, change: bool) -> None:
+        before = {name: form.initial.get(name) for name in Quota.LIMIT_FIELDS} if change else None
+        super().save_model(request, obj, form, change)
+        after = {name: getattr(obj, name) for name in Quota.LIMIT_FIELDS}
+        action = "quota.update" if change else "quota.create"
+        audit_record(actor=request.user, action=action, target=str(obj), detail={"before": before, "after": after})
+
+    def delete_model(self, request: HttpRequest, obj: Quota) -> None:
+        audit_record(actor=request.user, action="quota.delete", target=str(obj))
+        super().delete_model(request, obj)
+
+
+@admin.register(AuditLog)
+class AuditLogAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+    list_display = ("created_at", "actor_name", "action", "target")
+    list_filter = ("action",)
+    readonly_fields = ("actor", "actor_name", "action", "target", "detail", "created_at")
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
+ROLE_FIELDS = ("is_active", "is_staff", "is_superuser")
+
+
+class AuditedUserAdmin(UserAdmin):  # type: ignore[type-arg]
+    """Django's user admin, with creation and role or activation changes written to the audit log."""
+
+    def save_model(self, request: HttpRequest, obj: User, form: Any, change: bool) -> None:
+        before = User.objects.filter(pk=obj.pk).values(*ROLE_FIELDS).first() if change else None
+        super().save_model(request, obj, form, change)
+        if not change:
+            audit_record(actor=request.user, action="user.create", target=f"user:{obj.username}", detail={})
+            return
+        changed = {name: getattr(obj, name) for name in ROLE_FIELDS if before and before[name] != getattr(obj, name)}
+        if changed:
+            audit_record(actor=request.user, action="user.change", target=f"user:{obj.username}", detail=changed)
+
+
+admin.site.unregister(User)
+admin.site.register(User, AuditedUserAdmin)

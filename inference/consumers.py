@@ -15,10 +15,11 @@ from django.conf import settings
 from django.http import Http404
 
 from inference import events, model_admin, selectors, services
+from inference.consumers_board import RevocableMixin
 from rigdash.ws import CLOSE_NOT_FOUND, GroupJsonConsumer
 
 
-class ChatConsumer(GroupJsonConsumer):
+class ChatConsumer(RevocableMixin, GroupJsonConsumer):
     session_id: int
 
     async def connect(self) -> None:
@@ -37,8 +38,13 @@ class ChatConsumer(GroupJsonConsumer):
         # the snapshot and delivered live, and the browser drops it by seq; none can fall in a gap.
         await self.join(events.session_group(session.pk))
         await self.accept()
+        await self.watch_user()  # a user deactivated while connected is closed out (4401) within seconds
         history = await database_sync_to_async(selectors.session_history)(session)
         await self.send_json({"type": "session.snapshot", "session": session.pk, "turns": history})
+
+    async def disconnect(self, code: int) -> None:
+        await self.unwatch_user()
+        await super().disconnect(code)
 
     async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None, **kwargs: Any) -> None:
         limit = settings.RIGDASH.max_ws_frame_bytes
@@ -104,7 +110,7 @@ class ChatConsumer(GroupJsonConsumer):
         await self.send_json({"type": "turn.queued", "turn": event["turn"]})
 
     async def chat_turn_state(self, event: dict[str, Any]) -> None:
-        await self.send_json({"type": "turn.state", "turn": event["turn"], "status": event["status"]})
+        await self.send_json({**event, "type": "turn.state"})  # turn, status; queue_position/ahead when waiting
 
     async def chat_turn_end(self, event: dict[str, Any]) -> None:
         await self.send_json({"type": "turn.end", "turn": event["turn"], "seq": event["seq"]})

@@ -4,12 +4,21 @@ Groups: one per chat session (``chat.session.<id>``); a chat page joins its sess
 One per rig's model management (``rig.<id>.models``); only staff sockets join it.
 Event types (one consumer handler each):
 - ``chat.turn_queued``  a new turn was stored: its snapshot.
-- ``chat.turn_state``   a turn changed phase (queued -> prompt -> decoding).
+- ``chat.turn_state``   a turn changed phase (queued -> prompt -> decoding), or a waiting turn's place in
+                        its rig's fair queue changed (``queue_position``: 0 starting, n: n-1 wait ahead).
 - ``chat.token``        a coalesced batch of tokens: turn id, seq_from..seq_to, text, running stats.
 - ``chat.turn_end``     a turn ended: status, finish reason, error, final stats and last seq.
 - ``models.pull_progress``  a model download step: pull id, model, status, digest, total, completed.
 - ``models.pull_end``       a download ended: ok, or error {code, message}.
 - ``models.changed``        a model was deleted or unloaded (pages re-read the rig's models).
+
+The admin board (group ``board``, staff sockets only; inference/consumers_board.py):
+- ``board.turn``      one turn's board row (user, rig, model, state, tokens...) when it is queued, starts or ends.
+- ``board.progress``  a running turn's tokens so far, tokens/s and context fill, at most ~2 per second.
+- ``board.queue``     a rig's waiting turns and their queue positions, after each dispatch.
+
+Per user (group ``user.<id>``, every socket of that user): ``user.revoked``: the user was deactivated or
+their rights changed; sockets re-check and close what they may no longer see.
 """
 
 from __future__ import annotations
@@ -22,6 +31,13 @@ from channels.layers import get_channel_layer
 
 def session_group(session_id: int) -> str:
     return f"chat.session.{session_id}"
+
+
+BOARD_GROUP = "board"
+
+
+def user_group(user_id: int) -> str:
+    return f"user.{user_id}"
 
 
 def _layer() -> Any:
@@ -95,3 +111,38 @@ def models_changed_sync(*, rig_id: int, action: str, model: str) -> None:
     async_to_sync(_layer().group_send)(
         rig_models_group(rig_id), {"type": "models.changed", "rig": rig_id, "action": action, "model": model}
     )
+
+
+def queue_positions_sync(*, rig_id: int, waiting: list[tuple[int, int, int]]) -> None:
+    """After a dispatch: each waiting turn's place, ``(session_id, turn_id, position)``, to its chat page
+    (``chat.turn_state``) and all of them to the board (``board.queue``), in one hop to the event loop."""
+
+    async def send_all() -> None:
+        layer = _layer()
+        for session_id, turn_id, position in waiting:
+            await layer.group_send(
+                session_group(session_id),
+                {
+                    "type": "chat.turn_state",
+                    "turn": turn_id,
+                    "status": "queued",
+                    "queue_position": position,
+                    "queue_ahead": max(0, position - 1),
+                },
+            )
+        positions = {str(turn_id): position for _, turn_id, position in waiting}
+        await layer.group_send(BOARD_GROUP, {"type": "board.queue", "rig": rig_id, "positions": positions})
+
+    async_to_sync(send_all)()
+
+
+def board_turn_sync(*, row: dict[str, Any]) -> None:
+    async_to_sync(_layer().group_send)(BOARD_GROUP, {"type": "board.turn", "turn": row})
+
+
+async def board_progress(*, progress: dict[str, Any]) -> None:
+    await _layer().group_send(BOARD_GROUP, {"type": "board.progress", **progress})
+
+
+def user_revoked_sync(*, user_id: int) -> None:
+    async_to_sync(_layer().group_send)(user_group(user_id), {"type": "user.revoked", "user": user_id})

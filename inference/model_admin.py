@@ -21,6 +21,7 @@ from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
 from django.http import Http404
 
 from inference import events
+from inference.audit import audit_record
 from inference.backends import backend_for, backend_supports
 from inference.backends.base import BackendError, PullProgress
 from inference.models import Rig, Turn
@@ -109,7 +110,7 @@ def models_overview(rig: Rig) -> dict[str, Any]:
     }
 
 
-def model_pull(*, rig: Rig, model: Any) -> str:
+def model_pull(*, actor: AbstractBaseUser | AnonymousUser, rig: Rig, model: Any) -> str:
     """Queue a download of ``model`` on the rig's queue; progress arrives as events. Returns the pull id."""
     name = model_name_validate(model)
     _require(rig, "pull")
@@ -117,10 +118,11 @@ def model_pull(*, rig: Rig, model: Any) -> str:
 
     pull_id = uuid.uuid4().hex
     model_pull_task.apply_async(args=[rig.pk, name, pull_id], queue=rig.queue)
+    audit_record(actor=actor, action="model.pull", target=f"rig:{rig.pk}", detail={"model": name, "pull": pull_id})
     return pull_id
 
 
-def model_delete(*, rig: Rig, model: Any) -> str:
+def model_delete(*, actor: AbstractBaseUser | AnonymousUser, rig: Rig, model: Any) -> str:
     """Delete a model from the rig, refusing while a chat turn uses it. Like ``ollama rm``, unload it first."""
     name = model_name_validate(model)
     _require(rig, "delete")
@@ -141,15 +143,17 @@ def model_delete(*, rig: Rig, model: Any) -> str:
         await backend.delete_model(name)
 
     asyncio.run(unload_then_delete())
+    audit_record(actor=actor, action="model.delete", target=f"rig:{rig.pk}", detail={"model": name})
     events.models_changed_sync(rig_id=rig.pk, action="deleted", model=name)
     return name
 
 
-def model_unload(*, rig: Rig, model: Any) -> str:
+def model_unload(*, actor: AbstractBaseUser | AnonymousUser, rig: Rig, model: Any) -> str:
     """Free the memory a loaded model holds (a reply in progress on it finishes first)."""
     name = model_name_validate(model)
     _require(rig, "unload")
     asyncio.run(backend_for(rig).unload_model(name))
+    audit_record(actor=actor, action="model.unload", target=f"rig:{rig.pk}", detail={"model": name})
     events.models_changed_sync(rig_id=rig.pk, action="unloaded", model=name)
     return name
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from django.conf import settings
+from django.contrib.auth.models import Group
+from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 
 
@@ -21,6 +23,11 @@ class Rig(models.Model):
     queue = models.CharField(max_length=100, unique=True)
     is_default = models.BooleanField(default=False)
     enabled = models.BooleanField(default=True)
+    slots = models.PositiveSmallIntegerField(
+        default=4,
+        validators=[MinValueValidator(1), MaxValueValidator(256)],
+        help_text="Turns the backend decodes at once (llama-server -np); more wait in RigDash's fair queue.",
+    )
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
@@ -71,6 +78,13 @@ class Turn(models.Model):
     cancel_requested = models.BooleanField(default=False)
     stats = models.JSONField(default=dict, blank=True)
     worker = models.CharField(max_length=200, blank=True)
+    # Fair queue and quotas (inference/dispatch.py, inference/quotas.py): when the turn was handed to
+    # Celery, the reply-token cap it was granted (counted against the daily allowance while it runs)
+    # and the token counts stored at its end (for usage and daily quotas).
+    dispatched_at = models.DateTimeField(null=True, blank=True)
+    token_cap = models.PositiveIntegerField(null=True, blank=True)
+    prompt_tokens = models.PositiveIntegerField(null=True, blank=True)
+    output_tokens = models.PositiveIntegerField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     started_at = models.DateTimeField(null=True, blank=True)
     heartbeat_at = models.DateTimeField(null=True, blank=True)
@@ -78,7 +92,7 @@ class Turn(models.Model):
 
     class Meta:
         ordering = ["created_at", "id"]
-        indexes = [models.Index(fields=["status"])]
+        indexes = [models.Index(fields=["status"]), models.Index(fields=["started_at"])]
 
     def __str__(self) -> str:
         return f"Turn {self.pk} ({self.status})"
@@ -93,3 +107,84 @@ class Turn(models.Model):
         if self.reply_text:
             messages.append({"role": "assistant", "content": self.reply_text})
         return messages
+
+
+class Quota(models.Model):
+    """Limits for one user, one group, or everyone (neither set). Empty fields set no limit.
+
+    A user's own quota wins field by field; else the most generous of their groups' quotas; else the
+    default quota (see inference/quotas.py).
+    """
+
+    user = models.OneToOneField(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.CASCADE, related_name="quota"
+    )
+    group = models.OneToOneField(Group, null=True, blank=True, on_delete=models.CASCADE, related_name="quota")
+    max_concurrent_turns = models.PositiveIntegerField(
+        null=True, blank=True, validators=[MinValueValidator(1), MaxValueValidator(64)],
+        help_text="Replies running or waiting at once (1-64).",
+    )  # fmt: skip
+    max_output_tokens_per_day = models.PositiveIntegerField(
+        null=True, blank=True, validators=[MinValueValidator(1), MaxValueValidator(100_000_000)],
+        help_text="Reply tokens per UTC day (1-100,000,000); resets at 00:00 UTC.",
+    )  # fmt: skip
+    max_tokens_per_reply = models.PositiveIntegerField(
+        null=True, blank=True, validators=[MinValueValidator(1), MaxValueValidator(32_768)],
+        help_text="Longest reply in tokens (1-32,768).",
+    )  # fmt: skip
+    max_context_tokens = models.PositiveIntegerField(
+        null=True, blank=True, validators=[MinValueValidator(16), MaxValueValidator(1_048_576)],
+        help_text="Largest prompt (the conversation so far) in tokens (16-1,048,576).",
+    )  # fmt: skip
+    updated_at = models.DateTimeField(auto_now=True)
+
+    LIMIT_FIELDS = ("max_concurrent_turns", "max_output_tokens_per_day", "max_tokens_per_reply", "max_context_tokens")
+
+    class Meta:
+        constraints = [
+            models.CheckConstraint(
+                condition=~(models.Q(user__isnull=False) & models.Q(group__isnull=False)),
+                name="quota_user_or_group",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        if self.user_id:
+            return f"quota for user {self.user}"
+        if self.group_id:
+            return f"quota for group {self.group}"
+        return "default quota"
+
+    def clean(self) -> None:
+        from django.core.exceptions import ValidationError
+
+        super().clean()
+        if self.user_id and self.group_id:
+            raise ValidationError("A quota is for one user or one group (or, with neither, for everyone), not both.")
+        if not self.user_id and not self.group_id:
+            others = Quota.objects.filter(user__isnull=True, group__isnull=True).exclude(pk=self.pk)
+            if others.exists():
+                raise ValidationError("There is already a default quota (for everyone); edit that one.")
+
+    @property
+    def scope(self) -> str:
+        return "user" if self.user_id else "group" if self.group_id else "default"
+
+
+class AuditLog(models.Model):
+    """One admin action (cancel, quota change, user change, model pull...). Written by audit.audit_record."""
+
+    actor = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    actor_name = models.CharField(max_length=150)
+    action = models.CharField(max_length=64)
+    target = models.CharField(max_length=200)
+    detail = models.JSONField(default=dict, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True, db_index=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+
+    def __str__(self) -> str:
+        return f"{self.created_at:%Y-%m-%d %H:%M:%S} {self.actor_name} {self.action} {self.target}"

@@ -22,9 +22,9 @@ import redis.asyncio as aioredis
 from channels.db import database_sync_to_async as db_async
 from django.conf import settings
 
-from inference import events, live, services
+from inference import board, dispatch, events, live, quotas, services
 from inference.backends import backend_for
-from inference.backends.base import Backend, BackendError, BackendStats, ChatRequest, StreamChunk
+from inference.backends.base import BackendError, BackendStats, ChatRequest, StreamChunk
 from inference.models import Turn
 from inference.selectors import turn_snapshot
 from rigdash.env import RigDashConfig
@@ -112,8 +112,11 @@ class TurnStream:
     seq_sent: int = 0
     last_checkpoint: float = 0.0
     cancelled: bool = False
-    context_tokens: int | None = None
-    context_limit: int | None = None
+    context_tokens: int | None = None  # in the sequence's context now (the backend's count)
+    context_window: int | None = None  # the context one sequence gets on this rig (a slot's n_ctx)
+    # Admin board progress (throttled) and the user's context quota, checked against the backend's prompt_n.
+    progress: board.ProgressReporter | None = None
+    context_quota: int | None = None
 
     @property
     def text(self) -> str:
@@ -144,13 +147,22 @@ class TurnStream:
                 text=text,
                 stats=self.live_stats(),
             )
+            if self.progress is not None:
+                await self.progress.tick(
+                    self.redis, tokens=self.meter.events, decode_tps=self.meter.decode_tps, status="decoding"
+                )
 
     def live_stats(self) -> dict[str, Any]:
-        return {**self.meter.live_stats(), "context_tokens": self.context_tokens, "context_limit": self.context_limit}
+        return {**self.meter.live_stats(), "context_tokens": self.context_tokens, "context_limit": self.context_window}
 
     def accept(self, chunk: StreamChunk, now: float) -> None:
         if chunk.context_tokens is not None:
             self.context_tokens = chunk.context_tokens
+        if chunk.stats is not None and chunk.stats.prompt_tokens is not None:
+            in_context = chunk.stats.prompt_tokens + (chunk.stats.cached_tokens or 0)  # prompt_n excludes the cache
+            if self.progress is not None:
+                self.progress.backend_prompt(in_context)
+            quotas.context_check(prompt_tokens=in_context, limit=self.context_quota, estimated=False)
         if not chunk.text:
             return
         self.meter.token(now)
@@ -158,27 +170,6 @@ class TurnStream:
         self.pending.append(chunk.text)
         if self.pending_since is None:
             self.pending_since = now
-
-
-_context_limits: dict[int, tuple[float, int | None]] = {}
-
-
-async def _context_limit(backend: Backend, turn: Turn) -> int | None:
-    """The context window a turn gets on its rig (per slot), cached a minute per rig and process."""
-    cached = _context_limits.get(turn.session.rig_id)
-    if cached and time.monotonic() - cached[0] < 60:
-        return cached[1]
-    try:
-        limit = await backend.context_window(turn.session.model_name)
-    except BackendError:
-        limit = None
-    _context_limits[turn.session.rig_id] = (time.monotonic(), limit)
-    return limit
-
-
-def _set_limit(state: TurnStream, task: asyncio.Task[int | None]) -> None:
-    if not task.cancelled() and task.exception() is None:
-        state.context_limit = task.result()
 
 
 async def _pump(backend_iter: Any, queue: asyncio.Queue[Any]) -> None:
@@ -191,7 +182,14 @@ async def _pump(backend_iter: Any, queue: asyncio.Queue[Any]) -> None:
         await queue.put(exc)
 
 
-async def stream_turn(turn: Turn, request: ChatRequest, redis_client: aioredis.Redis) -> services.TurnOutcome:
+async def stream_turn(
+    turn: Turn,
+    request: ChatRequest,
+    redis_client: aioredis.Redis,
+    *,
+    progress: board.ProgressReporter | None = None,
+    context_quota: int | None = None,
+) -> services.TurnOutcome:
     conf = settings.RIGDASH
     backend = backend_for(turn.session.rig)
     state = TurnStream(
@@ -199,10 +197,11 @@ async def stream_turn(turn: Turn, request: ChatRequest, redis_client: aioredis.R
         redis=redis_client,
         meter=StreamMeter(t_request=time.perf_counter()),
         flush_interval_s=conf.flush_interval_ms / 1000,
+        progress=progress,
+        context_window=progress.n_ctx if progress else None,
+        context_quota=context_quota,
     )
     state.last_checkpoint = state.meter.t_request
-    limit_task = asyncio.create_task(_context_limit(backend, turn))
-    limit_task.add_done_callback(lambda task: _set_limit(state, task))
     queue: asyncio.Queue[Any] = asyncio.Queue()
     backend_iter = cast(AsyncGenerator[StreamChunk, None], backend.stream_chat(request))
     pump = asyncio.create_task(_pump(backend_iter, queue))
@@ -215,6 +214,8 @@ async def stream_turn(turn: Turn, request: ChatRequest, redis_client: aioredis.R
         status, finish_reason = Turn.Status.CANCELLED, "cancelled"
     except TurnTimeout as exc:
         status, finish_reason, error = Turn.Status.FAILED, "timeout", str(exc)
+    except quotas.QuotaExceeded as exc:  # the backend's prompt_n is over the user's context limit
+        status, finish_reason, error = Turn.Status.FAILED, exc.code, exc.message
     except BackendError as exc:
         status, finish_reason, error = Turn.Status.FAILED, exc.code, str(exc)
     finally:
@@ -230,7 +231,7 @@ async def stream_turn(turn: Turn, request: ChatRequest, redis_client: aioredis.R
         stats={
             **state.meter.final_stats(final.stats if final else None),
             "context_tokens": state.context_tokens,
-            "context_limit": state.context_limit,
+            "context_limit": state.context_window,
         },
         error=error,
     )
@@ -289,20 +290,38 @@ def _redis_for_loop() -> aioredis.Redis:
 
 async def run_claimed_turn(turn: Turn) -> None:
     params = turn.params or {}
-    request = ChatRequest(
-        model=turn.session.model_name,
-        messages=await db_async(services.turn_history_messages)(turn),
-        max_tokens=min(params.get("max_tokens", settings.RIGDASH.max_reply_tokens), settings.RIGDASH.max_reply_tokens),
-        temperature=params.get("temperature"),
-        top_p=params.get("top_p"),
-        seed=params.get("seed"),
-    )
-    outcome = await stream_turn(turn, request, _redis_for_loop())
+    rig_id = turn.session.rig_id
+    messages = await db_async(services.turn_history_messages)(turn)
+    try:  # max_tokens: the request capped by the server, the per-reply quota and today's allowance left
+        budget = await db_async(quotas.turn_token_cap)(turn=turn)
+    except quotas.QuotaExceeded as exc:
+        outcome = services.TurnOutcome(
+            status=Turn.Status.FAILED,
+            reply_text="",
+            finish_reason=exc.code,
+            stats={"output_events": 0},
+            error=exc.message,
+        )
+    else:
+        request = ChatRequest(
+            model=turn.session.model_name,
+            messages=messages,
+            max_tokens=budget.max_tokens,
+            temperature=params.get("temperature"),
+            top_p=params.get("top_p"),
+            seed=params.get("seed"),
+        )
+        progress = await board.progress_start(turn, messages, _redis_for_loop())
+        outcome = await stream_turn(
+            turn, request, _redis_for_loop(), progress=progress, context_quota=budget.context_limit
+        )
     stored = await db_async(services.turn_finish)(turn=turn, outcome=outcome)
     if not stored:
         log.warning("turn %s had already ended when its worker finished", turn.pk)
         return
     await db_async(turn.refresh_from_db)()
+    # The board hears of the end and the next waiting turn gets the slot before the page hears of it.
+    await db_async(dispatch.turn_released)(turn_id=turn.pk, rig_id=rig_id)
     snapshot = await db_async(turn_snapshot)(turn)
     await events.turn_end(session_id=turn.session_id, turn=snapshot, seq=outcome.stats["output_events"])
     await db_async(live.forget)(turn.pk)
@@ -316,5 +335,6 @@ def turn_run(turn_id: int) -> str:
     if turn is None:
         return "not-claimed"
     aio.run(events.turn_state(session_id=turn.session_id, turn_id=turn.pk, status=Turn.Status.PROMPT))
-    aio.run(run_claimed_turn(turn))
+    board.publish_turn(turn.pk)
+    aio.run(run_claimed_turn(turn))  # a run that breaks before the end is reaped (and its slot released) later
     return "ran"

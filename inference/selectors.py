@@ -8,7 +8,7 @@ from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
 from django.db.models import QuerySet
 from django.http import Http404
 
-from inference import live
+from inference import dispatch, live
 from inference.models import ChatSession, Rig, Turn
 
 HISTORY_LIMIT = 200
@@ -43,6 +43,7 @@ def turn_snapshot(turn: Turn) -> dict[str, Any]:
     if turn.is_active:
         current = live.snapshot(turn.pk)
         text, seq = current.text, current.seq
+    position = dispatch.queue_position(turn)
     return {
         "id": turn.pk,
         "session": turn.session_id,
@@ -54,6 +55,8 @@ def turn_snapshot(turn: Turn) -> dict[str, Any]:
         "error": turn.error,
         "stats": turn_stats_public(turn.stats),
         "created_at": turn.created_at.isoformat() if turn.created_at else None,
+        "queue_position": position,  # None unless waiting; 0 starting; n: n-1 turns wait ahead of it
+        "queue_ahead": None if position is None else max(0, position - 1),
     }
 
 

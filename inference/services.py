@@ -13,7 +13,7 @@ from django.contrib.auth.models import User
 from django.db import transaction
 from django.utils import timezone
 
-from inference import events, live
+from inference import dispatch, events, live
 from inference.backends import backend_for
 from inference.backends.base import BackendError, ModelInfo
 from inference.models import ChatSession, Rig, Turn
@@ -67,15 +67,21 @@ def rig_models(rig: Rig) -> list[ModelInfo]:
     return asyncio.run(backend.list_models())
 
 
-def rig_ensure_default(*, base_url: str, name: str = "embedded") -> Rig:
-    """The default rig (the embedded llama-server); its URL follows LLAMA_SERVER_URL."""
+def rig_ensure_default(*, base_url: str, name: str = "embedded", slots: int = 4) -> Rig:
+    """The default rig (the embedded llama-server); its URL and slots follow LLAMA_SERVER_URL and LLAMA_SLOTS."""
     rig, created = Rig.objects.get_or_create(
         name=name,
-        defaults={"kind": Rig.Kind.LLAMACPP, "base_url": base_url, "queue": f"rig.{name}", "is_default": True},
+        defaults={
+            "kind": Rig.Kind.LLAMACPP,
+            "base_url": base_url,
+            "queue": f"rig.{name}",
+            "is_default": True,
+            "slots": slots,
+        },
     )
-    if not created and rig.base_url != base_url:
-        rig.base_url = base_url
-        rig.save(update_fields=["base_url"])
+    if not created and (rig.base_url, rig.slots) != (base_url, slots):
+        rig.base_url, rig.slots = base_url, slots
+        rig.save(update_fields=["base_url", "slots"])
     return rig
 
 
@@ -101,18 +107,22 @@ def turn_submit(*, session: ChatSession, text: Any, params: Any = None) -> Turn:
     clean_params = params_validate(params)
     if not session.rig.enabled:
         raise InvalidInput("rig_disabled", f"rig {session.rig.name} is disabled")
-    from inference.tasks import turn_run_task  # tasks import services
+    from inference import board, quotas  # they import this module
 
     with transaction.atomic():
         ChatSession.objects.select_for_update().get(pk=session.pk)  # one submit at a time per session
         if session.turns.filter(status__in=Turn.ACTIVE).exists():
             raise InvalidInput("turn_in_progress", "Wait for the current reply to finish (or stop it) first.")
+        quotas.quota_check_submit(session=session, text=text, params=clean_params)
         turn = Turn.objects.create(session=session, user_text=text, params=clean_params)
         if not session.title:
             ChatSession.objects.filter(pk=session.pk).update(title=text.strip()[:80])
-        queue = session.rig.queue
-        transaction.on_commit(lambda: turn_run_task.apply_async(args=[turn.pk], queue=queue))
+        # The turn waits in the rig's fair queue; dispatch hands it to Celery when a slot is free.
+        rig_id = session.rig_id
+        transaction.on_commit(lambda: dispatch.rig_dispatch(rig_id=rig_id))
     turn.session = session
+    turn.refresh_from_db(fields=["dispatched_at", "status"])
+    board.publish_turn(turn.pk)
     events.turn_queued_sync(session_id=session.pk, turn=turn_snapshot(turn))
     return turn
 
@@ -124,6 +134,7 @@ def turn_cancel(*, turn: Turn) -> Turn:
     )
     if ended:
         turn.refresh_from_db()
+        dispatch.turn_released(turn_id=turn.pk, rig_id=turn.session.rig_id)
         events.turn_end_sync(session_id=turn.session_id, turn=turn_snapshot(turn), seq=0)
         return turn
     flagged = Turn.objects.filter(pk=turn.pk, status__in=Turn.RUNNING).update(cancel_requested=True)
@@ -172,8 +183,17 @@ def turn_finish(*, turn: Turn, outcome: TurnOutcome) -> bool:
         stats=outcome.stats,
         error=outcome.error,
         finished_at=timezone.now(),
+        prompt_tokens=_prompt_in_context(outcome.stats),
+        output_tokens=outcome.stats.get("output_tokens", outcome.stats.get("output_events")),
     )
     return bool(updated)
+
+
+def _prompt_in_context(stats: dict[str, Any]) -> int | None:
+    """The prompt's whole size: the backend's prompt_tokens count only what it did not have cached."""
+    if stats.get("prompt_tokens") is None:
+        return None
+    return int(stats["prompt_tokens"]) + int(stats.get("cached_tokens") or 0)
 
 
 def turn_history_messages(turn: Turn) -> list[dict[str, str]]:
@@ -201,6 +221,7 @@ def turn_reap_stale(*, older_than_s: float) -> list[int]:
         )
         if turn_finish(turn=turn, outcome=outcome):
             turn.refresh_from_db()
+            dispatch.turn_released(turn_id=turn.pk, rig_id=turn.session.rig_id)
             events.turn_end_sync(session_id=turn.session_id, turn=turn_snapshot(turn), seq=current.seq)
             live.forget(turn.pk)
             reaped.append(turn.pk)

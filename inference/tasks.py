@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from celery import shared_task
 
-from inference import model_admin, runner, services
+from inference import dispatch, model_admin, runner, services
 
 
 @shared_task(name="inference.turn_run")
@@ -20,3 +20,8 @@ def turn_reap_stale_task(older_than_s: float = 60.0) -> list[int]:
 @shared_task(name="inference.model_pull")
 def model_pull_task(rig_id: int, model: str, pull_id: str) -> str:
     return model_admin.model_pull_run(rig_id=rig_id, model=model, pull_id=pull_id)
+
+
+@shared_task(name="inference.dispatch_all")
+def dispatch_all_task(resend_after_s: float = 120.0) -> dict[str, list[int]]:
+    return dispatch.dispatch_all(resend_after_s=resend_after_s)

@@ -92,17 +92,21 @@ def api_rig_models_state(request: HttpRequest, rig: Rig) -> HttpResponse:
 @require_POST
 def api_rig_models_pull(request: HttpRequest, rig: Rig) -> HttpResponse:
     model = model_admin.model_name_validate(_model_from_body(request))
-    pull_id = model_admin.model_pull(rig=rig, model=model)
+    pull_id = model_admin.model_pull(actor=request.user, rig=rig, model=model)
     return JsonResponse({"pull": {"id": pull_id, "model": model}}, status=202)
 
 
 @admin_api
 @require_POST
 def api_rig_models_delete(request: HttpRequest, rig: Rig) -> HttpResponse:
-    return JsonResponse({"deleted": model_admin.model_delete(rig=rig, model=_model_from_body(request))})
+    return JsonResponse(
+        {"deleted": model_admin.model_delete(actor=request.user, rig=rig, model=_model_from_body(request))}
+    )
 
 
 @admin_api
 @require_POST
 def api_rig_models_unload(request: HttpRequest, rig: Rig) -> HttpResponse:
-    return JsonResponse({"unloaded": model_admin.model_unload(rig=rig, model=_model_from_body(request))})
+    return JsonResponse(
+        {"unloaded": model_admin.model_unload(actor=request.user, rig=rig, model=_model_from_body(request))}
+    )

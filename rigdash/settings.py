@@ -177,4 +177,7 @@ LOGGING = {
 CELERY_BEAT_SCHEDULE = {
     # Turns whose worker died (no checkpoint for a minute) end as "interrupted" with their text kept.
     "reap-stale-turns": {"task": "inference.turn_reap_stale", "schedule": 30.0, "kwargs": {"older_than_s": 60.0}},
+    # The fair queue's safety net: dispatch waiting turns to free slots (also done on submit and at every
+    # turn end) and resend tasks dispatched but never started (a lost message).
+    "dispatch-waiting-turns": {"task": "inference.dispatch_all", "schedule": 5.0, "kwargs": {"resend_after_s": 120.0}},
 }

@@ -14,4 +14,5 @@ urlpatterns = [
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("admin/", admin.site.urls),
     path("", include("inference.urls")),
+    path("", include("inference.urls_board")),  # admin board, users, quotas, audit log; usage
 ]

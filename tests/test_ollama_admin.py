@@ -17,7 +17,7 @@ from django.test import Client
 
 from inference.backends.base import ChatRequest
 from inference.backends.ollama import OllamaBackend
-from inference.models import ChatSession, Rig, Turn
+from inference.models import AuditLog, ChatSession, Rig, Turn
 from rigdash.asgi import application
 from tests.conftest import TEST_QUEUE, session_cookie_for
 from tests.ollama_replay import ollama_fixture  # noqa: F401  (the ``ollama`` fixture)
@@ -176,6 +176,8 @@ async def test_admin_delete_removes_the_model_and_tells_open_pages(admin_user, o
 
     again = await sync_to_async(_post)(client, ollama_rig, "delete", {"model": MODEL})
     assert again.status_code == 404 and again.json()["error"]["code"] == "unknown_model"
+    audited = [entry async for entry in AuditLog.objects.filter(action="model.delete")]
+    assert [(e.actor_name, e.target, e.detail["model"]) for e in audited] == [("admin", f"rig:{ollama_rig.pk}", MODEL)]
 
 
 @pytest.mark.django_db
@@ -203,6 +205,7 @@ def test_admin_unload_frees_a_loaded_model(admin_user, ollama_rig, ollama):
     assert client.get(f"/api/rigs/{ollama_rig.pk}/models/state").json()["loaded"] == []
     unknown = _post(client, ollama_rig, "unload", {"model": "nope"})
     assert unknown.status_code == 404 and unknown.json()["error"]["code"] == "unknown_model"
+    assert list(AuditLog.objects.values_list("action", flat=True)) == ["model.unload"]  # the failed one is not
 
 
 @pytest.mark.django_db

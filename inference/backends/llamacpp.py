@@ -174,10 +174,12 @@ class LlamaCppBackend(Backend):
             timings = event.get("timings")
             if reason:
                 finished = True
+            # With timings_per_token every chunk carries the running timings; the first one already
+            # holds prompt_n (the prompt's real size), which the quota check reads before decode goes on.
             yield StreamChunk(
                 text=text,
                 finish_reason=reason,
-                stats=stats_from_timings(timings) if (reason and timings) else None,
+                stats=stats_from_timings(timings) if timings else None,
                 context_tokens=context_tokens(timings) if timings else None,
             )
         if not finished:

@@ -41,6 +41,11 @@
     const s = t.stats || {};
     const parts = [];
     parts.push(t.status === "decoding" || t.status === "prompt" || t.status === "queued" ? t.status : t.finish_reason || t.status);
+    if (t.status === "queued" && t.queue_position === 0) parts.push("starting");
+    if (t.status === "queued" && t.queue_position > 0) {
+      const ahead = t.queue_ahead === 1 ? "1 turn waits" : `${t.queue_ahead} turns wait`;
+      parts.push(`position ${t.queue_position} in the queue (${ahead} ahead of yours)`);
+    }
     if (s.ttft_ms !== undefined) parts.push(`TTFT ${fmt(s.ttft_ms, 0)} ms`);
     const n = s.output_tokens !== undefined ? s.output_tokens : s.tokens;
     if (n !== undefined) parts.push(`${n} tokens`);
@@ -91,6 +96,8 @@
     t.status = snapshot.status;
     t.finish_reason = snapshot.finish_reason;
     t.stats = snapshot.stats || {};
+    t.queue_position = snapshot.queue_position;
+    t.queue_ahead = snapshot.queue_ahead;
     t.resyncing = false;
     t.renderer.set(t.text);
     const err = t.el.querySelector(".turn-error");
@@ -156,6 +163,10 @@
       const t = turns.get(msg.turn);
       if (t && ACTIVE.has(t.status)) {
         t.status = msg.status;
+        if (msg.queue_position !== undefined) {
+          t.queue_position = msg.queue_position;
+          t.queue_ahead = msg.queue_ahead;
+        }
         updateTurnChrome(t);
       }
     },

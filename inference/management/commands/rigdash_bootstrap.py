@@ -17,8 +17,9 @@ class Command(BaseCommand):
     help = "Ensure the embedded default rig and a first admin account exist."
 
     def handle(self, *args: Any, **options: Any) -> None:
-        rig = rig_ensure_default(base_url=settings.RIGDASH.default_rig_url)
-        self.stdout.write(f"default rig: {rig.name} -> {rig.base_url} (queue {rig.queue})")
+        slots = int(os.environ.get("LLAMA_SLOTS", "4"))  # the embedded llama-server's -np (rigdash/launcher.py)
+        rig = rig_ensure_default(base_url=settings.RIGDASH.default_rig_url, slots=slots)
+        self.stdout.write(f"default rig: {rig.name} -> {rig.base_url} (queue {rig.queue}, {rig.slots} slots)")
         username = os.environ.get("RIGDASH_ADMIN_USER", "admin")
         user_model = get_user_model()
         if user_model.objects.filter(username=username).exists():

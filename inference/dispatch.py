@@ -1,0 +1,185 @@
+"""The fair queue: turns wait in RigDash's table and go to Celery only when their rig has a free slot.
+
+A rig decodes ``Rig.slots`` turns at once. A turn is *busy* on its rig from the moment it is dispatched
+(``dispatched_at`` set, task sent) until it ends. When slots free up, waiting turns are picked round-robin
+across users: the user served least recently on that rig goes first (a user never served before goes
+before everyone), each user's own turns oldest first. So one user's burst of turns waits behind the
+single turns of others instead of starving them.
+
+Dispatch runs after a submit commits, after every turn end and every few seconds from Celery beat
+(``inference.dispatch_all``). It is race-safe: the rig's row is locked (``select_for_update``) while
+slots are counted and turns marked, and each turn is marked with a conditional update, so two
+dispatchers never hand out the same slot or the same turn twice. The worker's claim is still a
+conditional update, so a task delivered twice runs once.
+"""
+
+from __future__ import annotations
+
+import heapq
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from django.db import transaction
+from django.db.models import Max, Q
+from django.utils import timezone
+
+from inference import events
+from inference.models import Rig, Turn
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Waiting:
+    turn_id: int
+    user_id: int
+    session_id: int
+    created_at: datetime
+
+
+def fair_order(waiting: Sequence[Waiting], last_served: Mapping[int, datetime | None]) -> list[Waiting]:
+    """The order waiting turns will start in (pure).
+
+    1. Each user's turns queue oldest first.
+    2. Repeatedly take the head turn of the user served least recently: never served first, then the
+       oldest ``last_served``; ties go to the user whose head turn is older.
+    3. That user now counts as served most recently, behind everyone already waiting.
+    """
+    per_user: dict[int, list[Waiting]] = {}
+    for item in sorted(waiting, key=lambda w: (w.created_at, w.turn_id)):
+        per_user.setdefault(item.user_id, []).append(item)
+    heap: list[tuple[int, float, datetime, int, int]] = []
+    for user_id, turns in per_user.items():
+        served = last_served.get(user_id)
+        rank, when = (0, 0.0) if served is None else (1, served.timestamp())
+        heapq.heappush(heap, (rank, when, turns[0].created_at, turns[0].turn_id, user_id))
+    order: list[Waiting] = []
+    heads = {user_id: 0 for user_id in per_user}
+    tick = 0
+    while heap:
+        *_, user_id = heapq.heappop(heap)
+        turns = per_user[user_id]
+        order.append(turns[heads[user_id]])
+        heads[user_id] += 1
+        if heads[user_id] < len(turns):
+            tick += 1
+            head = turns[heads[user_id]]
+            heapq.heappush(heap, (2, float(tick), head.created_at, head.turn_id, user_id))
+    return order
+
+
+def waiting_order(rig_id: int) -> list[Waiting]:
+    """The rig's undispatched queued turns in the order they will start."""
+    rows = Turn.objects.filter(session__rig_id=rig_id, status=Turn.Status.QUEUED, dispatched_at__isnull=True)
+    waiting = [
+        Waiting(turn_id=pk, user_id=user_id, session_id=session_id, created_at=created_at)
+        for pk, user_id, session_id, created_at in rows.values_list(
+            "pk", "session__owner_id", "session_id", "created_at"
+        )
+    ]
+    if not waiting:
+        return []
+    served = (
+        Turn.objects.filter(
+            session__rig_id=rig_id,
+            session__owner_id__in={w.user_id for w in waiting},
+            dispatched_at__isnull=False,
+        )
+        .values("session__owner_id")
+        .annotate(last=Max("dispatched_at"))
+    )
+    return fair_order(waiting, {row["session__owner_id"]: row["last"] for row in served})
+
+
+def queue_position(turn: Turn) -> int | None:
+    """None unless waiting; 0 once handed to a worker; else 1 for the next turn to start, 2 after it..."""
+    if turn.status != Turn.Status.QUEUED:
+        return None
+    if turn.dispatched_at is not None:
+        return 0
+    rig_id = Turn.objects.filter(pk=turn.pk).values_list("session__rig_id", flat=True).first()
+    order = [w.turn_id for w in waiting_order(rig_id)] if rig_id is not None else []
+    return order.index(turn.pk) + 1 if turn.pk in order else None
+
+
+def _busy_slots(rig_id: int) -> int:
+    running = Q(status__in=Turn.RUNNING)
+    handed_out = Q(status=Turn.Status.QUEUED, dispatched_at__isnull=False)
+    return Turn.objects.filter(running | handed_out, session__rig_id=rig_id).count()
+
+
+def rig_dispatch(*, rig_id: int) -> list[int]:
+    """Hand waiting turns to the rig's Celery queue while it has free slots, fairly; returns their ids."""
+    with transaction.atomic():
+        rig = Rig.objects.select_for_update().filter(pk=rig_id).first()
+        if rig is None:
+            return []
+        free = rig.slots - _busy_slots(rig_id)
+        dispatched: list[int] = []
+        if free > 0:
+            now = timezone.now()
+            for item in waiting_order(rig_id)[:free]:
+                marked = Turn.objects.filter(
+                    pk=item.turn_id, status=Turn.Status.QUEUED, dispatched_at__isnull=True
+                ).update(dispatched_at=now)
+                if marked:
+                    dispatched.append(item.turn_id)
+        queue = rig.queue
+        transaction.on_commit(lambda: _send(dispatched, queue))
+        transaction.on_commit(lambda: announce_positions(rig_id=rig_id))
+    return dispatched
+
+
+def _send(turn_ids: list[int], queue: str) -> None:
+    from inference.tasks import turn_run_task  # tasks import the runner, which imports this module
+
+    for turn_id in turn_ids:
+        turn_run_task.apply_async(args=[turn_id], queue=queue)
+
+
+def announce_positions(*, rig_id: int) -> None:
+    """Tell each waiting turn's chat page (and the board) where it now stands in the rig's queue (0: starting)."""
+    starting = Turn.objects.filter(session__rig_id=rig_id, status=Turn.Status.QUEUED, dispatched_at__isnull=False)
+    waiting = [(session_id, turn_id, 0) for turn_id, session_id in starting.values_list("pk", "session_id")]
+    waiting += [(w.session_id, w.turn_id, i + 1) for i, w in enumerate(waiting_order(rig_id))]
+    if waiting:
+        events.queue_positions_sync(rig_id=rig_id, waiting=waiting)
+
+
+def turn_released(*, turn_id: int, rig_id: int) -> None:
+    """A turn ended (or was cancelled while waiting): show it on the board and give its slot to the next."""
+    from inference import board  # board's rows use this module's queue positions
+
+    board.publish_turn(turn_id)
+    board.forget_progress(turn_id)
+    rig_dispatch(rig_id=rig_id)
+
+
+def dispatch_resend_stale(*, older_than_s: float) -> list[int]:
+    """Send again the tasks of turns dispatched long ago but never claimed (a lost message); harmless twice."""
+    cutoff = timezone.now() - timedelta(seconds=older_than_s)
+    resent: list[int] = []
+    stale = Turn.objects.filter(status=Turn.Status.QUEUED, dispatched_at__lt=cutoff)
+    for turn_id, old, queue in stale.values_list("pk", "dispatched_at", "session__rig__queue"):
+        if Turn.objects.filter(pk=turn_id, status=Turn.Status.QUEUED, dispatched_at=old).update(
+            dispatched_at=timezone.now()
+        ):
+            _send([turn_id], queue)
+            resent.append(turn_id)
+            log.warning("turn %s was dispatched at %s but never started: task sent again", turn_id, old)
+    return resent
+
+
+def dispatch_all(*, resend_after_s: float = 120.0) -> dict[str, list[int]]:
+    """The periodic pass: dispatch every rig with waiting turns; resend lost tasks."""
+    dispatched: list[int] = []
+    rig_ids = set(
+        Turn.objects.filter(status=Turn.Status.QUEUED, dispatched_at__isnull=True).values_list(
+            "session__rig_id", flat=True
+        )
+    )
+    for rig_id in sorted(rig_ids):
+        dispatched += rig_dispatch(rig_id=rig_id)
+    return {"dispatched": dispatched, "resent": dispatch_resend_stale(older_than_s=resend_after_s)}

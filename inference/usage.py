@@ -1,0 +1,156 @@
+"""Usage per UTC day, user and model: turns, prompt and reply tokens, busy seconds on the rig.
+
+The aggregation, the Plotly figures and the CSV are pure functions of plain records (tested without a
+database); ``usage_records`` is the one database read. A turn counts on the day it started (or was
+submitted, if it never started); its busy time is started -> finished.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+from collections.abc import Iterable, Sequence
+from dataclasses import astuple, dataclass, fields
+from datetime import UTC, date, datetime, timedelta
+from typing import Any
+
+from django.utils import timezone
+
+from inference.models import Turn
+
+MAX_DAYS = 366
+
+
+@dataclass(frozen=True)
+class TurnRecord:
+    user: str
+    model: str
+    created_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+    prompt_tokens: int | None
+    output_tokens: int | None
+
+
+@dataclass
+class UsageRow:
+    day: date
+    user: str
+    model: str
+    turns: int = 0
+    prompt_tokens: int = 0
+    output_tokens: int = 0
+    busy_s: float = 0.0
+
+
+def aggregate_usage(records: Iterable[TurnRecord]) -> list[UsageRow]:
+    """One row per (UTC day, user, model), sorted by day, user, model."""
+    rows: dict[tuple[date, str, str], UsageRow] = {}
+    for r in records:
+        day = (r.started_at or r.created_at).astimezone(UTC).date()
+        row = rows.setdefault((day, r.user, r.model), UsageRow(day=day, user=r.user, model=r.model))
+        row.turns += 1
+        row.prompt_tokens += r.prompt_tokens or 0
+        row.output_tokens += r.output_tokens or 0
+        if r.started_at and r.finished_at and r.finished_at > r.started_at:
+            row.busy_s += (r.finished_at - r.started_at).total_seconds()
+    for row in rows.values():
+        row.busy_s = round(row.busy_s, 3)
+    return [rows[key] for key in sorted(rows)]
+
+
+METRICS = {
+    "output_tokens": "Reply tokens",
+    "prompt_tokens": "Prompt tokens",
+    "turns": "Turns",
+    "busy_s": "Busy seconds on the rig",
+}
+
+
+def figure_by_day(rows: Sequence[UsageRow], *, metric: str, split: str, days: Sequence[date]) -> dict[str, Any]:
+    """A stacked bar chart of ``metric`` per day, one trace per ``split`` value (``user`` or ``model``)."""
+    if metric not in METRICS or split not in ("user", "model"):
+        raise ValueError(f"unknown metric {metric!r} or split {split!r}")
+    labels = [d.isoformat() for d in days]
+    index = {d: i for i, d in enumerate(days)}
+    series: dict[str, list[float]] = {}
+    for row in rows:
+        if row.day not in index:
+            continue
+        values = series.setdefault(getattr(row, split), [0] * len(days))
+        values[index[row.day]] += getattr(row, metric)
+    data = [
+        {
+            "type": "bar",
+            "name": name,
+            "x": labels,
+            "y": values,
+            "hovertemplate": f"{name}<br>%{{x}}: %{{y}}<extra></extra>",
+        }
+        for name, values in sorted(series.items())
+    ]
+    return {
+        "data": data,
+        "layout": {
+            "title": {"text": f"{METRICS[metric]} per day, by {split}"},
+            "barmode": "stack",
+            "xaxis": {"type": "category", "title": {"text": "day (UTC)"}},
+            "yaxis": {"title": {"text": METRICS[metric]}, "rangemode": "tozero"},
+            "margin": {"t": 40, "r": 10, "b": 60, "l": 60},
+            "height": 300,
+            "showlegend": True,
+        },
+    }
+
+
+def usage_figures(rows: Sequence[UsageRow], *, days: Sequence[date], per_user: bool) -> list[dict[str, Any]]:
+    figures = [
+        figure_by_day(rows, metric="output_tokens", split="model", days=days),
+        figure_by_day(rows, metric="turns", split="model", days=days),
+        figure_by_day(rows, metric="busy_s", split="model", days=days),
+    ]
+    if per_user:
+        figures.insert(1, figure_by_day(rows, metric="output_tokens", split="user", days=days))
+        figures.append(figure_by_day(rows, metric="busy_s", split="user", days=days))
+    return figures
+
+
+def usage_totals(rows: Iterable[UsageRow]) -> dict[str, float]:
+    rows = list(rows)
+    return {name: round(sum(getattr(r, name) for r in rows), 3) for name in METRICS}
+
+
+def usage_csv(rows: Iterable[UsageRow]) -> str:
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow([f.name for f in fields(UsageRow)])
+    for row in rows:
+        values = list(astuple(row))
+        values[0] = row.day.isoformat()
+        # A user or model name starting with = + - @ would be a formula in a spreadsheet: quote it as text.
+        writer.writerow([f"'{v}" if isinstance(v, str) and v[:1] in ("=", "+", "-", "@") else v for v in values])
+    return out.getvalue()
+
+
+def day_range(days: int, *, today: date) -> list[date]:
+    return [today - timedelta(days=n) for n in range(days - 1, -1, -1)]
+
+
+def usage_records(*, days: int, user_id: int | None) -> list[TurnRecord]:
+    """Turns submitted in the last ``days`` UTC days, of one user or (None) everyone."""
+    since = datetime.combine(timezone.now().astimezone(UTC).date() - timedelta(days=days - 1), datetime.min.time(), UTC)
+    turns = Turn.objects.filter(created_at__gte=since)
+    if user_id is not None:
+        turns = turns.filter(session__owner_id=user_id)
+    return [
+        TurnRecord(*values)
+        for values in turns.values_list(
+            "session__owner__username",
+            "session__model_name",
+            "created_at",
+            "started_at",
+            "finished_at",
+            "prompt_tokens",
+            "output_tokens",
+        ).iterator()
+    ]
