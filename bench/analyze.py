@@ -72,16 +72,22 @@ def render_series(flushes: Sequence[dict[str, Any]]) -> list[tuple[int, float, f
 
 
 def render_flatness(series: Sequence[tuple[int, float, float | None]], *, max_len: int) -> dict[str, Any]:
-    """Render time per flush by reply length: p50 in each fifth of ``max_len`` and the slope per 10k chars."""
+    """Render time per flush by reply length: p50 in each fifth of ``max_len`` and the slope per 10k chars.
+
+    ``p50_ms`` is the renderer's JavaScript (Markdown, sanitiser, DOM); ``frame_p50_ms`` runs from the flush
+    to the end of that frame's rendering work (style, layout, paint)."""
     if not series:
         return {"bins": [], "slope_ms_per_10k_chars": None, "flushes": 0}
     fifth = max(1, max_len // 5)
     bins = []
     for i in range(5):
         lo, hi = i * fifth, (i + 1) * fifth
-        values = [ms for length, ms, _ in series if lo <= length < hi or (i == 4 and length >= hi)]
+        inside = [s for s in series if lo <= s[0] < hi or (i == 4 and s[0] >= hi)]
+        values = [ms for _, ms, _ in inside]
+        frames = [f for _, _, f in inside if f is not None]
         bins.append({"chars": f"{lo}-{hi}", "flushes": len(values), "p50_ms": _r(stats.percentile(values, 50)),
-                     "max_ms": _r(max(values) if values else None)})  # fmt: skip
+                     "max_ms": _r(max(values) if values else None),
+                     "frame_p50_ms": _r(stats.percentile(frames, 50))})  # fmt: skip
     fit = stats.linear_fit([float(length) for length, _, _ in series], [ms for _, ms, _ in series])
     return {
         "bins": bins,

@@ -137,7 +137,10 @@ def figures(
         "backend_ratio_paired": stats.summarize(paired["backend"], 4),
         "added_ttft_ms_paired": stats.summarize(paired["added_ttft_ms"], 2),
         "added_ttft_ms_same_stream": stats.summarize([p["to_backend"] + p["to_client"] for p in parts], 2),
-        "ttft_parts_ms_p50": {k: stats.median(p[k] for p in parts) for k in ("to_backend", "backend", "to_client")}
+        "ttft_parts_ms_p50": {
+            k: stats.median(p.get(k) for p in parts)
+            for k in ("to_backend", "backend", "to_client", "submit", "dispatch", "setup")
+        }
         if parts
         else None,
         "display_lag_ms": stats.summarize([x for r in rd for x in r.get("display_lag_ms", [])], 2),
@@ -236,6 +239,9 @@ def table_rows(agg: dict[str, Any]) -> list[list[str]]:
             add(label, "  RigDash TTFT = send->backend request + backend + first token->client (p50 ms)",
                 f"{stats.fmt(p['to_backend'], 1)} + {stats.fmt(p['backend'], 1)} + {stats.fmt(p['to_client'], 1)}",
                 "", None)  # fmt: skip
+            add(label, "  send->backend request = web stores turn + Celery to worker + worker start (p50 ms)",
+                f"{stats.fmt(p['submit'], 1)} + {stats.fmt(p['dispatch'], 1)} + {stats.fmt(p['setup'], 1)}",
+                "", None)  # fmt: skip
         if a["display_lag_ms"]["n"]:
             growth = [g for g in a.get("long_growth") or [] if g]
             ok = _lag_ok(a["display_lag_ms"])
@@ -303,6 +309,12 @@ def table_rows(agg: dict[str, Any]) -> list[list[str]]:
             flat = max(p50s) <= max(2 * p50s[0], p50s[0] + 2)
         add("render to 30,000 chars", "JS render ms per flush, p50 by fifth of the reply",
             " / ".join(stats.fmt(x, 2) for x in p50s) + f" ({f['flushes']} flushes)", "flat", flat)  # fmt: skip
+        frames = [b.get("frame_p50_ms") for b in f["bins"]]
+        frame_flat = None
+        if frames and None not in frames:
+            frame_flat = max(frames) <= max(2 * frames[0], frames[0] + 4)
+        add("render to 30,000 chars", "flush -> painted (layout, paint) ms, p50 by fifth of the reply",
+            " / ".join(stats.fmt(x, 1) for x in frames), "flat", frame_flat)  # fmt: skip
         lt = render["longtasks"]
         add("render to 30,000 chars", "browser long tasks (count; longest ms)",
             f"{len(lt)}; {stats.fmt(max((t['duration'] for t in lt), default=0.0), 0)}", "none over 50 ms",

@@ -22,6 +22,7 @@ class TurnWatch:
 
     t_send: float | None = None  # set on the tab that sent it
     turn_id: int | None = None
+    t_queued: float | None = None  # turn.queued arrived: the web server stored the turn
     batches: list[tuple[float, int, int, str]] = field(default_factory=list)
     end: dict[str, Any] | None = None
     t_end: float | None = None
@@ -62,7 +63,7 @@ class Tab:
                 arrived, frame = await self.client.recv_json(timeout_s=left)
                 kind = frame.get("type")
                 if kind == "turn.queued" and watch.turn_id is None:
-                    watch.turn_id = frame["turn"]["id"]
+                    watch.turn_id, watch.t_queued = frame["turn"]["id"], arrived
                 elif kind == "token" and frame["turn"] == watch.turn_id:
                     watch.batches.append((arrived, frame["seq_from"], frame["seq_to"], frame["text"]))
                 elif kind == "turn.end" and frame["turn"]["id"] == watch.turn_id:

@@ -280,6 +280,13 @@ class Bench:
             page_text=None if page is None else page["text"],
         )
         result.update(figures)
+        if "ttft_parts_ms" in result and stored["started_at"] and ref.get("t_request"):
+            # send->backend request, split: web stores the turn / Celery hands it to a worker / worker starts
+            result["ttft_parts_ms"] |= {
+                "submit": (stored["created_at"] - mine.t_send) * 1000,
+                "dispatch": (stored["started_at"] - stored["created_at"]) * 1000,
+                "setup": (ref["t_request"] - stored["started_at"]) * 1000,
+            }
         result["watchers"] = len(others)
         result["watchers_identical_in_order"] = all(
             w.delivery().text == stored["reply"] and w.delivery().in_order and w.end is not None for w in others

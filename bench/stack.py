@@ -238,6 +238,8 @@ class BenchStack:
             "finish_reason": turn.finish_reason,
             "stats": turn.stats,
             "error": turn.error,
+            "created_at": turn.created_at.timestamp(),
+            "started_at": turn.started_at.timestamp() if turn.started_at else None,
         }
 
     # --- what RigDash costs ------------------------------------------------------------------------------
