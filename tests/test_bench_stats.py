@@ -143,3 +143,21 @@ def test_check_viewers_counts_whole_deliveries_per_viewer():
     check = report.check_viewers(swarm, {7: "s7", 8: "s8", 9: "s9"}, {7: 1, 8: 1, 9: 2}, {1: 2, 2: 3})
     assert (check["expected_deliveries"], check["deliveries"], check["turns_ok"], check["turns"]) == (7, 4, 1, 3)
     assert len(check["problems"]) == 2
+
+
+def _agg(backend_ratios: list[float]) -> dict:
+    rd = [{"decode_tps": 100.0, "backend_tps": 100.0 * r, "ttft_ms": 110.0, "decode_ratio_vs_ref": 1.0,
+           "tokens_delivered": 10, "tokens_backend": 10, "in_order": True, "delivered_equals_stored": True,
+           "stored_equals_backend": True} for r in backend_ratios]  # fmt: skip
+    direct = [{"decode_tps": 100.0, "backend_tps": 100.0, "ttft_ms": 100.0} for _ in backend_ratios]
+    cost = {"cpu_s": {"web": 0.001, "worker": 0.001}, "redis": {"publish": 2}, "wall_s": 1.0}
+    return {"level1": report.figures(rd, direct, [cost], [10], [], None)}
+
+
+def test_paired_figures_get_no_verdict_when_the_machine_drifted_between_runs():
+    steady = {row[1]: row[4] for row in report.table_rows(_agg([1.0, 0.995]))}
+    drifted = {row[1]: row[4] for row in report.table_rows(_agg([1.0, 2.5]))}
+    key = "decode tok/s, RigDash client / direct: paired runs (median; min)"
+    assert steady[key] == "ok" and drifted[key] == "-"
+    assert steady["TTFT added by RigDash: paired p50 / p99 (ms)"] == "ok"  # 10 ms added
+    assert steady["server CPU per token, web + worker (us; net of idle)"] == "MISS"  # 200 us per token
