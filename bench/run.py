@@ -351,7 +351,7 @@ class Bench:
         return {
             "seconds": wall,
             "cpu_s_per_s": {k: v / wall for k, v in cost["cpu_s"].items()},
-            "cpu_pct_of_core": 100 * sum(v for k, v in cost["cpu_s"].items() if k != "llama") / wall,
+            "cpu_pct_of_core": 100 * sum(v for k, v in cost["cpu_s"].items() if k in ("web", "worker")) / wall,
             "redis_ops_per_s": sum(cost["redis"].values()) / wall,
             "redis": cost["redis"],
         }
@@ -600,6 +600,9 @@ class Bench:
 
                 self.browser = BrowserTab(self.stack.web_port, prepared["cookie_value"])
                 await self.browser.start()
+                chromium = _chromium_pid()
+                if chromium:
+                    self.stack.pids["chromium"] = chromium
             log("stack up; warming up (one direct and one RigDash turn, not counted)")
             results["warm_up"] = await self.warm_up()
             log(f"warm-up: llama-server decodes {self.llama_tps:.0f} tok/s here now")
@@ -656,6 +659,15 @@ class Bench:
             "redis": "private redis-server" if not self.args.redis_url else "--redis-url",
             "skipped": self.skipped,
         }  # fmt: skip
+
+
+def _chromium_pid() -> int | None:
+    """The top Chromium process Playwright started (its tree holds renderer and GPU processes)."""
+    for proc in psutil.Process().children(recursive=True):
+        with contextlib.suppress(psutil.Error):
+            if "chrom" in proc.name() and "chrom" not in proc.parent().name():
+                return int(proc.pid)
+    return None
 
 
 def _busy(times: Any) -> float:

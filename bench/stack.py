@@ -87,16 +87,16 @@ class BenchStack:
             log_path=self.log_dir / "llama-server.log",
         )
         self.pids["llama"] = llama.pid
-        self.stack.start(
+        self.pids["tap"] = self.stack.start(
             "tap",
             [PYTHON, "-m", "bench.tap", "--port", str(self.ports["tap"]), "--upstream", str(self.ports["llama"])],
             log_path=self.log_dir / "tap.log",
-        )
-        self.stack.start(
+        ).pid
+        self.pids["synthetic"] = self.stack.start(
             "synthetic",
             [PYTHON, "-m", "bench.synthetic", "--port", str(self.ports["synthetic"])],
             log_path=self.log_dir / "synthetic.log",
-        )
+        ).pid
         worker = self.stack.start(
             "worker",
             [
@@ -245,11 +245,11 @@ class BenchStack:
     # --- what RigDash costs ------------------------------------------------------------------------------
 
     def cpu(self) -> dict[str, float]:
-        """CPU seconds so far of RigDash's processes (web; worker and its children) and of llama-server."""
+        """CPU seconds so far per process tree: RigDash's (web; worker and its children) and the others
+        the benchmark started (llama-server, tap, synthetic source, Chromium when a tab is open)."""
         out: dict[str, float] = {}
-        for role in ("web", "worker", "llama"):
-            pid = self.pids.get(role)
-            if pid is None:
+        for role, pid in self.pids.items():
+            if role == "redis":
                 continue
             try:
                 proc = psutil.Process(pid)
