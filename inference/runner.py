@@ -1,10 +1,11 @@
 """Run one chat turn: stream it from the backend, coalesce tokens, publish batches, store the end.
 
-The contract (docs/streaming.md): the first token is published at once; later ones are coalesced and
-flushed at most FLUSH_INTERVAL_MS after the oldest unsent token arrived. Every batch carries the turn id
-and seq_from..seq_to (one seq per backend chunk with text, usually one token). Each batch is appended
-to the turn's Redis live list before it is published. The database is written when the turn is claimed,
-at its first token, at checkpoints every few seconds, and once at the end.
+The contract (docs/streaming.md): a token is published at once when the last batch went out at least
+FLUSH_INTERVAL_MS ago (so the first one always is); otherwise it goes in the batch due FLUSH_INTERVAL_MS
+after the last one: at most one batch per interval, and no token waits longer than the interval. Every
+batch carries the turn id and seq_from..seq_to (one seq per backend chunk with text, usually one token).
+Each batch is appended to the turn's Redis live list before it is published. The database is written when
+the turn is claimed, at its first token, at checkpoints every few seconds, and once at the end.
 """
 
 from __future__ import annotations
@@ -109,6 +110,7 @@ class TurnStream:
     parts: list[str] = field(default_factory=list)
     pending: list[str] = field(default_factory=list)
     pending_since: float | None = None
+    last_sent: float = float("-inf")  # when the last batch with text was published
     seq_sent: int = 0
     last_checkpoint: float = 0.0
     cancelled: bool = False
@@ -121,6 +123,12 @@ class TurnStream:
     @property
     def text(self) -> str:
         return "".join(self.parts)
+
+    def flush_due(self) -> float | None:
+        """When the pending tokens go out: at once if the last batch is an interval old, else an interval after it."""
+        if self.pending_since is None:
+            return None
+        return max(self.pending_since, self.last_sent + self.flush_interval_s)
 
     async def flush(self) -> None:
         """Append the pending batch to the live list, read the cancel flag, then publish the batch."""
@@ -139,6 +147,7 @@ class TurnStream:
             self.pending.clear()
             self.pending_since = None
             self.seq_sent = seq_to
+            self.last_sent = time.perf_counter()
             await events.token_batch(
                 session_id=self.turn.session_id,
                 turn_id=self.turn.pk,
@@ -243,8 +252,8 @@ async def _consume(state: TurnStream, queue: asyncio.Queue[Any], conf: RigDashCo
     while True:
         now = time.perf_counter()
         wait = 0.1
-        if state.pending_since is not None:
-            wait = max(0.0, min(wait, state.pending_since + state.flush_interval_s - now))
+        if (due := state.flush_due()) is not None:
+            wait = max(0.0, min(wait, due - now))
         try:
             item = await asyncio.wait_for(queue.get(), timeout=wait)
         except TimeoutError:
@@ -263,7 +272,7 @@ async def _consume(state: TurnStream, queue: asyncio.Queue[Any], conf: RigDashCo
                 await db_async(services.turn_mark_decoding)(turn_id=state.turn.pk)
             if item.finish_reason:
                 return item
-        if state.pending_since is not None and now - state.pending_since >= state.flush_interval_s:
+        if (due := state.flush_due()) is not None and now >= due:
             await state.flush()
         elif item is None:
             await state.flush()  # nothing to send: just reads the cancel flag

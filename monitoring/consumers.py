@@ -13,6 +13,8 @@ from rigdash.ws import CLOSE_NOT_FOUND, GroupJsonConsumer
 
 
 class RigMonitorConsumer(GroupJsonConsumer):
+    no_database_events = frozenset({"rig.sample"})
+
     async def connect(self) -> None:
         if await self.active_user_or_close() is None:
             return

@@ -1,0 +1,287 @@
+"""The benchmark's own RigDash: Redis, database, llama-server, tap, synthetic source, worker and web server.
+
+Everything runs on free ports of 127.0.0.1 with its own database (SQLite under the run's directory unless
+``--database-url``), its own Redis (a private redis-server unless ``--redis-url``) and its own channel
+prefix, so a RigDash a person is running is never touched. Processes are started with the launcher's
+helpers (``rigdash.launcher.Stack``, ``llama_server_command``), the way ``scripts/run`` starts them.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from bench import stats
+from rigdash.launcher import ROOT, Stack, free_port, llama_server_command, port_open, redis_answers, wait_http
+
+PYTHON = sys.executable
+LLAMA_QUEUE = "rig.bench-llama"
+SYNTH_QUEUE = "rig.bench-synthetic"
+
+
+@dataclass
+class BenchStack:
+    var_dir: Path
+    flush_ms: int | None = None
+    database_url: str | None = None
+    redis_url: str | None = None
+    slots: int = 4
+    ctx_per_slot: int = 2304
+    worker_concurrency: int = 16
+    stack: Stack = field(default_factory=Stack)
+    env: dict[str, str] = field(default_factory=dict)
+    ports: dict[str, int] = field(default_factory=dict)
+    pids: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def log_dir(self) -> Path:
+        return self.var_dir / "log"
+
+    @property
+    def web_port(self) -> int:
+        return self.ports["web"]
+
+    def start(self, log: Any = print) -> None:
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        redis_url = self.redis_url or self._private_redis()
+        database_url = self.database_url or f"sqlite:///{self.var_dir / 'bench.sqlite3'}"
+        self.env = {
+            "DATABASE_URL": database_url,
+            "REDIS_URL": redis_url,
+            "CELERY_BROKER_URL": redis_url,
+            "RIGDASH_VAR_DIR": str(self.var_dir),
+            "RIGDASH_SECRET_KEY": secrets.token_urlsafe(40),
+            "RIGDASH_CHANNEL_PREFIX": f"rigdash-bench-{os.getpid()}",  # pub/sub channels ignore the db number
+            "RIGDASH_MAX_REPLY_TOKENS": "8192",
+            "RIGDASH_DEFAULT_QUEUE": f"rigdash.bench-default-{os.getpid()}",
+            "RIGDASH_ALLOWED_HOSTS": "127.0.0.1,localhost",
+        }
+        if self.flush_ms is not None:
+            self.env["RIGDASH_FLUSH_INTERVAL_MS"] = str(self.flush_ms)
+        log(f"database {database_url.split('@')[-1]}, redis {redis_url}")
+        subprocess.run(
+            [PYTHON, "manage.py", "migrate", "--noinput", "-v", "0"],
+            cwd=ROOT,
+            env={**os.environ, **self.env},
+            check=True,
+        )
+        for name in ("llama", "tap", "synthetic", "web"):
+            self.ports[name] = free_port()
+        llama = self.stack.start(
+            "llama-server",
+            llama_server_command(
+                port=self.ports["llama"],
+                slots=self.slots,
+                ctx=self.slots * self.ctx_per_slot,
+                extra=["--no-cache-prompt"],
+            ),
+            log_path=self.log_dir / "llama-server.log",
+        )
+        self.pids["llama"] = llama.pid
+        self.pids["tap"] = self.stack.start(
+            "tap",
+            [PYTHON, "-m", "bench.tap", "--port", str(self.ports["tap"]), "--upstream", str(self.ports["llama"])],
+            log_path=self.log_dir / "tap.log",
+        ).pid
+        self.pids["synthetic"] = self.stack.start(
+            "synthetic",
+            [PYTHON, "-m", "bench.synthetic", "--port", str(self.ports["synthetic"])],
+            log_path=self.log_dir / "synthetic.log",
+        ).pid
+        worker = self.stack.start(
+            "worker",
+            [
+                PYTHON,
+                "-m",
+                "celery",
+                "-A",
+                "rigdash",
+                "worker",
+                "-B",
+                "-s",
+                str(self.var_dir / "celerybeat-schedule"),
+                "-Q",
+                f"{LLAMA_QUEUE},{SYNTH_QUEUE},{self.env['RIGDASH_DEFAULT_QUEUE']}",
+                "-c",
+                str(self.worker_concurrency),
+                "-l",
+                "INFO",
+                "-n",
+                f"bench{os.getpid()}@%h",
+            ],
+            env=self.env,
+            log_path=self.log_dir / "worker.log",
+        )
+        self.pids["worker"] = worker.pid
+        web = self.stack.start(
+            "web",
+            [PYTHON, "-m", "daphne", "-b", "127.0.0.1", "-p", str(self.web_port), "rigdash.asgi:application"],
+            env=self.env,
+            log_path=self.log_dir / "web.log",
+        )
+        self.pids["web"] = web.pid
+        wait_http(f"http://127.0.0.1:{self.ports['llama']}/health", timeout_s=180, proc=llama)
+        wait_http(f"http://127.0.0.1:{self.web_port}/static/rigdash/app.css", timeout_s=120, proc=web)
+        for name in ("tap", "synthetic"):
+            _wait_port(self.ports[name], 30)
+        self._wait_worker(worker, timeout_s=180)
+
+    def _private_redis(self) -> str:
+        server = shutil.which("redis-server")
+        if not server:
+            raise SystemExit("redis-server is not installed: install it or pass --redis-url")
+        port = free_port()
+        proc = self.stack.start(
+            "redis",
+            [
+                server,
+                "--bind",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--dir",
+                str(self.var_dir),
+            ],
+            log_path=self.log_dir / "redis.log",
+        )
+        self.pids["redis"] = proc.pid
+        url = f"redis://127.0.0.1:{port}/0"
+        deadline = time.monotonic() + 15
+        while not redis_answers(url):
+            if time.monotonic() > deadline:
+                raise SystemExit(f"the private redis-server did not start; see {self.log_dir / 'redis.log'}")
+            time.sleep(0.1)
+        return url
+
+    def _wait_worker(self, proc: subprocess.Popen[bytes], timeout_s: float) -> None:
+        log_path = self.log_dir / "worker.log"
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                raise RuntimeError(f"the worker exited ({proc.returncode}); see {log_path}")
+            if log_path.exists() and " ready." in log_path.read_text(errors="replace"):
+                return
+            time.sleep(0.3)
+        raise TimeoutError(f"the worker was not ready within {timeout_s:g} s; see {log_path}")
+
+    def django_setup(self) -> None:
+        """Point this process's Django at the bench database and Redis (for users, rigs and sessions)."""
+        os.environ.update(self.env)
+        os.environ["DJANGO_SETTINGS_MODULE"] = "rigdash.settings"
+        os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = "true"  # short ORM calls between measured windows
+        import django
+
+        django.setup()
+
+    # --- objects -----------------------------------------------------------------------------------------
+
+    def prepare(self) -> dict[str, Any]:
+        import httpx
+        from django.conf import settings
+        from django.contrib.auth import get_user_model
+        from django.test import Client
+
+        from inference.models import Rig
+
+        user = get_user_model().objects.create_user(username="bench", password=secrets.token_urlsafe(16))
+        llama_model = httpx.get(f"http://127.0.0.1:{self.ports['llama']}/v1/models", timeout=10).json()["data"][0]["id"]
+        rigs = {
+            "llama": Rig.objects.create(
+                name="bench-llama",
+                kind=Rig.Kind.LLAMACPP,
+                base_url=f"http://127.0.0.1:{self.ports['tap']}",
+                queue=LLAMA_QUEUE,
+            ),
+            "synthetic": Rig.objects.create(
+                name="bench-synthetic",
+                kind=Rig.Kind.LLAMACPP,
+                base_url=f"http://127.0.0.1:{self.ports['synthetic']}",
+                queue=SYNTH_QUEUE,
+            ),
+        }
+        client = Client()
+        client.force_login(user)
+        cookie = f"{settings.SESSION_COOKIE_NAME}={client.cookies[settings.SESSION_COOKIE_NAME].value}"
+        self._user, self._rigs = user, rigs
+        self._models = {"llama": llama_model, "synthetic": "synthetic"}
+        return {
+            "cookie": cookie,
+            "cookie_value": client.cookies[settings.SESSION_COOKIE_NAME].value,
+            "llama_model": llama_model,
+        }
+
+    def new_session(self, rig: str) -> int:
+        from inference.models import ChatSession
+
+        return int(ChatSession.objects.create(owner=self._user, rig=self._rigs[rig], model_name=self._models[rig]).pk)
+
+    def stored_turn(self, turn_id: int) -> dict[str, Any]:
+        from inference.models import Turn
+
+        turn = Turn.objects.get(pk=turn_id)
+        return {
+            "reply": turn.reply_text,
+            "status": turn.status,
+            "finish_reason": turn.finish_reason,
+            "stats": turn.stats,
+            "error": turn.error,
+            "created_at": turn.created_at.timestamp(),
+            "started_at": turn.started_at.timestamp() if turn.started_at else None,
+        }
+
+    # --- what RigDash costs ------------------------------------------------------------------------------
+
+    def cpu(self) -> dict[str, float]:
+        """CPU seconds so far per process tree: RigDash's (web; worker and its children) and the others
+        the benchmark started (llama-server, tap, synthetic source, Chromium when a tab is open)."""
+        out: dict[str, float] = {}
+        for role, pid in self.pids.items():
+            if role == "redis":
+                continue
+            try:
+                proc = psutil.Process(pid)
+                procs = [proc, *proc.children(recursive=True)]
+            except psutil.Error:
+                continue
+            times = []
+            for p in procs:
+                try:
+                    t = p.cpu_times()
+                    times.append((t.user, t.system))
+                except psutil.Error:
+                    continue
+            out[role] = stats.cpu_seconds(times)
+        return out
+
+    def redis_calls(self) -> dict[str, int]:
+        import redis
+
+        client = redis.Redis.from_url(self.env["REDIS_URL"])
+        try:
+            return stats.command_calls(client.info("commandstats"))
+        finally:
+            client.close()
+
+    def stop(self) -> None:
+        self.stack.stop()
+
+
+def _wait_port(port: int, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not port_open("127.0.0.1", port):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"nothing listens on 127.0.0.1:{port}")
+        time.sleep(0.1)

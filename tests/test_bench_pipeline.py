@@ -1,0 +1,65 @@
+"""The two pipeline changes the benchmark led to (docs/benchmarks.md): the coalescing throttle and the
+consumer's token fast path. The end-to-end effect is measured by ./scripts/bench, not here."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from inference.consumers import ChatConsumer
+from inference.runner import StreamMeter, TurnStream
+
+
+def _stream(interval_s: float = 0.033) -> TurnStream:
+    # flush_due reads only the timing fields; no turn or Redis is needed to ask it.
+    return TurnStream(turn=None, redis=None, meter=StreamMeter(t_request=0.0), flush_interval_s=interval_s)  # type: ignore[arg-type]
+
+
+def test_a_lone_token_goes_out_at_once_and_a_burst_waits_one_interval_after_the_last_batch():
+    stream = _stream()
+    assert stream.flush_due() is None  # nothing pending
+    stream.pending_since = 1.0
+    assert stream.flush_due() == 1.0  # nothing sent yet: the first token goes at once
+    stream.last_sent, stream.pending_since = 1.0, 1.007
+    assert stream.flush_due() == pytest.approx(1.033)  # 7 ms after a batch: waits for the next interval
+    stream.pending_since = 1.5
+    assert stream.flush_due() == 1.5  # a token long after the last batch (slow decode) is not held back
+
+
+async def test_token_batches_skip_the_per_message_database_hop(monkeypatch):
+    """Spies on channels' aclose_old_connections (a thread hop) to see which events take it."""
+    import channels.consumer
+
+    hops: list[int] = []
+
+    async def spy() -> None:
+        hops.append(1)
+
+    monkeypatch.setattr(channels.consumer, "aclose_old_connections", spy)
+    consumer = ChatConsumer()
+    sent: list[str] = []
+
+    async def base_send(message: dict[str, str]) -> None:
+        sent.append(message["text"])
+
+    consumer.base_send = base_send  # the ASGI send: what would go to the socket
+    token = {"type": "chat.token", "turn": 1, "seq_from": 1, "seq_to": 2, "text": "hé", "stats": {"tokens": 2}}
+    await consumer.dispatch(token)
+    assert hops == []
+    assert json.loads(sent[0]) == {**token, "type": "token"}
+    await consumer.dispatch({"type": "chat.turn_state", "turn": 1, "status": "prompt"})
+    assert hops == [1]  # other events still close stale connections first
+    assert json.loads(sent[1]) == {"type": "turn.state", "turn": 1, "status": "prompt"}
+
+
+def test_backend_clients_share_one_tls_context_that_still_verifies_certificates():
+    import ssl
+
+    from inference.backends import llamacpp
+
+    context = llamacpp._tls_context()
+    assert context is llamacpp._tls_context()  # built once per process, not per turn
+    assert context.verify_mode == ssl.CERT_REQUIRED and context.check_hostname
+    client = llamacpp.LlamaCppBackend("http://127.0.0.1:9", timeout_s=1)._client(read_timeout=None)
+    assert client._transport._pool._ssl_context is context  # httpx internals: the context the pool connects with
