@@ -91,7 +91,11 @@ def test_stream_is_text_chunks_then_one_final_chunk_with_stats(target):
 
     chunks = asyncio.run(collect())
     *body, final = chunks
-    assert all(chunk.finish_reason is None and chunk.stats is None for chunk in body)
+    assert all(chunk.finish_reason is None for chunk in body)
+    # Earlier chunks may carry the backend's running stats (llama.cpp's per-token timings): never more
+    # tokens than the final count.
+    running = [chunk.stats.output_tokens for chunk in body if chunk.stats and chunk.stats.output_tokens is not None]
+    assert running == sorted(running)
     text_chunks = [chunk for chunk in body if chunk.text]
     assert text_chunks and "".join(c.text for c in text_chunks).strip()
     assert final.finish_reason in ("stop", "length")
@@ -102,6 +106,7 @@ def test_stream_is_text_chunks_then_one_final_chunk_with_stats(target):
     assert stats.output_tokens <= 16 + 1  # max_tokens honoured (+1: llama.cpp counts the end token)
     assert stats.decode_tps and stats.decode_tps > 0
     assert stats.raw
+    assert all(count <= stats.output_tokens for count in running)
 
 
 def test_leaving_the_stream_early_stops_the_server_generating(target):

@@ -148,7 +148,8 @@ class Backend(ABC):
 
     @abstractmethod
     def stream_chat(self, request: ChatRequest) -> AsyncIterator[StreamChunk]:
-        """Stream one reply. The last chunk carries ``finish_reason`` and the backend's ``stats``."""
+        """Stream one reply. The last chunk carries ``finish_reason`` and the backend's final ``stats``; earlier
+        chunks may carry running stats (llama.cpp sends its timings with every token)."""
 
     # Optional capabilities: a backend that cannot answer raises BackendNotSupported.
     async def model_architecture(self, model: str) -> ModelArchitecture:
