@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import psutil
 
 from bench.stack import BenchStack
 from bench.wsproto import WSClient
@@ -45,18 +46,34 @@ async def _watch(client: WSClient, counts: list[int], index: int, stop: asyncio.
             counts[index] += 1
 
 
+CPU = {"sampler_s": 0.0, "web_s": 0.0, "wall_s": 0.0}
+
+
+def _cpu(process: psutil.Process) -> float:
+    times = process.cpu_times()
+    return float(times.user + times.system)
+
+
 async def block_on(stack: BenchStack, cookie: str, rig_id: int, viewers: int, run: Any) -> tuple[list[float], int]:
     """Sampler process and ``viewers`` dashboard sockets running while ``run`` generates."""
     sampler = Stack()
-    sampler.start("sampler", [PYTHON, "manage.py", "rigdash_sampler"], env=stack.env,
-                  log_path=stack.log_dir / "sampler.log")  # fmt: skip
+    proc = sampler.start("sampler", [PYTHON, "manage.py", "rigdash_sampler"], env=stack.env,
+                         log_path=stack.log_dir / "sampler.log")  # fmt: skip
+    web = psutil.Process(stack.pids["web"])
     paths = [f"/ws/monitoring/rigs/{rig_id}/"] * (viewers - 1) + ["/ws/monitoring/"]
     clients = [await WSClient.connect(stack.web_port, path, cookie=cookie) for path in paths]
     counts = [0] * len(clients)
     stop = asyncio.Event()
     readers = [asyncio.create_task(_watch(c, counts, i, stop)) for i, c in enumerate(clients)]
     await asyncio.sleep(3)  # the sampler is up and samples flow before the timed replies
+    cpu_before = [_cpu(psutil.Process(proc.pid)), _cpu(web)]
+    t0 = time.monotonic()
     rates = await asyncio.to_thread(run)
+    elapsed = time.monotonic() - t0
+    cpu_after = [_cpu(psutil.Process(proc.pid)), _cpu(web)]
+    CPU["sampler_s"] += cpu_after[0] - cpu_before[0]
+    CPU["web_s"] += cpu_after[1] - cpu_before[1]
+    CPU["wall_s"] += elapsed
     stop.set()
     await asyncio.gather(*readers)
     for client in clients:
@@ -110,6 +127,8 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
             "tokens_per_reply": args.tokens,
             "dashboard_sockets": args.viewers,
             "sample_frames_received": frames,
+            "sampler_cpu_pct_of_a_core": round(100 * CPU["sampler_s"] / CPU["wall_s"], 2),
+            "web_cpu_pct_of_a_core": round(100 * CPU["web_s"] / CPU["wall_s"], 2),
             "rates": results,
         }
     finally:
@@ -130,7 +149,9 @@ def main() -> None:
     path.write_text(json.dumps(result, indent=2))
     print(f"\nbackend tokens/s with sampling+dashboards / without: {result['ratio_on_over_off']:.3f} "
           f"(on {result['on_median_tps']}, off {result['off_median_tps']}; {result['sample_frames_received']} "
-          f"sample frames received by {args.viewers} sockets)\nwritten to {path}")  # fmt: skip
+          f"sample frames received by {args.viewers} sockets)\n"
+          f"while sampling: sampler {result['sampler_cpu_pct_of_a_core']} % of a core, "
+          f"web server {result['web_cpu_pct_of_a_core']} %\nwritten to {path}")  # fmt: skip
 
 
 if __name__ == "__main__":

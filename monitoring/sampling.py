@@ -23,6 +23,7 @@ from monitoring import decode
 from monitoring.collectors import Unavailable, host, llamacpp, nvml
 
 LOOPBACK = {"127.0.0.1", "localhost", "::1"}
+METRICS_EVERY_S = 5.0  # llama-server's /metrics counters move when a request ends; /slots is read every tick
 
 
 @dataclass
@@ -47,6 +48,8 @@ class RigSampler:
     backend_pid: int | None = None
     previous_slots: dict[int, tuple[int | None, int, float]] = field(default_factory=dict)
     ollama_arch: dict[str, ModelArchitecture | None] = field(default_factory=dict)
+    metrics: dict[str, float] = field(default_factory=dict)
+    metrics_at: float = 0.0
 
     def _client(self) -> httpx.AsyncClient:
         if self.client is None:
@@ -75,13 +78,18 @@ class RigSampler:
         if self.rig.kind != Rig.Kind.LLAMACPP:
             detail["sources"]["backend"] = {"ok": False, "error": f"no monitoring collector for {self.rig.kind} yet"}
             return
+        fresh_metrics = now - self.metrics_at >= METRICS_EVERY_S
         try:
-            reading = await llamacpp.collect(self._client(), props_cache=self.props)
+            reading = await llamacpp.collect(
+                self._client(), props_cache=self.props, metrics_cache=None if fresh_metrics else self.metrics
+            )
         except Unavailable as exc:
-            self.props = {}  # re-read /props after the server comes back (it may have restarted)
+            self.props, self.metrics_at = {}, 0.0  # re-read /props and /metrics when the server is back
             detail["sources"]["backend"] = {"ok": False, "error": str(exc)}
             return
         self.props = reading.props
+        if fresh_metrics:
+            self.metrics, self.metrics_at = reading.metrics, now
         detail["sources"]["backend"] = {"ok": True, "error": ""}
         await self._model_facts()
         metrics = reading.metrics

@@ -74,8 +74,15 @@ class LlamaCppReading:
     props: dict[str, Any] = field(default_factory=dict)
 
 
-async def collect(client: httpx.AsyncClient, *, props_cache: dict[str, Any] | None = None) -> LlamaCppReading:
-    """Read /metrics and /slots (and /props once: it only changes when the server restarts)."""
+async def collect(
+    client: httpx.AsyncClient,
+    *,
+    props_cache: dict[str, Any] | None = None,
+    metrics_cache: dict[str, float] | None = None,
+) -> LlamaCppReading:
+    """Read /slots, /metrics unless ``metrics_cache`` is given (its counters move only when a request ends), and
+    /props once (it only changes when the server restarts). Every request is one the server answers between
+    decode steps, so the sampler asks for as little as it can."""
 
     async def get(path: str) -> httpx.Response:
         response = await client.get(path)
@@ -84,16 +91,17 @@ async def collect(client: httpx.AsyncClient, *, props_cache: dict[str, Any] | No
         return response
 
     try:
-        wanted = [get("/metrics"), get("/slots")]
+        wanted = {"slots": get("/slots")}
+        if metrics_cache is None:
+            wanted["metrics"] = get("/metrics")
         if not props_cache:
-            wanted.append(get("/props"))
-        responses = await asyncio.gather(*wanted)
+            wanted["props"] = get("/props")
+        responses = dict(zip(wanted, await asyncio.gather(*wanted.values()), strict=True))
     except httpx.HTTPError as exc:
         raise Unavailable(f"llama-server unreachable: {exc!r}") from exc
-    props = props_cache if props_cache else responses[2].json()
-    props = {k: v for k, v in props.items() if k != "chat_template"}
+    props = props_cache if props_cache else responses["props"].json()
     return LlamaCppReading(
-        metrics=parse_prometheus(responses[0].text),
-        slots=[parse_slot(slot) for slot in responses[1].json()],
-        props=props,
+        metrics=parse_prometheus(responses["metrics"].text) if "metrics" in responses else dict(metrics_cache or {}),
+        slots=[parse_slot(slot) for slot in responses["slots"].json()],
+        props={k: v for k, v in props.items() if k != "chat_template"},
     )

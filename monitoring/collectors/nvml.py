@@ -5,25 +5,31 @@ On a machine without an NVIDIA driver ``nvmlInit`` raises: that is reported as "
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from monitoring.collectors import Unavailable
 
 _initialised = False
+_failed: tuple[float, str] | None = None  # when NVML last failed to start, and why
+RETRY_AFTER_S = 60.0  # a driver that is not there now is not there a second later: retry once a minute
 
 
 def _nvml() -> Any:
-    global _initialised
+    global _initialised, _failed
     try:
         import pynvml
     except ImportError as exc:  # pragma: no cover - it is a dependency
         raise Unavailable("nvidia-ml-py is not installed") from exc
     if not _initialised:
+        if _failed and time.monotonic() - _failed[0] < RETRY_AFTER_S:
+            raise Unavailable(_failed[1])
         try:
             pynvml.nvmlInit()
         except pynvml.NVMLError as exc:
-            raise Unavailable(f"no GPU: NVML could not start ({exc})") from exc
-        _initialised = True
+            _failed = (time.monotonic(), f"no GPU: NVML could not start ({exc})")
+            raise Unavailable(_failed[1]) from exc
+        _initialised, _failed = True, None
     return pynvml
 
 
