@@ -204,12 +204,14 @@ class BenchStack:
                 kind=Rig.Kind.LLAMACPP,
                 base_url=f"http://127.0.0.1:{self.ports['tap']}",
                 queue=LLAMA_QUEUE,
+                slots=self.slots,  # RigDash's fair queue hands llama-server as many turns as it has slots
             ),
             "synthetic": Rig.objects.create(
                 name="bench-synthetic",
                 kind=Rig.Kind.LLAMACPP,
                 base_url=f"http://127.0.0.1:{self.ports['synthetic']}",
                 queue=SYNTH_QUEUE,
+                slots=self.worker_concurrency,  # the synthetic source serves any number of streams at once
             ),
         }
         client = Client()

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import time
 from typing import Any
 
 from channels.db import database_sync_to_async
@@ -23,6 +24,7 @@ from inference import board, events, services, services_admin
 CLOSE_UNAUTHORISED = 4401
 CLOSE_FORBIDDEN = 4403
 RECHECK_INTERVAL_S = 3.0
+_ALLOWED: dict[tuple[str, int], tuple[float, bool]] = {}  # (consumer, user id) -> (checked at, allowed)
 
 
 class RevocableMixin:
@@ -58,20 +60,31 @@ class RevocableMixin:
             await self.channel_layer.group_discard(self._user_group, self.channel_name)
             self._user_group = None
 
+    async def _allowed(self, user_id: int, *, fresh: bool) -> bool:
+        """``user_allowed``, asked at most once per interval per user and kind of socket in this process: a user
+        with many tabs, or a server with hundreds of sockets, costs one query per user every few seconds."""
+        key = (type(self).__qualname__, user_id)
+        cached = _ALLOWED.get(key)
+        now = time.monotonic()
+        if fresh or cached is None or now - cached[0] >= RECHECK_INTERVAL_S:
+            cached = (now, await database_sync_to_async(self.user_allowed)(user_id))
+            _ALLOWED[key] = cached
+        return cached[1]
+
     async def _recheck_forever(self) -> None:
         while True:
             await asyncio.sleep(RECHECK_INTERVAL_S)
             if not await self.recheck_user():
                 return
 
-    async def recheck_user(self) -> bool:
-        if await database_sync_to_async(self.user_allowed)(self.scope["user"].pk):
+    async def recheck_user(self, *, fresh: bool = False) -> bool:
+        if await self._allowed(self.scope["user"].pk, fresh=fresh):
             return True
         await self.close(code=self.revoked_close_code)  # type: ignore[attr-defined]
         return False
 
     async def user_revoked(self, event: dict[str, Any]) -> None:
-        await self.recheck_user()
+        await self.recheck_user(fresh=True)  # an admin just changed this user: ask the database now
 
 
 def parse_frame(text_data: str | None) -> dict[str, Any] | tuple[str, str]:
