@@ -12,9 +12,9 @@ from django.test import Client
 
 from inference import board, runner, services
 from inference.models import AuditLog, Turn
-from tests.adminkit import BoardSocket, make_session, quiet
+from tests.adminkit import make_session, quiet
 from tests.conftest import llama_busy_slots, session_cookie_for
-from tests.wsclient import ChatSocket, token_frames
+from tests.wsclient import BoardSocket, ChatSocket, token_frames
 
 STORY = "Write a long story about a lighthouse keeper and a storm, with many details."
 

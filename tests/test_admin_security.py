@@ -12,9 +12,9 @@ from django.test import Client
 
 from inference import consumers_board
 from inference.models import AuditLog, Turn
-from tests.adminkit import BoardSocket, closed_with, make_session, make_user
+from tests.adminkit import closed_with, make_session, make_user
 from tests.conftest import session_cookie_for
-from tests.wsclient import ChatSocket
+from tests.wsclient import BoardSocket, ChatSocket
 
 
 @pytest.fixture

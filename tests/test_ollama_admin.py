@@ -12,15 +12,14 @@ from typing import Any
 
 import pytest
 from asgiref.sync import sync_to_async
-from channels.testing import WebsocketCommunicator
 from django.test import Client
 
 from inference.backends.base import ChatRequest
 from inference.backends.ollama import OllamaBackend
 from inference.models import AuditLog, ChatSession, Rig, Turn
-from rigdash.asgi import application
 from tests.conftest import TEST_QUEUE, session_cookie_for
 from tests.ollama_replay import ollama_fixture  # noqa: F401  (the ``ollama`` fixture)
+from tests.wsclient import ModelsSocket
 
 MODEL = "smollm2:135m"
 
@@ -50,22 +49,6 @@ def _routes(client: Client, rig: Rig) -> dict[str, Any]:
         "delete": _post(client, rig, "delete", {"model": MODEL}),
         "unload": _post(client, rig, "unload", {"model": MODEL}),
     }
-
-
-class ModelsSocket:
-    def __init__(self, rig_id: int, cookie: str | None) -> None:
-        headers = [(b"origin", b"http://127.0.0.1"), (b"host", b"127.0.0.1")]
-        if cookie:
-            headers.append((b"cookie", f"sessionid={cookie}".encode()))
-        self.comm = WebsocketCommunicator(application, f"/ws/rigs/{rig_id}/models/", headers=headers)
-
-    async def recv_until(self, predicate: Any, timeout: float = 30) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-        seen = []
-        while True:
-            frame = json.loads(await self.comm.receive_from(timeout=timeout))
-            seen.append(frame)
-            if predicate(frame):
-                return frame, seen
 
 
 @pytest.mark.django_db
@@ -117,12 +100,12 @@ async def test_admin_pull_reports_progress_over_the_websocket(celery_worker, adm
     assert response.status_code == 202
     pull = response.json()["pull"]
     assert pull["model"] == "tinyllama"
-    end, frames = await sock.recv_until(lambda f: f["type"] == "pull.end")
+    end = await sock.recv_until(lambda f: f["type"] == "pull.end")
     await sock.comm.disconnect()
 
     assert end == {"type": "pull.end", "rig": ollama_rig.pk, "pull": pull["id"], "model": "tinyllama",
                    "ok": True, "error": None}  # fmt: skip
-    progress = [f for f in frames if f["type"] == "pull.progress"]
+    progress = [f for f in sock.frames if f["type"] == "pull.progress"]
     assert all(f["pull"] == pull["id"] for f in progress)
     assert progress[0]["status"] == "pulling manifest" and progress[-1]["status"] == "success"
     downloads = [f for f in progress if f["total"]]
@@ -141,7 +124,7 @@ async def test_pull_of_a_name_the_registry_lacks_ends_with_a_clear_error(celery_
     client = await sync_to_async(_client)(admin_user)
     response = await sync_to_async(_post)(client, ollama_rig, "pull", {"model": "no-such-model:7b"})
     assert response.status_code == 202
-    end, _ = await sock.recv_until(lambda f: f["type"] == "pull.end")
+    end = await sock.recv_until(lambda f: f["type"] == "pull.end")
     await sock.comm.disconnect()
     assert end["ok"] is False and end["error"]["code"] == "unknown_model"
     assert "no-such-model:7b" in end["error"]["message"] and "file does not exist" in end["error"]["message"]
@@ -167,7 +150,7 @@ async def test_admin_delete_removes_the_model_and_tells_open_pages(admin_user, o
     client = await sync_to_async(_client)(admin_user)
     response = await sync_to_async(_post)(client, ollama_rig, "delete", {"model": MODEL})
     assert response.status_code == 200 and response.json() == {"deleted": MODEL}
-    changed, _ = await sock.recv_until(lambda f: f["type"] == "models.changed", timeout=10)
+    changed = await sock.recv_until(lambda f: f["type"] == "models.changed", timeout=10)
     await sock.comm.disconnect()
     assert changed["action"] == "deleted" and changed["model"] == MODEL
     assert MODEL not in ollama.models

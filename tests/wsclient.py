@@ -42,7 +42,10 @@ class Socket:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise AssertionError(f"no matching frame within {timeout} s; got {self.frames[-5:]}")
-            frame = await self.recv(timeout=remaining)
+            try:
+                frame = await self.recv(timeout=remaining)
+            except TimeoutError:
+                raise AssertionError(f"no matching frame within {timeout} s; got {self.frames[-8:]}") from None
             if predicate(frame):
                 return frame
 
@@ -57,6 +60,20 @@ class ChatSocket(Socket):
 
 
 MonitorSocket = Socket
+
+
+class ModelsSocket(Socket):
+    """A rig's model-management socket (staff only)."""
+
+    def __init__(self, rig_id: int, cookie: str | None) -> None:
+        super().__init__(f"/ws/rigs/{rig_id}/models/", cookie)
+
+
+class BoardSocket(Socket):
+    """The admin board's socket (/ws/board/)."""
+
+    def __init__(self, cookie: str | None, origin: str = "http://127.0.0.1", path: str = "/ws/board/") -> None:
+        super().__init__(path, cookie, origin)
 
 
 def token_frames(frames: list[dict[str, Any]], turn_id: int) -> list[dict[str, Any]]:
