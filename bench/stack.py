@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import secrets
-import shutil
 import subprocess
 import sys
 import time
@@ -21,7 +20,7 @@ from typing import Any
 import psutil
 
 from bench import stats
-from rigdash.launcher import ROOT, Stack, free_port, llama_server_command, port_open, redis_answers, wait_http
+from rigdash.launcher import ROOT, Stack, free_port, llama_server_command, port_open, start_private_redis, wait_http
 
 PYTHON = sys.executable
 LLAMA_QUEUE = "rig.bench-llama"
@@ -136,34 +135,8 @@ class BenchStack:
         self._wait_worker(worker, timeout_s=180)
 
     def _private_redis(self) -> str:
-        server = shutil.which("redis-server")
-        if not server:
-            raise SystemExit("redis-server is not installed: install it or pass --redis-url")
-        port = free_port()
-        proc = self.stack.start(
-            "redis",
-            [
-                server,
-                "--bind",
-                "127.0.0.1",
-                "--port",
-                str(port),
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-                "--dir",
-                str(self.var_dir),
-            ],
-            log_path=self.log_dir / "redis.log",
-        )
+        url, proc = start_private_redis(self.stack, self.var_dir, self.log_dir / "redis.log")
         self.pids["redis"] = proc.pid
-        url = f"redis://127.0.0.1:{port}/0"
-        deadline = time.monotonic() + 15
-        while not redis_answers(url):
-            if time.monotonic() > deadline:
-                raise SystemExit(f"the private redis-server did not start; see {self.log_dir / 'redis.log'}")
-            time.sleep(0.1)
         return url
 
     def _wait_worker(self, proc: subprocess.Popen[bytes], timeout_s: float) -> None:

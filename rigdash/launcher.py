@@ -121,11 +121,36 @@ class Stack:
         return None
 
 
+def start_private_redis(stack: Stack, var_dir: Path, log_path: Path) -> tuple[str, subprocess.Popen[bytes]]:
+    """A redis-server of our own on a free loopback port, keeping nothing on disk; its URL and process."""
+    server = shutil.which("redis-server")
+    if not server:
+        raise SystemExit(
+            "redis-server is not installed. Install it (Debian/Ubuntu: sudo apt-get install redis-server) "
+            "or set REDIS_URL to a running Redis."
+        )
+    port = free_port()
+    proc = stack.start(
+        "redis",
+        [server, "--bind", "127.0.0.1", "--port", str(port), "--save", "", "--appendonly", "no", "--dir", str(var_dir)],
+        log_path=log_path,
+    )
+    url = f"redis://127.0.0.1:{port}/0"
+    deadline = time.monotonic() + 15
+    while not redis_answers(url):
+        if time.monotonic() > deadline or proc.poll() is not None:
+            raise SystemExit(f"the private redis-server did not start; see {log_path}")
+        time.sleep(0.1)
+    return url, proc
+
+
 def ensure_redis(stack: Stack, var_dir: Path) -> str:
     """REDIS_URL if it answers; else a private redis-server if one is installed; else stop with advice."""
     url = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
     if redis_answers(url):
         return url
+    log(f"no Redis answers at {url}: starting a private redis-server")
+    return start_private_redis(stack, var_dir, var_dir / "redis.log")[0]
     server = shutil.which("redis-server")
     if not server:
         raise SystemExit(

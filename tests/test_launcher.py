@@ -1,0 +1,33 @@
+"""scripts/run's Redis rule: use REDIS_URL if it answers, else a private redis-server, else say how to get one."""
+
+from __future__ import annotations
+
+import pytest
+
+from rigdash.launcher import Stack, ensure_redis, free_port, redis_answers
+
+
+def test_a_private_redis_is_started_when_none_answers(tmp_path, monkeypatch):
+    monkeypatch.setenv("REDIS_URL", f"redis://127.0.0.1:{free_port()}/0")
+    stack = Stack()
+    try:
+        url = ensure_redis(stack, tmp_path)
+        assert redis_answers(url)
+        assert [name for name, _ in stack.procs] == ["redis"]
+    finally:
+        stack.stop()
+    assert not redis_answers(url)
+
+
+def test_a_running_redis_is_used_as_it_is(tmp_path, monkeypatch, settings):
+    monkeypatch.setenv("REDIS_URL", settings.REDIS_URL)
+    stack = Stack()
+    assert ensure_redis(stack, tmp_path) == settings.REDIS_URL
+    assert stack.procs == []
+
+
+def test_without_redis_or_redis_server_the_message_says_how_to_get_one(tmp_path, monkeypatch):
+    monkeypatch.setenv("REDIS_URL", f"redis://127.0.0.1:{free_port()}/0")
+    monkeypatch.setenv("PATH", str(tmp_path))  # no redis-server on it
+    with pytest.raises(SystemExit, match="apt-get install redis-server"):
+        ensure_redis(Stack(), tmp_path)
