@@ -197,6 +197,9 @@ def run() -> int:
     llama_url = urlparse(os.environ.get("LLAMA_SERVER_URL", "http://127.0.0.1:8081"))
     llama_port = llama_url.port or 8081
     stack = Stack()
+    # Ctrl-C and SIGTERM both stop everything. SIGINT is set explicitly: a shell that starts us in the
+    # background leaves it ignored, and then Ctrl-C (or `kill -INT`) would do nothing.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     try:
         env = {"REDIS_URL": ensure_redis(stack, var_dir), "LLAMA_SERVER_URL": llama_url.geturl()}
