@@ -110,6 +110,22 @@ def sampler_process(service_env: dict[str, str]) -> Iterator[None]:
     processes.stop()
 
 
+@pytest.fixture(autouse=True)
+def _worker_idle_after_test(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Let the worker finish what it is doing before the test's tables are flushed: a turn's last writes
+    (its end, the next dispatch) racing the flush's TRUNCATE can deadlock PostgreSQL."""
+    yield
+    if "celery_worker" not in request.fixturenames:
+        return
+    from rigdash.celery import app
+
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline:
+        active = app.control.inspect(timeout=0.5).active() or {}
+        if not any(active.values()):
+            return
+
+
 @pytest.fixture(scope="session")
 def web_url(stack: Stack, service_env: dict[str, str]) -> str:
     """Daphne serving RigDash's ASGI app on a free port, against the test database."""
