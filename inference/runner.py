@@ -306,13 +306,24 @@ def _redis_for_loop() -> aioredis.Redis:
     return _redis_clients[loop_id]
 
 
+def _prepare(turn: Turn) -> tuple[list[dict[str, str]], quotas.TurnBudget | quotas.QuotaExceeded]:
+    """Everything the request needs from the database, in one trip to it: the conversation so far and
+    max_tokens (capped by the server, the per-reply quota and today's allowance left)."""
+    messages = services.turn_history_messages(turn)
+    try:
+        return messages, quotas.turn_token_cap(turn=turn)
+    except quotas.QuotaExceeded as exc:
+        return messages, exc
+
+
 async def run_claimed_turn(turn: Turn) -> None:
     params = turn.params or {}
     rig_id = turn.session.rig_id
-    messages = await db_async(services.turn_history_messages)(turn)
-    try:  # max_tokens: the request capped by the server, the per-reply quota and today's allowance left
-        budget = await db_async(quotas.turn_token_cap)(turn=turn)
-    except quotas.QuotaExceeded as exc:
+    # The board hears that the turn started while the request is prepared, not before it.
+    board_started = asyncio.create_task(db_async(board.publish_turn, thread_sensitive=False)(turn.pk))
+    messages, budget = await db_async(_prepare)(turn)
+    if isinstance(budget, quotas.QuotaExceeded):
+        exc = budget
         outcome = services.TurnOutcome(
             status=Turn.Status.FAILED,
             reply_text="",
@@ -333,6 +344,7 @@ async def run_claimed_turn(turn: Turn) -> None:
         outcome = await stream_turn(
             turn, request, _redis_for_loop(), progress=progress, context_quota=budget.context_limit
         )
+    await board_started  # its "started" row goes out before the "ended" one
     stored = await db_async(services.turn_finish)(turn=turn, outcome=outcome)
     if not stored:
         log.warning("turn %s had already ended when its worker finished", turn.pk)
@@ -353,6 +365,5 @@ def turn_run(turn_id: int) -> str:
     if turn is None:
         return "not-claimed"
     aio.run(events.turn_state(session_id=turn.session_id, turn_id=turn.pk, status=Turn.Status.PROMPT))
-    board.publish_turn(turn.pk)
     aio.run(run_claimed_turn(turn))  # a run that breaks before the end is reaped (and its slot released) later
     return "ran"
