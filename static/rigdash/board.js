@@ -15,8 +15,6 @@
   const rigsLabel = document.querySelector("[data-testid=rigs]");
   const ACTIVE = new Set(["queued", "prompt", "decoding"]);
   const rows = new Map(); // id -> {data, el}
-  let ws = null;
-  let retryMs = 500;
 
   function showError(message) {
     banner.textContent = message;
@@ -152,42 +150,17 @@
     },
   };
 
+  const socket = RigDashSocket.open(cfg.ws, {
+    handlers,
+    label: connLabel,
+    onOpen: () => (banner.hidden = true),
+    final: [4401, 4403],
+    onFinal: () => showError("You no longer have access to the board. Log in again as an admin."),
+  });
+
   function send(obj) {
-    if (ws && ws.readyState === WebSocket.OPEN) {
-      ws.send(JSON.stringify(obj));
-      return true;
-    }
+    if (socket.send(obj)) return true;
     showError("Not connected to the server; retrying…");
     return false;
   }
-
-  function connect() {
-    const proto = location.protocol === "https:" ? "wss:" : "ws:";
-    ws = new WebSocket(`${proto}//${location.host}${cfg.ws}`);
-    connLabel.textContent = "connecting…";
-    ws.onopen = () => {
-      retryMs = 500;
-      connLabel.textContent = "live";
-      connLabel.dataset.state = "live";
-      banner.hidden = true;
-    };
-    ws.onmessage = (event) => {
-      const msg = JSON.parse(event.data);
-      const handler = handlers[msg.type];
-      if (handler) handler(msg);
-    };
-    ws.onclose = (event) => {
-      connLabel.dataset.state = "down";
-      if (event.code === 4401 || event.code === 4403) {
-        connLabel.textContent = "closed";
-        showError("You no longer have access to the board. Log in again as an admin.");
-        return;
-      }
-      connLabel.textContent = "reconnecting…";
-      setTimeout(connect, retryMs);
-      retryMs = Math.min(retryMs * 2, 5000);
-    };
-  }
-
-  connect();
 })();

@@ -19,8 +19,6 @@
   const ACTIVE = new Set(["queued", "prompt", "decoding"]);
 
   const turns = new Map(); // id -> {id, text, seq, status, stats, el, renderer, resyncing}
-  let ws = null;
-  let retryMs = 500;
   let pendingText = null;
 
   function showError(message) {
@@ -186,41 +184,18 @@
     list.lastElementChild?.scrollIntoView({ block: "end" });
   }
 
+  const socket = RigDashSocket.open(`/ws/chat/${cfg.session}/`, {
+    handlers,
+    label: connLabel,
+    onOpen: clearError,
+    final: [4401, 4404],
+    onFinal: (code) => showError(code === 4401 ? "Log in again to continue." : "This chat does not exist."),
+  });
+
   function send(obj) {
-    if (ws && ws.readyState === WebSocket.OPEN) {
-      ws.send(JSON.stringify(obj));
-      return true;
-    }
+    if (socket.send(obj)) return true;
     showError("Not connected to the server; retrying…");
     return false;
-  }
-
-  function connect() {
-    const proto = location.protocol === "https:" ? "wss:" : "ws:";
-    ws = new WebSocket(`${proto}//${location.host}/ws/chat/${cfg.session}/`);
-    connLabel.textContent = "connecting…";
-    ws.onopen = () => {
-      retryMs = 500;
-      connLabel.textContent = "live";
-      connLabel.dataset.state = "live";
-      clearError();
-    };
-    ws.onmessage = (event) => {
-      const msg = JSON.parse(event.data);
-      const handler = handlers[msg.type];
-      if (handler) handler(msg);
-    };
-    ws.onclose = (event) => {
-      connLabel.dataset.state = "down";
-      if (event.code === 4404 || event.code === 4401) {
-        connLabel.textContent = "closed";
-        showError(event.code === 4401 ? "Log in again to continue." : "This chat does not exist.");
-        return;
-      }
-      connLabel.textContent = "reconnecting…";
-      setTimeout(connect, retryMs);
-      retryMs = Math.min(retryMs * 2, 5000);
-    };
   }
 
   form.addEventListener("submit", (event) => {
@@ -244,6 +219,4 @@
       if (ACTIVE.has(t.status)) send({ type: "turn.cancel", turn: t.id });
     });
   });
-
-  connect();
 })();

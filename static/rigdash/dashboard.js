@@ -163,27 +163,13 @@
     history.replaceState(null, "", `?range=${encodeURIComponent(range)}`);
   });
 
-  function connect() {
-    const proto = location.protocol === "https:" ? "wss:" : "ws:";
-    const ws = new WebSocket(`${proto}//${location.host}/ws/monitoring/rigs/${cfg.rig}/`);
-    const conn = $("[data-testid=connection]");
-    ws.onopen = () => {
-      conn.textContent = "live";
-      conn.dataset.state = "live";
-    };
-    ws.onmessage = (event) => {
-      const msg = JSON.parse(event.data);
-      if (msg.type === "rig.sample") render(msg.sample);
-    };
-    ws.onclose = () => {
-      conn.textContent = "reconnecting…";
-      conn.dataset.state = "down";
-      setTimeout(connect, 2000);
-    };
-  }
-
   drawAll();
   if (cfg.latest) render(cfg.latest);
-  connect();
+  RigDashSocket.open(`/ws/monitoring/rigs/${cfg.rig}/`, {
+    handlers: { "rig.sample": (msg) => render(msg.sample) },
+    label: $("[data-testid=connection]"),
+    minRetryMs: 2000,
+    maxRetryMs: 2000,
+  });
   setInterval(refreshLatency, 5000);
 })();

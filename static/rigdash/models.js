@@ -16,8 +16,6 @@
   const pullForm = document.querySelector("[data-testid=pull-form]");
   const pullList = document.querySelector("[data-testid=pulls]");
   let capabilities = cfg.overview.capabilities;
-  let ws = null;
-  let retryMs = 500;
   const pulls = new Map(); // pull id -> {el, bar, status}
 
   function showError(message) {
@@ -192,31 +190,17 @@
     }
   }
 
-  function connect() {
-    const proto = location.protocol === "https:" ? "wss:" : "ws:";
-    ws = new WebSocket(`${proto}//${location.host}/ws/rigs/${cfg.rig}/models/`);
-    ws.onopen = () => {
-      retryMs = 500;
-      connLabel.textContent = "live";
-      connLabel.dataset.state = "live";
-    };
-    ws.onmessage = (event) => {
-      const msg = JSON.parse(event.data);
-      if (msg.type === "pull.progress") onProgress(msg);
-      else if (msg.type === "pull.end") onEnd(msg);
-      else if (msg.type === "models.changed") refresh();
-      else if (msg.type === "error") showError(msg.message);
-    };
-    ws.onclose = () => {
-      connLabel.textContent = "reconnecting…";
-      connLabel.dataset.state = "down";
-      setTimeout(() => {
-        connect();
-        refresh(); // events sent while the socket was down are lost: re-read the state
-      }, retryMs);
-      retryMs = Math.min(retryMs * 2, 10000);
-    };
-  }
+  RigDashSocket.open(`/ws/rigs/${cfg.rig}/models/`, {
+    handlers: {
+      "pull.progress": onProgress,
+      "pull.end": onEnd,
+      "models.changed": () => refresh(),
+      error: (msg) => showError(msg.message),
+    },
+    label: connLabel,
+    onReconnect: refresh, // events sent while the socket was down are lost: re-read the state
+    maxRetryMs: 10000,
+  });
 
   if (pullForm) {
     pullForm.addEventListener("submit", async (event) => {
@@ -250,6 +234,4 @@
       button.disabled = false;
     }
   });
-
-  connect();
 })();

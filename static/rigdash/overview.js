@@ -13,14 +13,9 @@
     row.querySelector(".kv").textContent = mib(s.kv_used_bytes);
     row.querySelector(".turns").textContent = s.active_turns === undefined ? "–" : String(s.active_turns);
   }
-  function connect() {
-    const proto = location.protocol === "https:" ? "wss:" : "ws:";
-    const ws = new WebSocket(`${proto}//${location.host}/ws/monitoring/`);
-    ws.onmessage = (e) => {
-      const msg = JSON.parse(e.data);
-      if (msg.type === "rig.sample") update(msg.rig, msg.sample);
-    };
-    ws.onclose = () => setTimeout(connect, 2000);
-  }
-  connect();
+  RigDashSocket.open("/ws/monitoring/", {
+    handlers: { "rig.sample": (msg) => update(msg.rig, msg.sample) },
+    minRetryMs: 2000,
+    maxRetryMs: 2000,
+  });
 })();
