@@ -8,38 +8,34 @@ the synthetic source all use these pieces, so they read exactly what a client of
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
+from inference.backends.sse import (  # the same parsing RigDash's worker uses on the hot path
+    ChunkedDecoder,
+    ProtocolError,
+    ResponseHead,
+    SSEParser,
+    parse_headers,
+    parse_response_head,
+    split_head,
+)
 
-class ProtocolError(Exception):
-    pass
-
-
-@dataclass(frozen=True)
-class ResponseHead:
-    status: int
-    headers: dict[str, str]
-
-    @property
-    def chunked(self) -> bool:
-        return "chunked" in self.headers.get("transfer-encoding", "").lower()
-
-
-def split_head(buffer: bytes) -> tuple[bytes, bytes] | None:
-    """(head, rest) once ``buffer`` holds a whole HTTP head ending in a blank line; None before that."""
-    end = buffer.find(b"\r\n\r\n")
-    if end < 0:
-        return None
-    return buffer[:end], buffer[end + 4 :]
-
-
-def parse_response_head(head: bytes) -> ResponseHead:
-    lines = head.decode("latin-1").split("\r\n")
-    parts = lines[0].split(" ", 2)
-    if len(parts) < 2 or not parts[0].startswith("HTTP/") or not parts[1].isdigit():
-        raise ProtocolError(f"not an HTTP status line: {lines[0]!r}")
-    return ResponseHead(status=int(parts[1]), headers=parse_headers(lines[1:]))
+__all__ = [
+    "DONE_LINE",
+    "LAST_CHUNK",
+    "ChatEvent",
+    "ChunkedDecoder",
+    "ProtocolError",
+    "ResponseHead",
+    "SSEParser",
+    "chat_event_line",
+    "encode_chunk",
+    "parse_chat_event",
+    "parse_request_head",
+    "parse_response_head",
+    "split_head",
+]
 
 
 def parse_request_head(head: bytes) -> tuple[str, str, dict[str, str]]:
@@ -51,90 +47,11 @@ def parse_request_head(head: bytes) -> tuple[str, str, dict[str, str]]:
     return parts[0], parts[1], parse_headers(lines[1:])
 
 
-def parse_headers(lines: list[str]) -> dict[str, str]:
-    headers: dict[str, str] = {}
-    for line in lines:
-        if not line:
-            continue
-        name, sep, value = line.partition(":")
-        if not sep:
-            raise ProtocolError(f"bad header line: {line!r}")
-        headers[name.strip().lower()] = value.strip()
-    return headers
-
-
-@dataclass
-class ChunkedDecoder:
-    """Incremental ``Transfer-Encoding: chunked`` decoder: feed raw bytes, get body bytes back."""
-
-    done: bool = False
-    _buffer: bytearray = field(default_factory=bytearray)
-    _remaining: int = 0  # body bytes left in the current chunk
-    _need_crlf: bool = False  # a chunk's trailing CRLF is still to come
-
-    def feed(self, data: bytes) -> bytes:
-        self._buffer += data
-        out = bytearray()
-        while not self.done:
-            if self._remaining:
-                take = min(self._remaining, len(self._buffer))
-                if not take:
-                    break
-                out += self._buffer[:take]
-                del self._buffer[:take]
-                self._remaining -= take
-                if self._remaining == 0:
-                    self._need_crlf = True
-                continue
-            if self._need_crlf:
-                if len(self._buffer) < 2:
-                    break
-                if self._buffer[:2] != b"\r\n":
-                    raise ProtocolError("chunk not followed by CRLF")
-                del self._buffer[:2]
-                self._need_crlf = False
-                continue
-            end = self._buffer.find(b"\r\n")
-            if end < 0:
-                break
-            size_text = bytes(self._buffer[:end]).split(b";", 1)[0].strip()
-            try:
-                size = int(size_text, 16)
-            except ValueError as exc:
-                raise ProtocolError(f"bad chunk size {size_text!r}") from exc
-            del self._buffer[: end + 2]
-            if size == 0:
-                self.done = True  # trailers, if any, are ignored
-                break
-            self._remaining = size
-        return bytes(out)
-
-
 def encode_chunk(data: bytes) -> bytes:
     return b"%x\r\n%s\r\n" % (len(data), data) if data else b""
 
 
 LAST_CHUNK = b"0\r\n\r\n"
-
-
-@dataclass
-class SSEParser:
-    """Incremental server-sent-events parser: feed body bytes, get the ``data`` of each complete event."""
-
-    _buffer: bytearray = field(default_factory=bytearray)
-
-    def feed(self, data: bytes) -> list[str]:
-        self._buffer += data.replace(b"\r\n", b"\n") if b"\r" in data else data
-        events: list[str] = []
-        while True:
-            end = self._buffer.find(b"\n\n")
-            if end < 0:
-                return events
-            block = bytes(self._buffer[:end]).decode("utf-8")
-            del self._buffer[: end + 2]
-            lines = [line[5:].removeprefix(" ") for line in block.split("\n") if line.startswith("data:")]
-            if lines:
-                events.append("\n".join(lines))
 
 
 @dataclass(frozen=True)

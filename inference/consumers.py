@@ -105,7 +105,7 @@ class ChatConsumer(RevocableMixin, GroupJsonConsumer):
 
     # Channel-layer events (built in inference/events.py), one handler each.
     async def chat_token(self, event: dict[str, Any]) -> None:
-        await self.send(text_data=json.dumps({**event, "type": "token"}, ensure_ascii=False))
+        await self.send(text_data=event["frame"])  # serialised once by the worker (events.token_frame)
 
     async def chat_turn_queued(self, event: dict[str, Any]) -> None:
         await self.send_json({"type": "turn.queued", "turn": event["turn"]})

@@ -6,7 +6,8 @@ Event types (one consumer handler each):
 - ``chat.turn_queued``  a new turn was stored: its snapshot.
 - ``chat.turn_state``   a turn changed phase (queued -> prompt -> decoding), or a waiting turn's place in
                         its rig's fair queue changed (``queue_position``: 0 starting, n: n-1 wait ahead).
-- ``chat.token``        a coalesced batch of tokens: turn id, seq_from..seq_to, text, running stats.
+- ``chat.token``        a coalesced batch of tokens: turn id, seq_from..seq_to, and ``frame``, the browser's
+                        ``token`` frame (turn, seq_from, seq_to, text, running stats) serialised once.
 - ``chat.turn_end``     a turn ended: status, finish reason, error, final stats and last seq.
 - ``models.pull_progress``  a model download step: pull id, model, status, digest, total, completed.
 - ``models.pull_end``       a download ended: ok, or error {code, message}.
@@ -23,10 +24,12 @@ their rights changed; sockets re-check and close what they may no longer see.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
+from django.conf import settings
 
 
 def session_group(session_id: int) -> str:
@@ -44,20 +47,40 @@ def _layer() -> Any:
     return get_channel_layer()
 
 
-async def token_batch(
-    *, session_id: int, turn_id: int, seq_from: int, seq_to: int, text: str, stats: dict[str, Any]
-) -> None:
-    await _layer().group_send(
-        session_group(session_id),
-        {
-            "type": "chat.token",
-            "turn": turn_id,
-            "seq_from": seq_from,
-            "seq_to": seq_to,
-            "text": text,
-            "stats": stats,
-        },
-    )
+def token_frame(*, turn_id: int, seq_from: int, seq_to: int, text: str, stats: dict[str, Any]) -> str:
+    """The browser's ``token`` frame, serialised once per batch rather than once per watching socket."""
+    frame = {"type": "token", "turn": turn_id, "seq_from": seq_from, "seq_to": seq_to, "text": text, "stats": stats}
+    return json.dumps(frame, ensure_ascii=False, separators=(",", ":"))
+
+
+def token_batch_message(
+    *, turn_id: int, seq_from: int, seq_to: int, text: str, stats: dict[str, Any]
+) -> dict[str, Any]:
+    """``chat.token``: the ready frame, and the turn and seqs for anything that filters on them."""
+    frame = token_frame(turn_id=turn_id, seq_from=seq_from, seq_to=seq_to, text=text, stats=stats)
+    return {"type": "chat.token", "turn": turn_id, "seq_from": seq_from, "seq_to": seq_to, "frame": frame}
+
+
+def pubsub_publication(group: str, message: dict[str, Any]) -> tuple[str, bytes] | None:
+    """The Redis pub/sub channel and bytes that ``group_send(group, message)`` would publish, when the layer is
+    channels_redis' pub/sub layer on ``settings.REDIS_URL`` alone; None otherwise.
+
+    The worker publishes a token batch in the same Redis pipeline as its append to the live list: one round
+    trip per batch instead of two. The channel name is channels_redis' own rule (``<prefix>__group__<group>``);
+    tests/test_bench_pipeline.py checks it against the installed channels_redis.
+    """
+    config: dict[str, Any] = settings.CHANNEL_LAYERS.get("default", {})
+    if config.get("BACKEND") != "channels_redis.pubsub.RedisPubSubChannelLayer":
+        return None
+    options: dict[str, Any] = config.get("CONFIG", {})
+    if options.get("hosts") != [settings.REDIS_URL] or options.get("symmetric_encryption_keys"):
+        return None
+    return f"{options.get('prefix', 'asgi')}__group__{group}", _layer().serialize(message)
+
+
+async def group_send(group: str, message: dict[str, Any]) -> None:
+    """A message built here, through the channel layer (the worker's fallback when it cannot pipeline)."""
+    await _layer().group_send(group, message)
 
 
 async def turn_state(*, session_id: int, turn_id: int, status: str) -> None:

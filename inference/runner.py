@@ -119,8 +119,10 @@ class TurnStream:
     context_tokens: int | None = None  # in the sequence's context now (the backend's count)
     context_window: int | None = None  # the context one sequence gets on this rig (a slot's n_ctx)
     # Admin board progress (throttled) and the user's context quota, checked against the backend's prompt_n.
-    progress: board.ProgressReporter | None = None
+    progress: board.ProgressReporter | None = None  # set once started, beside the backend request
     context_quota: int | None = None
+    backend_prompt_tokens: int | None = None  # the backend's count of the prompt, once it sent it
+    before_first_batch: asyncio.Future[Any] | None = None
 
     @property
     def text(self) -> str:
@@ -139,13 +141,25 @@ class TurnStream:
         seq_from, seq_to = self.seq_sent + 1, self.meter.events
         now = time.perf_counter()
         check_cancel = now - self.cancel_checked_at >= CANCEL_CHECK_S
+        if seq_from == 1 and text and self.before_first_batch is not None:
+            await asyncio.wait({self.before_first_batch})  # 'prompt' reaches the page before the first token
+        message = publication = None
+        stats = self.live_stats()
+        if text:
+            message = events.token_batch_message(
+                turn_id=self.turn.pk, seq_from=seq_from, seq_to=seq_to, text=text, stats=stats
+            )
+            publication = events.pubsub_publication(events.session_group(self.turn.session_id), message)
         if text or check_cancel:
+            # One round trip: append to the live list, then publish (Redis runs them in order, so a snapshot
+            # read after the publish holds the batch), and read the cancel flag when it is due.
             async with self.redis.pipeline(transaction=False) as pipe:
                 if text:
-                    batch = live.encode_batch(seq_from, seq_to, text, self.live_stats())
-                    pipe.rpush(live.live_key(self.turn.pk), batch)
+                    pipe.rpush(live.live_key(self.turn.pk), live.encode_batch(seq_from, seq_to, text, stats))
                     if seq_from == 1:
                         pipe.expire(live.live_key(self.turn.pk), live.LIVE_TTL_S)
+                    if publication is not None:
+                        pipe.publish(*publication)
                 if check_cancel:
                     pipe.get(live.cancel_key(self.turn.pk))
                     self.cancel_checked_at = now
@@ -157,14 +171,8 @@ class TurnStream:
             self.pending_since = None
             self.seq_sent = seq_to
             self.last_sent = time.perf_counter()
-            await events.token_batch(
-                session_id=self.turn.session_id,
-                turn_id=self.turn.pk,
-                seq_from=seq_from,
-                seq_to=seq_to,
-                text=text,
-                stats=self.live_stats(),
-            )
+            if message is not None and publication is None:  # another channel layer: its own group_send
+                await events.group_send(events.session_group(self.turn.session_id), message)
             if self.progress is not None:
                 await self.progress.tick(
                     self.redis, tokens=self.meter.events, decode_tps=self.meter.decode_tps, status="decoding"
@@ -178,6 +186,7 @@ class TurnStream:
             self.context_tokens = chunk.context_tokens
         if chunk.stats is not None and chunk.stats.prompt_tokens is not None:
             in_context = chunk.stats.prompt_tokens + (chunk.stats.cached_tokens or 0)  # prompt_n excludes the cache
+            self.backend_prompt_tokens = in_context
             if self.progress is not None:
                 self.progress.backend_prompt(in_context)
             quotas.context_check(prompt_tokens=in_context, limit=self.context_quota, estimated=False)
@@ -188,6 +197,18 @@ class TurnStream:
         self.pending.append(chunk.text)
         if self.pending_since is None:
             self.pending_since = now
+
+
+async def _start_progress(state: TurnStream, messages: list[dict[str, str]]) -> None:
+    """The board's progress for this turn, and the slot's context window for the live stats."""
+    try:
+        progress = await board.progress_start(state.turn, messages, state.redis)
+    except Exception:  # the board is a view of the turn, never a reason to fail it
+        log.exception("turn %s: board progress could not start", state.turn.pk)
+        return
+    if progress.prompt_estimated and state.backend_prompt_tokens is not None:
+        progress.backend_prompt(state.backend_prompt_tokens)
+    state.progress, state.context_window = progress, progress.n_ctx
 
 
 async def _pump(backend_iter: Any, queue: asyncio.Queue[Any]) -> None:
@@ -205,9 +226,12 @@ async def stream_turn(
     request: ChatRequest,
     redis_client: aioredis.Redis,
     *,
-    progress: board.ProgressReporter | None = None,
     context_quota: int | None = None,
+    announced: asyncio.Future[Any] | None = None,
 ) -> services.TurnOutcome:
+    """Stream one reply. The backend request goes out first; the board's progress reporter (which may need
+    the slot's context from the backend) starts beside it. ``announced`` is awaited before the first batch,
+    so the page hears 'prompt' before any token."""
     conf = settings.RIGDASH
     backend = backend_for(turn.session.rig)
     state = TurnStream(
@@ -215,14 +239,14 @@ async def stream_turn(
         redis=redis_client,
         meter=StreamMeter(t_request=time.perf_counter()),
         flush_interval_s=conf.flush_interval_ms / 1000,
-        progress=progress,
-        context_window=progress.n_ctx if progress else None,
         context_quota=context_quota,
+        before_first_batch=announced,
     )
     state.last_checkpoint = state.meter.t_request
     queue: asyncio.Queue[Any] = asyncio.Queue()
     backend_iter = cast(AsyncGenerator[StreamChunk, None], backend.stream_chat(request))
     pump = asyncio.create_task(_pump(backend_iter, queue))
+    reporter = asyncio.create_task(_start_progress(state, request.messages))
     final: StreamChunk | None = None
     status, error, finish_reason = Turn.Status.DONE, "", ""
     try:
@@ -240,6 +264,7 @@ async def stream_turn(
         pump.cancel()  # closes the HTTP stream: the backend stops decoding this reply
         await asyncio.gather(pump, return_exceptions=True)
         await backend_iter.aclose()
+        await asyncio.gather(reporter, return_exceptions=True)
     if state.pending:
         await state.flush()
     return services.TurnOutcome(
@@ -255,6 +280,20 @@ async def stream_turn(
     )
 
 
+async def _next_item(queue: asyncio.Queue[Any], wait: float) -> Any:
+    """The next item from the stream's queue, or None after ``wait`` seconds. Without a task per call:
+    ``asyncio.wait_for`` wraps every get in a new Task on Python 3.11, once per token."""
+    try:
+        return queue.get_nowait()
+    except asyncio.QueueEmpty:
+        pass
+    try:
+        async with asyncio.timeout(wait):
+            return await queue.get()
+    except TimeoutError:
+        return None
+
+
 async def _consume(state: TurnStream, queue: asyncio.Queue[Any], conf: RigDashConfig) -> StreamChunk:
     """Wait for chunks and flush on the coalescing timer; wake at least every 100 ms to see a cancel."""
     idle_since = time.perf_counter()
@@ -263,10 +302,7 @@ async def _consume(state: TurnStream, queue: asyncio.Queue[Any], conf: RigDashCo
         wait = 0.1
         if (due := state.flush_due()) is not None:
             wait = max(0.0, min(wait, due - now))
-        try:
-            item = await asyncio.wait_for(queue.get(), timeout=wait)
-        except TimeoutError:
-            item = None
+        item = await _next_item(queue, wait)
         now = time.perf_counter()
         if isinstance(item, BackendError):
             raise item
@@ -316,12 +352,21 @@ def _prepare(turn: Turn) -> tuple[list[dict[str, str]], quotas.TurnBudget | quot
         return messages, exc
 
 
-async def run_claimed_turn(turn: Turn) -> None:
+async def _announce_start(turn: Turn) -> None:
+    """The page hears 'prompt' and the board hears 'started' while the backend reads the prompt."""
+    await asyncio.gather(
+        events.turn_state(session_id=turn.session_id, turn_id=turn.pk, status=Turn.Status.PROMPT),
+        db_async(board.publish_turn, thread_sensitive=False)(turn.pk),
+    )
+
+
+async def run_claimed_turn(
+    turn: Turn, messages: list[dict[str, str]], budget: quotas.TurnBudget | quotas.QuotaExceeded
+) -> None:
+    """Send the backend request first; everything else about the start happens while the prompt is read."""
     params = turn.params or {}
     rig_id = turn.session.rig_id
-    # The board hears that the turn started while the request is prepared, not before it.
-    board_started = asyncio.create_task(db_async(board.publish_turn, thread_sensitive=False)(turn.pk))
-    messages, budget = await db_async(_prepare)(turn)
+    announced = asyncio.create_task(_announce_start(turn))
     if isinstance(budget, quotas.QuotaExceeded):
         exc = budget
         outcome = services.TurnOutcome(
@@ -340,11 +385,10 @@ async def run_claimed_turn(turn: Turn) -> None:
             top_p=params.get("top_p"),
             seed=params.get("seed"),
         )
-        progress = await board.progress_start(turn, messages, _redis_for_loop())
         outcome = await stream_turn(
-            turn, request, _redis_for_loop(), progress=progress, context_quota=budget.context_limit
+            turn, request, _redis_for_loop(), context_quota=budget.context_limit, announced=announced
         )
-    await board_started  # its "started" row goes out before the "ended" one
+    await announced  # the "started" row and the 'prompt' state go out before the end
     stored = await db_async(services.turn_finish)(turn=turn, outcome=outcome)
     if not stored:
         log.warning("turn %s had already ended when its worker finished", turn.pk)
@@ -364,6 +408,6 @@ def turn_run(turn_id: int) -> str:
     turn = services.turn_claim(turn_id=turn_id, worker=WORKER_ID)
     if turn is None:
         return "not-claimed"
-    aio.run(events.turn_state(session_id=turn.session_id, turn_id=turn.pk, status=Turn.Status.PROMPT))
-    aio.run(run_claimed_turn(turn))  # a run that breaks before the end is reaped (and its slot released) later
+    messages, budget = _prepare(turn)  # here, in the task's thread: no hop to an executor before the request
+    aio.run(run_claimed_turn(turn, messages, budget))  # a run that breaks before the end is reaped later
     return "ran"

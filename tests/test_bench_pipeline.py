@@ -7,6 +7,7 @@ import json
 
 import pytest
 
+from inference import events
 from inference.consumers import ChatConsumer
 from inference.runner import StreamMeter, TurnStream
 
@@ -44,10 +45,12 @@ async def test_token_batches_skip_the_per_message_database_hop(monkeypatch):
         sent.append(message["text"])
 
     consumer.base_send = base_send  # the ASGI send: what would go to the socket
-    token = {"type": "chat.token", "turn": 1, "seq_from": 1, "seq_to": 2, "text": "hé", "stats": {"tokens": 2}}
+    token = events.token_batch_message(turn_id=1, seq_from=1, seq_to=2, text="hé <b>", stats={"tokens": 2})
     await consumer.dispatch(token)
     assert hops == []
-    assert json.loads(sent[0]) == {**token, "type": "token"}
+    assert sent[0] == token["frame"]  # serialised once by the worker, forwarded as is
+    frame = {"type": "token", "turn": 1, "seq_from": 1, "seq_to": 2, "text": "hé <b>", "stats": {"tokens": 2}}
+    assert json.loads(sent[0]) == frame
     await consumer.dispatch({"type": "chat.turn_state", "turn": 1, "status": "prompt"})
     assert hops == [1]  # other events still close stale connections first
     assert json.loads(sent[1]) == {"type": "turn.state", "turn": 1, "status": "prompt"}
@@ -63,3 +66,22 @@ def test_backend_clients_share_one_tls_context_that_still_verifies_certificates(
     assert context.verify_mode == ssl.CERT_REQUIRED and context.check_hostname
     client = llamacpp.LlamaCppBackend("http://127.0.0.1:9", timeout_s=1)._client(read_timeout=None)
     assert client._transport._pool._ssl_context is context  # httpx internals: the context the pool connects with
+
+
+async def test_worker_publishes_token_batches_on_the_channel_layers_own_channel():
+    """The runner pipelines PUBLISH with its RPUSH (one round trip per batch); the channel name and bytes must
+    be exactly what channels_redis' group_send would publish, or no socket would hear the batch."""
+    from channels.layers import get_channel_layer
+
+    layer = get_channel_layer()
+    message = events.token_batch_message(turn_id=7, seq_from=3, seq_to=5, text="abc", stats={"tokens": 5})
+    publication = events.pubsub_publication(events.session_group(42), message)
+    assert publication is not None
+    channel, payload = publication
+    assert channel == layer._get_layer()._get_group_channel_name(events.session_group(42))  # channels_redis internals
+    assert layer.deserialize(payload) == message
+
+
+def test_other_channel_layers_fall_back_to_group_send(settings):
+    settings.CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+    assert events.pubsub_publication("g", {"type": "chat.token"}) is None

@@ -16,6 +16,7 @@ from typing import Any
 
 import httpx
 
+from inference.backends import sse
 from inference.backends.base import (
     Backend,
     BackendError,
@@ -39,7 +40,7 @@ def stats_from_timings(timings: dict[str, Any]) -> BackendStats:
         output_tokens=timings.get("predicted_n"),
         decode_ms=timings.get("predicted_ms"),
         decode_tps=timings.get("predicted_per_second"),
-        raw=dict(timings),
+        raw=timings,
     )
 
 
@@ -58,13 +59,13 @@ def _tls_context() -> ssl.SSLContext:
     return httpx.create_ssl_context(trust_env=False)
 
 
-def _error_message(response: httpx.Response, body: bytes) -> str:
+def _error_message(status: int, body: bytes) -> str:
     try:
         payload = json.loads(body)
         message = payload.get("error", {}).get("message") or str(payload)
     except (ValueError, AttributeError):
         message = body[:300].decode("utf-8", "replace")
-    return f"llama-server answered {response.status_code}: {message}"
+    return f"llama-server answered {status}: {message}"
 
 
 class LlamaCppBackend(Backend):
@@ -81,9 +82,9 @@ class LlamaCppBackend(Backend):
         except httpx.HTTPError as exc:
             raise BackendUnavailable(f"llama-server at {self.base_url} is unreachable: {exc!r}") from exc
         if response.status_code >= 500:
-            raise BackendUnavailable(_error_message(response, response.content))
+            raise BackendUnavailable(_error_message(response.status_code, response.content))
         if response.status_code >= 400:
-            raise BackendError(_error_message(response, response.content))
+            raise BackendError(_error_message(response.status_code, response.content))
         try:
             return response.json()
         except ValueError as exc:
@@ -148,27 +149,36 @@ class LlamaCppBackend(Backend):
         return payload
 
     async def stream_chat(self, request: ChatRequest) -> AsyncIterator[StreamChunk]:
-        # No read timeout here: the turn runner enforces first-token and stall timeouts itself.
-        client = self._client(read_timeout=None)
+        # The stream is read with the lean client in sse.py (httpx's line iterator was the worker's largest
+        # cost per token). No read timeout here: the turn runner enforces first-token and stall timeouts.
         try:
-            async with client.stream("POST", "/v1/chat/completions", json=self._payload(request)) as response:
-                if response.status_code != 200:
-                    body = await response.aread()
-                    error = BackendUnavailable if response.status_code >= 500 else BackendError
-                    raise error(_error_message(response, body))
-                async for chunk in self._parse_sse(response):
-                    yield chunk
-        except httpx.HTTPError as exc:
+            response = await sse.post_json_stream(
+                self.base_url,
+                "/v1/chat/completions",
+                self._payload(request),
+                connect_timeout_s=self.timeout_s,
+                tls=_tls_context(),
+            )
+        except (OSError, TimeoutError, sse.ProtocolError) as exc:
+            raise BackendUnavailable(f"llama-server at {self.base_url} is unreachable: {exc!r}") from exc
+        try:
+            if response.status != 200:
+                try:
+                    body = await response.read_body()
+                except (OSError, sse.ProtocolError):
+                    body = b""
+                error = BackendUnavailable if response.status >= 500 else BackendError
+                raise error(_error_message(response.status, body))
+            async for chunk in self._parse_sse(response.events()):
+                yield chunk
+        except (OSError, sse.ProtocolError) as exc:
             raise BackendUnavailable(f"llama-server stream failed: {exc!r}") from exc
         finally:
-            await client.aclose()
+            await response.aclose()
 
-    async def _parse_sse(self, response: httpx.Response) -> AsyncIterator[StreamChunk]:
+    async def _parse_sse(self, events: AsyncIterator[str]) -> AsyncIterator[StreamChunk]:
         finished = False
-        async for line in response.aiter_lines():
-            if not line.startswith("data: "):
-                continue
-            data = line[6:]
+        async for data in events:
             if data == "[DONE]":
                 break
             try:

@@ -1,0 +1,272 @@
+"""A lean HTTP/1.1 client for one server-sent-events stream: the hot path of every llama.cpp turn.
+
+Why not httpx here: reading a chat stream token by token through httpx's ``aiter_lines`` (httpcore, anyio,
+h11, a line decoder) was 36 % of the worker's CPU at 140 tokens/s (docs/benchmarks.md). This module reads
+the socket with asyncio streams, decodes ``Transfer-Encoding: chunked`` and splits events itself: a few
+``bytes.find`` calls per token. It is used only for the streaming POST; everything else (health, models,
+props) stays on httpx.
+
+What it supports is what a chat stream needs: ``http`` and ``https`` base URLs (with a path prefix), a JSON
+body, a chunked, ``Content-Length`` or close-delimited response, and a clear error for anything else. One
+connection per stream, ``Connection: close``: closing it is how the backend learns to stop decoding.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import ssl
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import urlsplit
+
+READ_SIZE = 65536
+MAX_HEAD_BYTES = 64 * 1024
+MAX_ERROR_BODY_BYTES = 64 * 1024
+
+
+class ProtocolError(Exception):
+    """The server sent something that is not the HTTP or SSE this client reads."""
+
+
+@dataclass(frozen=True)
+class ResponseHead:
+    status: int
+    headers: dict[str, str]
+
+    @property
+    def chunked(self) -> bool:
+        return "chunked" in self.headers.get("transfer-encoding", "").lower()
+
+    @property
+    def content_length(self) -> int | None:
+        value = self.headers.get("content-length")
+        return int(value) if value is not None and value.isdigit() else None
+
+
+def split_head(buffer: bytes | bytearray) -> tuple[bytes, bytes] | None:
+    """(head, rest) once ``buffer`` holds a whole HTTP head ending in a blank line; None before that."""
+    end = buffer.find(b"\r\n\r\n")
+    if end < 0:
+        return None
+    return bytes(buffer[:end]), bytes(buffer[end + 4 :])
+
+
+def parse_headers(lines: list[str]) -> dict[str, str]:
+    headers: dict[str, str] = {}
+    for line in lines:
+        if not line:
+            continue
+        name, sep, value = line.partition(":")
+        if not sep:
+            raise ProtocolError(f"bad header line: {line!r}")
+        headers[name.strip().lower()] = value.strip()
+    return headers
+
+
+def parse_response_head(head: bytes) -> ResponseHead:
+    lines = head.decode("latin-1").split("\r\n")
+    parts = lines[0].split(" ", 2)
+    if len(parts) < 2 or not parts[0].startswith("HTTP/") or not parts[1].isdigit():
+        raise ProtocolError(f"not an HTTP status line: {lines[0]!r}")
+    return ResponseHead(status=int(parts[1]), headers=parse_headers(lines[1:]))
+
+
+@dataclass
+class ChunkedDecoder:
+    """Incremental ``Transfer-Encoding: chunked`` decoder: feed raw bytes, get body bytes back."""
+
+    done: bool = False
+    _buffer: bytearray = field(default_factory=bytearray)
+    _remaining: int = 0  # body bytes left in the current chunk
+    _need_crlf: bool = False  # a chunk's trailing CRLF is still to come
+
+    def feed(self, data: bytes) -> bytes:
+        self._buffer += data
+        out = bytearray()
+        while not self.done:
+            if self._remaining:
+                take = min(self._remaining, len(self._buffer))
+                if not take:
+                    break
+                out += self._buffer[:take]
+                del self._buffer[:take]
+                self._remaining -= take
+                if self._remaining == 0:
+                    self._need_crlf = True
+                continue
+            if self._need_crlf:
+                if len(self._buffer) < 2:
+                    break
+                if self._buffer[:2] != b"\r\n":
+                    raise ProtocolError("chunk not followed by CRLF")
+                del self._buffer[:2]
+                self._need_crlf = False
+                continue
+            end = self._buffer.find(b"\r\n")
+            if end < 0:
+                if len(self._buffer) > 1024:
+                    raise ProtocolError("chunk size line too long")
+                break
+            size_text = bytes(self._buffer[:end]).split(b";", 1)[0].strip()
+            try:
+                size = int(size_text, 16)
+            except ValueError as exc:
+                raise ProtocolError(f"bad chunk size {size_text!r}") from exc
+            del self._buffer[: end + 2]
+            if size == 0:
+                self.done = True  # trailers, if any, are ignored
+                break
+            self._remaining = size
+        return bytes(out)
+
+
+@dataclass
+class SSEParser:
+    """Incremental server-sent-events parser: feed body bytes, get the ``data`` of each complete event.
+
+    Events end with a blank line (``\\n\\n``; ``\\r\\n`` line ends are normalised). Only ``data:`` fields
+    are kept; a multi-line data field is joined with newlines, as the SSE standard says.
+    """
+
+    _buffer: bytearray = field(default_factory=bytearray)
+
+    def feed(self, data: bytes) -> list[str]:
+        self._buffer += data.replace(b"\r\n", b"\n") if b"\r" in data else data
+        events: list[str] = []
+        while True:
+            end = self._buffer.find(b"\n\n")
+            if end < 0:
+                return events
+            block = bytes(self._buffer[:end]).decode("utf-8")
+            del self._buffer[: end + 2]
+            if block.startswith("data: ") and "\n" not in block:  # the common case: one data line
+                events.append(block[6:])
+                continue
+            lines = [line[5:].removeprefix(" ") for line in block.split("\n") if line.startswith("data:")]
+            if lines:
+                events.append("\n".join(lines))
+
+
+@dataclass
+class SSEResponse:
+    """An open response: its status and headers, then either ``events()`` or ``read_body()``."""
+
+    head: ResponseHead
+    _reader: asyncio.StreamReader
+    _writer: asyncio.StreamWriter
+    _rest: bytes
+
+    @property
+    def status(self) -> int:
+        return self.head.status
+
+    async def _body_parts(self) -> AsyncIterator[bytes]:
+        """The body's bytes as they arrive, de-chunked; ends at the body's end."""
+        if self.head.chunked:
+            decoder = ChunkedDecoder()
+            data = self._rest
+            while True:
+                if data:
+                    out = decoder.feed(data)
+                    if out:
+                        yield out
+                if decoder.done:
+                    return
+                data = await self._reader.read(READ_SIZE)
+                if not data:
+                    raise ProtocolError("the connection closed inside a chunked body")
+        remaining = self.head.content_length
+        data = self._rest
+        while True:
+            if remaining is not None:
+                data = data[:remaining]
+                remaining -= len(data)
+            if data:
+                yield data
+            if remaining == 0:
+                return
+            data = await self._reader.read(READ_SIZE)
+            if not data:
+                if remaining:
+                    raise ProtocolError("the connection closed before the body's Content-Length")
+                return
+
+    async def events(self) -> AsyncIterator[str]:
+        """The ``data`` of each event, in order, until the body ends."""
+        parser = SSEParser()
+        async for part in self._body_parts():
+            for data in parser.feed(part):
+                yield data
+
+    async def read_body(self, limit: int = MAX_ERROR_BODY_BYTES) -> bytes:
+        """The whole body (for an error answer), cut at ``limit`` bytes."""
+        body = bytearray()
+        async for part in self._body_parts():
+            body += part
+            if len(body) >= limit:
+                break
+        return bytes(body[:limit])
+
+    async def aclose(self) -> None:
+        self._writer.close()
+        with contextlib.suppress(OSError, ssl.SSLError):  # already reset by the peer: closed either way
+            await self._writer.wait_closed()
+
+
+async def post_json_stream(
+    base_url: str,
+    path: str,
+    payload: dict[str, Any],
+    *,
+    connect_timeout_s: float,
+    tls: ssl.SSLContext | None = None,
+    accept: str = "text/event-stream",
+) -> SSEResponse:
+    """POST ``payload`` as JSON to ``base_url + path`` and return once the response head has arrived.
+
+    ``connect_timeout_s`` bounds the connect and the send, not the wait for the head (llama-server sends it
+    once the prompt is processed). Raises OSError, TimeoutError or ProtocolError.
+    """
+    url = urlsplit(base_url)
+    if url.scheme not in ("http", "https") or not url.hostname:
+        raise ProtocolError(f"not an http(s) URL: {base_url!r}")
+    port = url.port or (443 if url.scheme == "https" else 80)
+    host_header = url.hostname if url.port is None else f"{url.hostname}:{url.port}"
+    if ":" in url.hostname and url.port is None:
+        host_header = f"[{url.hostname}]"
+    elif ":" in url.hostname:
+        host_header = f"[{url.hostname}]:{url.port}"
+    target = (url.path.rstrip("/") + path) or "/"
+    body = json.dumps(payload, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+    request = (
+        f"POST {target} HTTP/1.1\r\nHost: {host_header}\r\nContent-Type: application/json\r\n"
+        f"Accept: {accept}\r\nContent-Length: {len(body)}\r\nConnection: close\r\n"
+        "User-Agent: rigdash\r\n\r\n"
+    ).encode("latin-1") + body
+
+    async with asyncio.timeout(connect_timeout_s):
+        reader, writer = await asyncio.open_connection(
+            url.hostname, port, ssl=tls if url.scheme == "https" else None, limit=1 << 20
+        )
+    try:
+        async with asyncio.timeout(connect_timeout_s):
+            writer.write(request)
+            await writer.drain()
+        # No limit on the wait for the head: llama-server answers once the prompt is processed, which can
+        # take long; the caller's first-token timeout covers it.
+        buffer = bytearray()
+        while (split := split_head(buffer)) is None:
+            data = await reader.read(READ_SIZE)
+            if not data:
+                raise ProtocolError("the connection closed before the response head")
+            buffer += data
+            if len(buffer) > MAX_HEAD_BYTES:
+                raise ProtocolError("the response head is too large")
+        raw_head, rest = split
+        return SSEResponse(head=parse_response_head(raw_head), _reader=reader, _writer=writer, _rest=rest)
+    except BaseException:
+        writer.close()
+        raise

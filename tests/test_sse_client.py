@@ -1,0 +1,137 @@
+"""The worker's lean HTTP/SSE client (inference/backends/sse.py) against a real local socket server.
+
+The server is a few lines of asyncio that answer with bytes each test chooses: split anywhere, chunked or
+not, cut short. The llama.cpp backend's behaviour on top of it is tested against a real llama-server in
+test_llamacpp_backend.py and test_backend_conformance.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import pytest
+
+from inference.backends import sse
+from inference.backends.base import BackendError, BackendUnavailable, ChatRequest
+from inference.backends.llamacpp import LlamaCppBackend
+
+
+@asynccontextmanager
+async def serve(parts: list[bytes], *, delay_s: float = 0.0) -> AsyncIterator[tuple[str, list[bytes]]]:
+    """An HTTP server on 127.0.0.1 that reads one request and writes ``parts`` one by one, then closes."""
+    requests: list[bytes] = []
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        head = await reader.readuntil(b"\r\n\r\n")
+        length = int(
+            next(line for line in head.split(b"\r\n") if line.lower().startswith(b"content-length")).split(b":")[1]
+        )
+        requests.append(head + await reader.readexactly(length))
+        for part in parts:
+            writer.write(part)
+            await writer.drain()
+            if delay_s:
+                await asyncio.sleep(delay_s)
+        writer.close()
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        yield f"http://127.0.0.1:{port}", requests
+    finally:
+        server.close()
+        await server.wait_closed()
+
+
+def chunked(*payloads: bytes) -> bytes:
+    return b"".join(b"%x\r\n%s\r\n" % (len(p), p) for p in payloads) + b"0\r\n\r\n"
+
+
+HEAD_CHUNKED = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+EVENTS = [b'data: {"n": 1, "t": "h\xc3\xa9"}\n\n', b'data: {"n": 2}\n\n', b"data: [DONE]\n\n"]
+
+
+async def read_events(base_url: str, path: str = "/v1/x") -> list[str]:
+    response = await sse.post_json_stream(base_url, path, {"q": "é"}, connect_timeout_s=2)
+    try:
+        assert response.status == 200
+        return [data async for data in response.events()]
+    finally:
+        await response.aclose()
+
+
+async def test_chunked_events_split_at_every_byte_arrive_whole_and_in_order():
+    wire = HEAD_CHUNKED + chunked(*EVENTS)
+    async with serve([wire[i : i + 1] for i in range(len(wire))]) as (url, requests):
+        events = await read_events(url)
+    assert events == ['{"n": 1, "t": "hé"}', '{"n": 2}', "[DONE]"]  # a two-byte UTF-8 character split too
+    head, body = requests[0].split(b"\r\n\r\n", 1)
+    assert head.startswith(b"POST /v1/x HTTP/1.1\r\n") and json.loads(body) == {"q": "é"}
+
+
+async def test_one_chunk_may_hold_several_events_and_one_event_several_chunks():
+    joined = b"".join(EVENTS)
+    async with serve([HEAD_CHUNKED + chunked(joined[:5], joined[5:40], joined[40:])]) as (url, _):
+        assert await read_events(url) == ['{"n": 1, "t": "hé"}', '{"n": 2}', "[DONE]"]
+
+
+async def test_content_length_and_close_delimited_bodies():
+    body = b"".join(EVENTS)
+    head = b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(body)
+    async with serve([head, body + b"data: trailing junk past the length\n\n"]) as (url, _):
+        assert await read_events(url) == ['{"n": 1, "t": "hé"}', '{"n": 2}', "[DONE]"]
+    async with serve([b"HTTP/1.1 200 OK\r\n\r\n", body]) as (url, _):  # no length: the body ends at close
+        assert await read_events(url) == ['{"n": 1, "t": "hé"}', '{"n": 2}', "[DONE]"]
+
+
+async def test_a_base_url_path_prefix_is_kept():
+    async with serve([HEAD_CHUNKED + chunked(*EVENTS)]) as (url, requests):
+        await read_events(url + "/llama/", "/v1/chat/completions")
+    assert requests[0].startswith(b"POST /llama/v1/chat/completions HTTP/1.1\r\n")
+
+
+async def test_a_stream_cut_inside_a_chunk_is_a_protocol_error():
+    async with serve([HEAD_CHUNKED + b"40\r\ndata: {"]) as (url, _):
+        with pytest.raises(sse.ProtocolError):
+            await read_events(url)
+
+
+async def test_garbage_instead_of_http_is_a_protocol_error():
+    async with serve([b"SSH-2.0-OpenSSH\r\n\r\n"]) as (url, _):
+        with pytest.raises(sse.ProtocolError):
+            await read_events(url)
+
+
+async def test_unreachable_server_and_bad_url():
+    server = await asyncio.start_server(lambda r, w: None, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    server.close()
+    await server.wait_closed()
+    with pytest.raises(OSError):
+        await sse.post_json_stream(f"http://127.0.0.1:{port}", "/", {}, connect_timeout_s=2)
+    with pytest.raises(sse.ProtocolError):
+        await sse.post_json_stream("ftp://example.invalid", "/", {}, connect_timeout_s=2)
+
+
+async def _backend_chunks(url: str) -> list[object]:
+    request = ChatRequest(model="m", messages=[{"role": "user", "content": "hi"}], max_tokens=4)
+    return [chunk async for chunk in LlamaCppBackend(url).stream_chat(request)]
+
+
+async def test_llamacpp_backend_maps_error_answers_and_cut_streams():
+    body = json.dumps({"error": {"code": 400, "message": "the request exceeds the context"}}).encode()
+    head = b"HTTP/1.1 400 Bad Request\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(body)
+    async with serve([head, body]) as (url, _):
+        with pytest.raises(BackendError, match="answered 400: the request exceeds the context") as caught:
+            await _backend_chunks(url)
+        assert not isinstance(caught.value, BackendUnavailable)  # a 4xx is the request's fault, not retryable
+    async with serve([b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 7\r\n\r\nloading"]) as (url, _):
+        with pytest.raises(BackendUnavailable, match="503"):
+            await _backend_chunks(url)
+    event = b'data: {"choices":[{"delta":{"content":"Hi"},"finish_reason":null}]}\n\n'
+    async with serve([HEAD_CHUNKED + chunked(event)[:-5]]) as (url, _):  # no last chunk: the server died
+        with pytest.raises(BackendUnavailable):
+            await _backend_chunks(url)
