@@ -1,6 +1,7 @@
 """One long-lived asyncio loop per worker process, so streaming turns reuse connections across tasks.
 
-Celery's prefork children are forked: the loop thread is started lazily and again after a fork.
+The worker's pool is threads (settings.CELERY_WORKER_POOL): every task thread hands its turn to this one loop.
+Under a prefork pool the children are forked: the loop thread is started lazily and again after a fork.
 """
 
 from __future__ import annotations

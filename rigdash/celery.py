@@ -3,11 +3,31 @@
 from __future__ import annotations
 
 import os
+from typing import Any
 
 from celery import Celery
+from celery.signals import worker_init
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "rigdash.settings")
 
 app = Celery("rigdash")
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks()
+
+
+@worker_init.connect
+def preload_before_fork(**_: Any) -> None:
+    """Import and build at start what a worker's first turns would otherwise do while the user waits: httpx's
+    async stack (anyio, imported lazily on first use), the IDNA codec and the TLS context. Under a prefork pool
+    this runs in the parent, before the fork; 16 children each importing anyio as their turns started cost
+    30 ms of CPU apiece (docs/benchmarks.md)."""
+    import contextlib
+    import encodings.idna  # noqa: F401
+    import importlib
+
+    for module in ("anyio._backends._asyncio", "httpcore._async", "httpcore._backends.anyio"):
+        with contextlib.suppress(ImportError):  # another httpx/anyio layout: the child imports what it needs
+            importlib.import_module(module)
+    from inference.backends import llamacpp
+
+    llamacpp._tls_context()

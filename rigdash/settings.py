@@ -77,9 +77,14 @@ TEMPLATES = [
 ]
 
 # SQLite by default so a fresh clone runs; PostgreSQL (CI, production) through DATABASE_URL.
+# Connections are kept for a minute (checked before reuse): opening one per request, with SQLite's PRAGMAs,
+# was a visible part of each chat submit (docs/benchmarks.md). The test suite sets 0 for its subprocesses,
+# so its database can be dropped at the end.
 DATABASES = {
     "default": dj_database_url.parse(
-        env_str("DATABASE_URL", f"sqlite:///{VAR_DIR / 'rigdash.sqlite3'}"), conn_max_age=0
+        env_str("DATABASE_URL", f"sqlite:///{VAR_DIR / 'rigdash.sqlite3'}"),
+        conn_max_age=env_int("RIGDASH_DB_CONN_MAX_AGE", 60, minimum=0),
+        conn_health_checks=True,
     )
 }
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
@@ -129,6 +134,10 @@ CELERY_TASK_IGNORE_RESULT = True
 CELERY_TASK_ACKS_LATE = True  # a turn's task survives a worker lost before it claimed the turn
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+# Threads, not prefork: a turn's task only waits on the process's one asyncio loop, where every stream of the
+# worker runs. One process shares its Redis connections, TLS context and caches; at 16 streams the worker
+# used 196 us of CPU per token against 510 with 16 forked children (docs/benchmarks.md).
+CELERY_WORKER_POOL = env_str("RIGDASH_WORKER_POOL", "threads")
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": 3600}
 CELERY_TASK_DEFAULT_QUEUE = env_str("RIGDASH_DEFAULT_QUEUE", "rigdash.default")

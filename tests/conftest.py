@@ -73,12 +73,14 @@ def service_env(django_db_setup: Any, django_db_blocker: Any) -> dict[str, str]:
             "RIGDASH_CHANNEL_PREFIX": settings.CHANNEL_LAYERS["default"]["CONFIG"]["prefix"],
             # Replies through the worker stop at 256 tokens: the suite's time stays bounded on a busy machine.
             "RIGDASH_MAX_REPLY_TOKENS": "256",
+            # No connection outlives its request or task, so the test database can be dropped at the end.
+            "RIGDASH_DB_CONN_MAX_AGE": "0",
         }
 
 
 @pytest.fixture(scope="session")
 def celery_worker(stack: Stack, service_env: dict[str, str], llama_url: str) -> str:
-    """A real Celery worker process consuming the test rig's queue (2 prefork children, like 2 slots)."""
+    """A real Celery worker process consuming the test rig's queue (2 threads: settings.CELERY_WORKER_POOL)."""
     name = f"test{os.getpid()}@localhost"
     stack.start(
         "worker",

@@ -10,7 +10,7 @@ import pytest
 from django.db import connection
 from django.test import Client
 
-from inference import dispatch, runner, services
+from inference import dispatch, events, runner, services
 from inference.dispatch import Waiting, fair_order
 from inference.models import Turn
 from tests.adminkit import make_session, make_user
@@ -121,3 +121,17 @@ def test_one_slot_rig_serves_users_round_robin_against_the_real_worker(celery_wo
     assert all(t.status == Turn.Status.DONE for t in ended[1:]), [(t.pk, t.status, t.error) for t in ended]
     for earlier, later in itertools.pairwise(ended):  # one slot: never two at once
         assert earlier.finished_at <= later.started_at
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_page_hears_of_a_turn_before_it_is_handed_to_a_worker(rig, model_name, owner, monkeypatch):
+    """A fast backend's first token must not reach the page before the turn does (the stress benchmark saw it
+    when turn.queued was published after the Celery task was sent)."""
+    rig.queue = "rig.nobody-listens"
+    rig.save()
+    order: list[str] = []
+    real_queued, real_send = events.turn_queued_sync, dispatch._send
+    monkeypatch.setattr(events, "turn_queued_sync", lambda **kw: (order.append("queued"), real_queued(**kw))[1])
+    monkeypatch.setattr(dispatch, "_send", lambda ids, q: (order.append(f"send {len(ids)}"), real_send(ids, q))[1])
+    services.turn_submit(session=make_session(owner, rig, model_name), text="hello")
+    assert order == ["queued", "send 1"]
