@@ -29,7 +29,7 @@ def start(pids: dict[str, int], out_dir: Path, rate: int = 250) -> list[tuple[st
     for role, pid in pids.items():
         path = out_dir / f"{role}.folded"
         cmd = [exe, "record", "--pid", str(pid), "--format", "raw", "--rate", str(rate), "--nonblocking",
-               "--subprocesses", "--output", str(path)]  # fmt: skip
+               "--subprocesses", "--gil", "--output", str(path)]  # fmt: skip
         log = open(out_dir / f"{role}.py-spy.log", "wb")  # noqa: SIM115 - lives as long as py-spy
         started.append((role, subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT), path))
     return started

@@ -79,6 +79,7 @@ def aggregate(results: dict[str, Any]) -> dict[str, Any]:
             "delivered_ok": bool(turn.get("in_order") and turn.get("delivered_equals_stored")),
             "page_ok": turn.get("page_equals_stored"),
             "longtasks": lag.get("longtasks", []),
+            **cost_figures([lag["cost"]], [lag["tokens"]], results.get("idle")),
         }
     for key in ("level2", "level3"):
         part = results.get(key)
@@ -104,16 +105,8 @@ def aggregate(results: dict[str, Any]) -> dict[str, Any]:
     return agg
 
 
-def figures(
-    rd: list[dict[str, Any]], direct: list[dict[str, Any]], costs: list[dict[str, Any]], tokens: list[int],
-    longtasks: list[dict[str, Any]], idle: dict[str, Any] | None,
-) -> dict[str, Any]:  # fmt: skip
-    """Figures for a set of RigDash turns and their paired direct reads (same order)."""
-    pairs = [(r, d) for r, d in zip(rd, direct, strict=True) if r.get("ttft_ms") is not None and not d.get("error")]
-    paired = analyze.pair_ratios([r for r, _ in pairs], [d for _, d in pairs])
-    parts = [r["ttft_parts_ms"] for r in rd if r.get("ttft_parts_ms")]
-    delivered = sum(r.get("tokens_delivered", 0) for r in rd)
-    backend = sum(r.get("tokens_backend", 0) for r in rd)
+def cost_figures(costs: list[dict[str, Any]], tokens: list[int], idle: dict[str, Any] | None) -> dict[str, Any]:
+    """CPU (web, worker, and the rest) and Redis operations per token over the measured windows."""
     n_tokens = sum(tokens)
     cpu = {"web": 0.0, "worker": 0.0}
     other: dict[str, float] = {}
@@ -131,6 +124,34 @@ def figures(
     idle_cpu = sum(v for k, v in ((idle or {}).get("cpu_s_per_s") or {}).items() if k in ("web", "worker")) * wall
     idle_redis = (idle or {}).get("redis_ops_per_s", 0.0) * wall
     redis_ops = sum(redis_total.values())
+    return {
+        "cpu_us_per_token": None
+        if not n_tokens
+        else {
+            "web": 1e6 * cpu["web"] / n_tokens,
+            "worker": 1e6 * cpu["worker"] / n_tokens,
+            "total": 1e6 * sum(cpu.values()) / n_tokens,
+            "net_of_idle": 1e6 * (sum(cpu.values()) - idle_cpu) / n_tokens,
+        },
+        "other_cpu_us_per_token": {k: 1e6 * v / n_tokens for k, v in sorted(other.items())} if n_tokens else {},
+        "redis_ops_per_token": None if not n_tokens else redis_ops / n_tokens,
+        "redis_ops_per_token_net_of_idle": None if not n_tokens else (redis_ops - idle_redis) / n_tokens,
+        "redis_commands": redis_total,
+        "window_s": wall,
+        "tokens": n_tokens,
+    }
+
+
+def figures(
+    rd: list[dict[str, Any]], direct: list[dict[str, Any]], costs: list[dict[str, Any]], tokens: list[int],
+    longtasks: list[dict[str, Any]], idle: dict[str, Any] | None,
+) -> dict[str, Any]:  # fmt: skip
+    """Figures for a set of RigDash turns and their paired direct reads (same order)."""
+    pairs = [(r, d) for r, d in zip(rd, direct, strict=True) if r.get("ttft_ms") is not None and not d.get("error")]
+    paired = analyze.pair_ratios([r for r, _ in pairs], [d for _, d in pairs])
+    parts = [r["ttft_parts_ms"] for r in rd if r.get("ttft_parts_ms")]
+    delivered = sum(r.get("tokens_delivered", 0) for r in rd)
+    backend = sum(r.get("tokens_backend", 0) for r in rd)
     return {
         "pairs": len(pairs),
         "turns": len(rd),
@@ -163,20 +184,7 @@ def figures(
             "direct_errors": [d["error"] for d in direct if d.get("error")],
             "errors": [r["error"] for r in rd if r.get("error")],
         },
-        "cpu_us_per_token": None
-        if not n_tokens
-        else {
-            "web": 1e6 * cpu["web"] / n_tokens,
-            "worker": 1e6 * cpu["worker"] / n_tokens,
-            "total": 1e6 * sum(cpu.values()) / n_tokens,
-            "net_of_idle": 1e6 * (sum(cpu.values()) - idle_cpu) / n_tokens,
-        },
-        "other_cpu_us_per_token": {k: 1e6 * v / n_tokens for k, v in sorted(other.items())} if n_tokens else {},
-        "redis_ops_per_token": None if not n_tokens else redis_ops / n_tokens,
-        "redis_ops_per_token_net_of_idle": None if not n_tokens else (redis_ops - idle_redis) / n_tokens,
-        "redis_commands": redis_total,
-        "window_s": wall,
-        "tokens": n_tokens,
+        **cost_figures(costs, tokens, idle),
         "longtasks": {"count": len(longtasks), "max_ms": max((t["duration"] for t in longtasks), default=0.0)},
     }
 
@@ -202,6 +210,21 @@ def grows(g: dict[str, Any] | None, *, tolerance_ms: float = 5.0) -> bool | None
     if not g or g.get("first_tenth_p50") is None:
         return None
     return bool(g["last_tenth_p50"] - g["first_tenth_p50"] > tolerance_ms)
+
+
+def _cost_rows(add: Any, label: str, a: dict[str, Any]) -> None:
+    cpu = a["cpu_us_per_token"] or {}
+    add(label, "server CPU per token, web + worker (us; net of idle)",
+        f"{stats.fmt(cpu.get('total'), 0)} (web {stats.fmt(cpu.get('web'), 0)}, worker "
+        f"{stats.fmt(cpu.get('worker'), 0)}; net {stats.fmt(cpu.get('net_of_idle'), 0)})",
+        "report; aim <= 100", _le(cpu.get("total"), 100))  # fmt: skip
+    other = a.get("other_cpu_us_per_token") or {}
+    if other:
+        add(label, "  CPU per token elsewhere (us): " + ", ".join(other),
+            ", ".join(stats.fmt(v, 0) for v in other.values()), "", None)  # fmt: skip
+    add(label, "Redis operations per token (net of idle)",
+        f"{stats.fmt(a['redis_ops_per_token'], 2)} ({stats.fmt(a['redis_ops_per_token_net_of_idle'], 2)})",
+        "report; aim <= 0.3", _le(a["redis_ops_per_token"], 0.3))  # fmt: skip
 
 
 def table_rows(agg: dict[str, Any]) -> list[list[str]]:
@@ -279,18 +302,7 @@ def table_rows(agg: dict[str, Any]) -> list[list[str]]:
         add(label, "tokens delivered, in order, identical to the stored reply",
             f"{stats.fmt(dv['pct'], 1)} % of {dv['tokens_backend']}, in order {dv['in_order']}, "
             f"identical {dv['identical_to_stored']}{extra}", "100 %, in order, identical", ok)  # fmt: skip
-        cpu = a["cpu_us_per_token"] or {}
-        add(label, "server CPU per token, web + worker (us; net of idle)",
-            f"{stats.fmt(cpu.get('total'), 0)} (web {stats.fmt(cpu.get('web'), 0)}, worker "
-            f"{stats.fmt(cpu.get('worker'), 0)}; net {stats.fmt(cpu.get('net_of_idle'), 0)})",
-            "report; aim <= 100", _le(cpu.get("total"), 100))  # fmt: skip
-        other = a.get("other_cpu_us_per_token") or {}
-        if other:
-            add(label, "  CPU per token elsewhere (us): " + ", ".join(other),
-                ", ".join(stats.fmt(v, 0) for v in other.values()), "", None)  # fmt: skip
-        add(label, "Redis operations per token (net of idle)",
-            f"{stats.fmt(a['redis_ops_per_token'], 2)} ({stats.fmt(a['redis_ops_per_token_net_of_idle'], 2)})",
-            "report; aim <= 0.3", _le(a["redis_ops_per_token"], 0.3))  # fmt: skip
+        _cost_rows(add, label, a)
         if key != "level3":
             lt = a["longtasks"]
             add(label, "browser long tasks while streaming (count; longest ms)",
@@ -316,6 +328,8 @@ def table_rows(agg: dict[str, Any]) -> list[list[str]]:
         add(label, "tokens delivered whole and in order; page text = stored",
             f"{lag['tokens']} tokens, {lag['delivered_ok']}, {lag['page_ok']}", "100 %", bool(lag["delivered_ok"]
             and lag["page_ok"]))  # fmt: skip
+        if lag.get("cpu_us_per_token"):  # one long reply: the cost per token with per-turn costs spread thin
+            _cost_rows(add, label, lag)
     render = agg.get("render")
     if render:
         f = render["flatness"]

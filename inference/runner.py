@@ -33,6 +33,9 @@ from rigdash.env import RigDashConfig
 log = logging.getLogger(__name__)
 _END = object()
 CANCEL_CHECK_S = 0.1  # a Stop is seen within this (plus one flush); reading the flag with every batch cost 1 op in 3
+# A batch due within this goes now: the backend's next read is let through this much before the batch is due, so
+# that read and flush share one wake-up (see TurnStream.read_gate).
+FLUSH_SLACK_S = 0.002
 WORKER_ID = f"{socket.gethostname()}:{os.getpid()}"
 
 
@@ -112,6 +115,7 @@ class TurnStream:
     pending: list[str] = field(default_factory=list)
     pending_since: float | None = None
     last_sent: float = float("-inf")  # when the last batch with text was published
+    flush_started: float = float("-inf")  # when the last batch with text began to go out
     seq_sent: int = 0
     last_checkpoint: float = 0.0
     cancelled: bool = False
@@ -140,6 +144,8 @@ class TurnStream:
         text = "".join(self.pending) if self.pending else ""
         seq_from, seq_to = self.seq_sent + 1, self.meter.events
         now = time.perf_counter()
+        if text:
+            self.flush_started = now  # before any await: read_gate sees it at once
         check_cancel = now - self.cancel_checked_at >= CANCEL_CHECK_S
         if seq_from == 1 and text and self.before_first_batch is not None:
             await asyncio.wait({self.before_first_batch})  # 'prompt' reaches the page before the first token
@@ -177,6 +183,16 @@ class TurnStream:
                 await self.progress.tick(
                     self.redis, tokens=self.meter.events, decode_tps=self.meter.decode_tps, status="decoding"
                 )
+
+    async def read_gate(self) -> None:
+        """Given to the backend: after a read that brought text, it reads the socket again only when the next
+        batch could go out (just before). Tokens wait in the kernel meanwhile, which costs no CPU; read one by
+        one they woke the worker per token. Holding them there instead of in ``pending`` changes no latency:
+        the interval between batches is the same."""
+        await asyncio.sleep(0)  # the consumer takes what was just read first (and starts its flush if due)
+        delay = self.flush_started + self.flush_interval_s - FLUSH_SLACK_S - time.perf_counter()
+        if delay > 0:
+            await asyncio.sleep(delay)
 
     def live_stats(self) -> dict[str, Any]:
         return {**self.meter.live_stats(), "context_tokens": self.context_tokens, "context_limit": self.context_window}
@@ -244,7 +260,7 @@ async def stream_turn(
     )
     state.last_checkpoint = state.meter.t_request
     queue: asyncio.Queue[Any] = asyncio.Queue()
-    backend_iter = cast(AsyncGenerator[StreamChunk, None], backend.stream_chat(request))
+    backend_iter = cast(AsyncGenerator[StreamChunk, None], backend.stream_chat(request, read_gate=state.read_gate))
     pump = asyncio.create_task(_pump(backend_iter, queue))
     reporter = asyncio.create_task(_start_progress(state, request.messages))
     final: StreamChunk | None = None
@@ -304,22 +320,26 @@ async def _consume(state: TurnStream, queue: asyncio.Queue[Any], conf: RigDashCo
             wait = max(0.0, min(wait, due - now))
         item = await _next_item(queue, wait)
         now = time.perf_counter()
-        if isinstance(item, BackendError):
-            raise item
-        if item is _END:
-            raise BackendError("the backend ended the stream without a finish reason")
-        if isinstance(item, StreamChunk):
+        items = [] if item is None else [item]
+        while items and not queue.empty():  # one read from the backend brings several chunks: take them together
+            items.append(queue.get_nowait())
+        first = False
+        for item in items:
+            if isinstance(item, BackendError):
+                raise item
+            if item is _END:
+                raise BackendError("the backend ended the stream without a finish reason")
             idle_since = now
-            first = state.meter.events == 0 and bool(item.text)
+            first = first or (state.meter.events == 0 and bool(item.text))
             state.accept(item, now)
-            if first:
-                await state.flush()  # the first token goes out at once
-                await db_async(services.turn_mark_decoding)(turn_id=state.turn.pk)
             if item.finish_reason:
-                return item
-        if (due := state.flush_due()) is not None and now >= due:
+                return cast(StreamChunk, item)  # stream_turn sends what is pending
+        if first:
+            await state.flush()  # the first token goes out at once
+            await db_async(services.turn_mark_decoding)(turn_id=state.turn.pk)
+        elif (due := state.flush_due()) is not None and now >= due - FLUSH_SLACK_S:
             await state.flush()
-        elif item is None:
+        elif not items:
             await state.flush()  # nothing to send: just reads the cancel flag
         if state.cancelled:
             raise TurnCancelled

@@ -85,3 +85,34 @@ async def test_worker_publishes_token_batches_on_the_channel_layers_own_channel(
 def test_other_channel_layers_fall_back_to_group_send(settings):
     settings.CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
     assert events.pubsub_publication("g", {"type": "chat.token"}) is None
+
+
+async def test_chunks_read_together_go_out_in_one_batch(settings):
+    """The llama.cpp backend reads the socket at most once per flush interval, so several tokens arrive at once;
+    the runner must take them all before flushing (flushing after the first held the rest a whole interval)."""
+    import asyncio
+    import time
+
+    from inference.backends.base import StreamChunk
+    from inference.runner import _consume
+
+    stream = _stream()
+    now = time.perf_counter()
+    stream.meter.token(now - 0.05)  # one token already went out, 50 ms ago: the next batch is due at once
+    stream.parts, stream.seq_sent, stream.last_sent, stream.last_checkpoint = ["a"], 1, now - 0.05, now
+    flushed: list[list[str]] = []
+
+    async def flush() -> None:
+        flushed.append(list(stream.pending))
+        stream.pending.clear()
+        stream.pending_since = None
+        stream.last_sent = time.perf_counter()
+
+    stream.flush = flush  # type: ignore[method-assign]  # no Redis here: record what each flush would send
+    queue: asyncio.Queue[object] = asyncio.Queue()
+    for text in ("b", "c", "d"):
+        queue.put_nowait(StreamChunk(text=text))
+    asyncio.get_running_loop().call_later(0.05, queue.put_nowait, StreamChunk(text="", finish_reason="stop"))
+    final = await _consume(stream, queue, settings.RIGDASH)  # type: ignore[arg-type]
+    assert final.finish_reason == "stop"
+    assert flushed[0] == ["b", "c", "d"]

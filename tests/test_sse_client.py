@@ -8,6 +8,7 @@ test_llamacpp_backend.py and test_backend_conformance.py.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -135,3 +136,27 @@ async def test_llamacpp_backend_maps_error_answers_and_cut_streams():
     async with serve([HEAD_CHUNKED + chunked(event)[:-5]]) as (url, _):  # no last chunk: the server died
         with pytest.raises(BackendUnavailable):
             await _backend_chunks(url)
+
+
+async def test_a_read_gate_gathers_tokens_in_the_socket_without_delaying_the_first():
+    """After a read that brought text the backend awaits the caller's gate (here 30 ms) before reading again:
+    20 tokens sent 5 ms apart arrive in a handful of reads, and the first is read at once."""
+    role = b'data: {"choices":[{"delta":{"role":"assistant"},"finish_reason":null}]}\n\n'
+    tokens = [b'data: {"choices":[{"delta":{"content":"t%d "},"finish_reason":null}]}\n\n' % i for i in range(20)]
+    end = b'data: {"choices":[{"delta":{},"finish_reason":"stop"}]}\n\ndata: [DONE]\n\n'
+    parts = [HEAD_CHUNKED + chunked(role)[:-5], *(chunked(t)[:-5] for t in tokens), chunked(end)]
+    request = ChatRequest(model="m", messages=[{"role": "user", "content": "hi"}], max_tokens=20)
+
+    async def gate() -> None:
+        await asyncio.sleep(0.03)
+
+    async with serve(parts, delay_s=0.005) as (url, _):
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        arrivals = [(loop.time(), c) async for c in LlamaCppBackend(url).stream_chat(request, read_gate=gate)]
+    texts = [c.text for _, c in arrivals if c.text]
+    assert texts == [f"t{i} " for i in range(20)] and arrivals[-1][1].finish_reason == "stop"
+    first_text_at = next(t for t, c in arrivals if c.text)
+    assert first_text_at - start < 0.025  # sent about 5-10 ms in: not held back
+    reads = 1 + sum(1 for (a, _), (b, _) in itertools.pairwise(arrivals) if b - a > 0.002)
+    assert reads <= 10  # about 100 ms of tokens in reads 30 ms apart; one read per token would be 20

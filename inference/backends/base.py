@@ -7,9 +7,11 @@ A backend lists its models, reports its health and streams one chat completion. 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
+
+ReadGate = Callable[[], Awaitable[None]]
 
 
 class BackendError(Exception):
@@ -147,9 +149,13 @@ class Backend(ABC):
     async def list_models(self) -> list[ModelInfo]: ...
 
     @abstractmethod
-    def stream_chat(self, request: ChatRequest) -> AsyncIterator[StreamChunk]:
+    def stream_chat(self, request: ChatRequest, *, read_gate: ReadGate | None = None) -> AsyncIterator[StreamChunk]:
         """Stream one reply. The last chunk carries ``finish_reason`` and the backend's final ``stats``; earlier
-        chunks may carry running stats (llama.cpp sends its timings with every token)."""
+        chunks may carry running stats (llama.cpp sends its timings with every token).
+
+        ``read_gate``: after a read from the server that brought text, a plug-in that reads the socket itself may
+        await it before reading again, reading nothing meanwhile. The caller returns when it could publish the
+        next batch, so tokens wait in the kernel's buffer instead of waking the process one by one."""
 
     # Optional capabilities: a backend that cannot answer raises BackendNotSupported.
     async def model_architecture(self, model: str) -> ModelArchitecture:

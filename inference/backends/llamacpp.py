@@ -28,6 +28,7 @@ from inference.backends.base import (
     Health,
     ModelArchitecture,
     ModelInfo,
+    ReadGate,
     StreamChunk,
 )
 
@@ -148,7 +149,9 @@ class LlamaCppBackend(Backend):
                 payload[name] = value
         return payload
 
-    async def stream_chat(self, request: ChatRequest) -> AsyncIterator[StreamChunk]:
+    async def stream_chat(
+        self, request: ChatRequest, *, read_gate: ReadGate | None = None
+    ) -> AsyncIterator[StreamChunk]:
         # The stream is read with the lean client in sse.py (httpx's line iterator was the worker's largest
         # cost per token). No read timeout here: the turn runner enforces first-token and stall timeouts.
         try:
@@ -169,37 +172,45 @@ class LlamaCppBackend(Backend):
                     body = b""
                 error = BackendUnavailable if response.status >= 500 else BackendError
                 raise error(_error_message(response.status, body))
-            async for chunk in self._parse_sse(response.events()):
-                yield chunk
+            finished = done = False
+            async for _, batch in response.event_batches():
+                text_seen = False
+                for data in batch:
+                    if data == "[DONE]":
+                        done = True
+                        break
+                    chunk = _chunk(data)
+                    finished = finished or bool(chunk.finish_reason)
+                    text_seen = text_seen or bool(chunk.text)
+                    yield chunk
+                if done:
+                    break
+                if text_seen and read_gate is not None:
+                    async with response.reads_paused():  # the next tokens gather in the socket meanwhile
+                        await read_gate()
+            if not finished:
+                raise BackendUnavailable("llama-server closed the stream before the reply finished")
         except (OSError, sse.ProtocolError) as exc:
             raise BackendUnavailable(f"llama-server stream failed: {exc!r}") from exc
         finally:
             await response.aclose()
 
-    async def _parse_sse(self, events: AsyncIterator[str]) -> AsyncIterator[StreamChunk]:
-        finished = False
-        async for data in events:
-            if data == "[DONE]":
-                break
-            try:
-                event = json.loads(data)
-            except ValueError as exc:
-                raise BackendProtocolError(f"llama-server sent a malformed event: {data[:200]!r}") from exc
-            if "error" in event:
-                raise BackendError(f"llama-server error: {event['error']}")
-            choice = (event.get("choices") or [{}])[0]
-            text = (choice.get("delta") or {}).get("content") or ""
-            reason = choice.get("finish_reason")
-            timings = event.get("timings")
-            if reason:
-                finished = True
-            # With timings_per_token every chunk carries the running timings; the first one already
-            # holds prompt_n (the prompt's real size), which the quota check reads before decode goes on.
-            yield StreamChunk(
-                text=text,
-                finish_reason=reason,
-                stats=stats_from_timings(timings) if timings else None,
-                context_tokens=context_tokens(timings) if timings else None,
-            )
-        if not finished:
-            raise BackendUnavailable("llama-server closed the stream before the reply finished")
+
+def _chunk(data: str) -> StreamChunk:
+    """One SSE event of llama-server's chat stream."""
+    try:
+        event = json.loads(data)
+    except ValueError as exc:
+        raise BackendProtocolError(f"llama-server sent a malformed event: {data[:200]!r}") from exc
+    if "error" in event:
+        raise BackendError(f"llama-server error: {event['error']}")
+    choice = (event.get("choices") or [{}])[0]
+    timings = event.get("timings")
+    # With timings_per_token every chunk carries the running timings; the first one already holds prompt_n
+    # (the prompt's real size), which the quota check reads before decode goes on.
+    return StreamChunk(
+        text=(choice.get("delta") or {}).get("content") or "",
+        finish_reason=choice.get("finish_reason"),
+        stats=stats_from_timings(timings) if timings else None,
+        context_tokens=context_tokens(timings) if timings else None,
+    )

@@ -31,6 +31,7 @@ from inference.backends.base import (
     ModelInfo,
     ModelNotFound,
     PullProgress,
+    ReadGate,
     StreamChunk,
 )
 
@@ -133,7 +134,10 @@ class OllamaBackend(Backend):
                 options[name] = value
         return options
 
-    async def stream_chat(self, request: ChatRequest) -> AsyncIterator[StreamChunk]:
+    async def stream_chat(
+        self, request: ChatRequest, *, read_gate: ReadGate | None = None
+    ) -> AsyncIterator[StreamChunk]:
+        # read_gate is not used: the ollama client reads the stream itself.
         # No read timeout here: the turn runner enforces first-token and stall timeouts itself.
         client = self._client(read_timeout=None)
         try:
