@@ -96,6 +96,7 @@ def aggregate(results: dict[str, Any]) -> dict[str, Any]:
         a["swarm"] = {
             "ready": (part or {}).get("swarm_ready"),
             "errors": ((part or {}).get("swarm") or {}).get("errors"),
+            "frames_by_type": ((part or {}).get("swarm") or {}).get("frames_by_type") or {},
         }
         a["viewer_check"] = (part or {}).get("viewer_check")
         agg[key] = a
@@ -105,10 +106,13 @@ def aggregate(results: dict[str, Any]) -> dict[str, Any]:
     return agg
 
 
+RIGDASH_ROLES = ("web", "worker", "sampler")  # RigDash's own processes; the rest is the benchmark's or the backend's
+
+
 def cost_figures(costs: list[dict[str, Any]], tokens: list[int], idle: dict[str, Any] | None) -> dict[str, Any]:
     """CPU (web, worker, and the rest) and Redis operations per token over the measured windows."""
     n_tokens = sum(tokens)
-    cpu = {"web": 0.0, "worker": 0.0}
+    cpu = {role: 0.0 for role in RIGDASH_ROLES}
     other: dict[str, float] = {}
     wall = 0.0
     redis_total: dict[str, int] = {}
@@ -121,15 +125,14 @@ def cost_figures(costs: list[dict[str, Any]], tokens: list[int], idle: dict[str,
                 other[k] = other.get(k, 0.0) + v
         for cmd, calls in cost["redis"].items():
             redis_total[cmd] = redis_total.get(cmd, 0) + calls
-    idle_cpu = sum(v for k, v in ((idle or {}).get("cpu_s_per_s") or {}).items() if k in ("web", "worker")) * wall
+    idle_cpu = sum(v for k, v in ((idle or {}).get("cpu_s_per_s") or {}).items() if k in RIGDASH_ROLES) * wall
     idle_redis = (idle or {}).get("redis_ops_per_s", 0.0) * wall
     redis_ops = sum(redis_total.values())
     return {
         "cpu_us_per_token": None
         if not n_tokens
         else {
-            "web": 1e6 * cpu["web"] / n_tokens,
-            "worker": 1e6 * cpu["worker"] / n_tokens,
+            **{role: 1e6 * seconds / n_tokens for role, seconds in cpu.items()},
             "total": 1e6 * sum(cpu.values()) / n_tokens,
             "net_of_idle": 1e6 * (sum(cpu.values()) - idle_cpu) / n_tokens,
         },
@@ -214,9 +217,10 @@ def grows(g: dict[str, Any] | None, *, tolerance_ms: float = 5.0) -> bool | None
 
 def _cost_rows(add: Any, label: str, a: dict[str, Any]) -> None:
     cpu = a["cpu_us_per_token"] or {}
-    add(label, "server CPU per token, web + worker (us; net of idle)",
+    add(label, "server CPU per token, web + worker + sampler (us; net of idle)",
         f"{stats.fmt(cpu.get('total'), 0)} (web {stats.fmt(cpu.get('web'), 0)}, worker "
-        f"{stats.fmt(cpu.get('worker'), 0)}; net {stats.fmt(cpu.get('net_of_idle'), 0)})",
+        f"{stats.fmt(cpu.get('worker'), 0)}, sampler {stats.fmt(cpu.get('sampler'), 0)}; "
+        f"net {stats.fmt(cpu.get('net_of_idle'), 0)})",
         "report; aim <= 100", _le(cpu.get("total"), 100))  # fmt: skip
     other = a.get("other_cpu_us_per_token") or {}
     if other:
@@ -307,6 +311,10 @@ def table_rows(agg: dict[str, Any]) -> list[list[str]]:
             lt = a["longtasks"]
             add(label, "browser long tasks while streaming (count; longest ms)",
                 f"{lt['count']}; {stats.fmt(lt['max_ms'], 0)}", "none over 50 ms", lt["count"] == 0)  # fmt: skip
+        samples = a["swarm"].get("frames_by_type", {}).get("rig.sample")
+        if key == "level2" and samples is not None:
+            add(label, "dashboard viewers: rig.sample frames received (monitoring socket, from the sampler)",
+                f"{samples}; errors {a['swarm'].get('errors') or 'none'}", "(reported)", None)  # fmt: skip
         idle = a.get("idle_with_sockets")
         if idle:
             add(label, f"idle RigDash CPU with {a['swarm']['ready']} sockets open",

@@ -351,7 +351,7 @@ class Bench:
         return {
             "seconds": wall,
             "cpu_s_per_s": {k: v / wall for k, v in cost["cpu_s"].items()},
-            "cpu_pct_of_core": 100 * sum(v for k, v in cost["cpu_s"].items() if k in ("web", "worker")) / wall,
+            "cpu_pct_of_core": 100 * sum(v for k, v in cost["cpu_s"].items() if k in report.RIGDASH_ROLES) / wall,
             "redis_ops_per_s": sum(cost["redis"].values()) / wall,
             "redis": cost["redis"],
         }
@@ -438,8 +438,11 @@ class Bench:
     async def level2(self) -> dict[str, Any]:
         plan = self.plan
         out: dict[str, Any] = {"rounds": []}
-        dashboard, idle = self.stack.new_session("llama"), self.stack.new_session("llama")
-        groups = [{"session": dashboard, "count": plan.l2_viewers}, {"session": idle, "count": plan.l2_idle}]
+        idle = self.stack.new_session("llama")
+        # The dashboard viewers watch the llama rig's live monitoring page socket (a rig.sample every second from
+        # the sampler); the idle sockets are chat pages of a session with no turns.
+        dashboard = f"/ws/monitoring/rigs/{self.stack.rig_id('llama')}/"
+        groups = [{"path": dashboard, "count": plan.l2_viewers}, {"session": idle, "count": plan.l2_idle}]
         swarm = Swarm(self.stack.web_port, self.cookie, groups)
         log(f"L2: connecting {plan.l2_viewers} viewers and {plan.l2_idle} idle sockets")
         out["swarm_ready"] = await swarm.start()

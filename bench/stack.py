@@ -128,6 +128,12 @@ class BenchStack:
             log_path=self.log_dir / "web.log",
         )
         self.pids["web"] = web.pid
+        # The monitoring sampler, as scripts/run starts it: it feeds the dashboard viewers of level 2, and its CPU
+        # counts as RigDash's.
+        sampler = self.stack.start(
+            "sampler", [PYTHON, "manage.py", "rigdash_sampler"], env=self.env, log_path=self.log_dir / "sampler.log"
+        )
+        self.pids["sampler"] = sampler.pid
         wait_http(f"http://127.0.0.1:{self.ports['llama']}/health", timeout_s=180, proc=llama)
         wait_http(f"http://127.0.0.1:{self.web_port}/static/rigdash/app.css", timeout_s=120, proc=web)
         for name in ("tap", "synthetic"):
@@ -198,6 +204,9 @@ class BenchStack:
             "llama_model": llama_model,
         }
 
+    def rig_id(self, rig: str) -> int:
+        return int(self._rigs[rig].pk)
+
     def new_session(self, rig: str) -> int:
         from inference.models import ChatSession
 
@@ -220,7 +229,7 @@ class BenchStack:
     # --- what RigDash costs ------------------------------------------------------------------------------
 
     def cpu(self) -> dict[str, float]:
-        """CPU seconds so far per process tree: RigDash's (web; worker and its children) and the others
+        """CPU seconds so far per process tree: RigDash's (web; worker and its children; sampler) and the others
         the benchmark started (llama-server, tap, synthetic source, Chromium when a tab is open)."""
         out: dict[str, float] = {}
         for role, pid in self.pids.items():

@@ -34,9 +34,10 @@ class TurnSeen:
 
 @dataclass
 class Viewer:
-    session: int
+    path: str
     turns: dict[int, TurnSeen] = field(default_factory=dict)
     frames: int = 0
+    kinds: dict[str, int] = field(default_factory=dict)
     error: str | None = None
 
 
@@ -50,6 +51,7 @@ async def watch(client: WSClient, viewer: Viewer) -> None:
             arrived, frame = await client.recv_json()
             viewer.frames += 1
             kind = frame.get("type")
+            viewer.kinds[kind] = viewer.kinds.get(kind, 0) + 1
             if kind == "token":
                 seen = viewer.turns.setdefault(frame["turn"], TurnSeen())
                 if frame["seq_to"] <= seen.last_seq:
@@ -88,6 +90,7 @@ def summarize(viewers: list[Viewer]) -> dict[str, Any]:
             entry["last_seq"].append(seen.last_seq)
             if seen.t_first and seen.t_last and seen.t_last > seen.t_first and seen.last_seq > 1:
                 entry["rates"].append((seen.last_seq - 1) / (seen.t_last - seen.t_first))
+    kinds = {kind for viewer in viewers for kind in viewer.kinds}
     for entry in turns.values():
         entry["text_sha1"] = sorted(set(entry["text_sha1"]))
         entry["last_seq"] = sorted(set(entry["last_seq"]))
@@ -95,6 +98,7 @@ def summarize(viewers: list[Viewer]) -> dict[str, Any]:
         "clients": len(viewers),
         "errors": sorted({v.error for v in viewers if v.error and "closed (1000)" not in v.error})[:10],
         "frames": sum(v.frames for v in viewers),
+        "frames_by_type": {kind: sum(v.kinds.get(kind, 0) for v in viewers) for kind in sorted(kinds)},
         "turns": {str(k): v for k, v in turns.items()},
     }
 
@@ -108,22 +112,25 @@ async def main(config: dict[str, Any]) -> None:
     tasks: list[asyncio.Task[None]] = []
     failed = 0
 
-    async def open_one(session: int) -> None:
+    async def open_one(group: dict[str, Any]) -> None:
+        """A chat page socket (``session``: it starts with a session.snapshot) or any other path (``path``)."""
         nonlocal failed
+        path = group.get("path") or f"/ws/chat/{group['session']}/"
         async with gate:
             try:
-                client = await WSClient.connect(port, f"/ws/chat/{session}/", cookie=cookie, timeout_s=30)
-                await client.recv_json(timeout_s=30)  # session.snapshot
+                client = await WSClient.connect(port, path, cookie=cookie, timeout_s=30)
+                if "session" in group:
+                    await client.recv_json(timeout_s=30)  # session.snapshot
             except (WSClosed, OSError, TimeoutError) as exc:
                 failed += 1
                 print(f"connect failed: {exc!r}", file=sys.stderr, flush=True)
                 return
-        viewer = Viewer(session=session)
+        viewer = Viewer(path=path)
         viewers.append(viewer)
         clients.append(client)
         tasks.append(asyncio.create_task(watch(client, viewer)))
 
-    await asyncio.gather(*(open_one(g["session"]) for g in config["groups"] for _ in range(int(g["count"]))))
+    await asyncio.gather(*(open_one(g) for g in config["groups"] for _ in range(int(g["count"]))))
     print(f"READY ok={len(clients)} failed={failed}", flush=True)
     while time.monotonic() < deadline:
         try:

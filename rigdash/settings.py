@@ -180,7 +180,9 @@ LOGGING = {
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
     "root": {"handlers": ["console"], "level": env_str("RIGDASH_LOG_LEVEL", "INFO")},
-    "loggers": {"django.channels.server": {"level": "WARNING"}},
+    # httpx logs every request at INFO: the sampler polls each rig every second, so that was three log lines a
+    # second per rig, forever. Failures still reach the logs through RigDash's own warnings.
+    "loggers": {"django.channels.server": {"level": "WARNING"}, "httpx": {"level": "WARNING"}},
 }
 
 CELERY_BEAT_SCHEDULE = {

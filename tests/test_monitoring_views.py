@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from asgiref.sync import sync_to_async
 from django.test import Client
@@ -97,3 +99,18 @@ async def test_monitoring_sockets_need_login_and_an_enabled_rig(owner):
     sock = MonitorSocket("/ws/monitoring/", cookie)
     assert (await sock.connect())[0]
     await sock.close()
+
+
+def test_sample_frames_are_built_once_per_kind_of_viewer_and_keep_names_private():
+    from monitoring.consumers import sample_frame
+
+    turns = [{"turn": 1, "user": "ann"}, {"turn": 2, "user": "bob"}]
+    event = {"type": "rig.sample", "rig": 3, "sample": {"ts": 1234.5, "series": {}, "detail": {"turns": turns}}}
+    users = lambda frame: [t["user"] for t in json.loads(frame)["sample"]["detail"]["turns"]]  # noqa: E731
+    ann = sample_frame(event, viewer="ann", is_staff=False)
+    assert users(ann) == ["ann", "another user"]
+    assert users(sample_frame(event, viewer="bob", is_staff=False)) == ["another user", "bob"]
+    assert users(sample_frame(event, viewer="root", is_staff=True)) == ["ann", "bob"]
+    assert sample_frame(event, viewer="ann", is_staff=False) is ann  # the same sample again: no new json.dumps
+    later = {**event, "sample": {**event["sample"], "ts": 1235.5, "detail": {"turns": turns[1:]}}}
+    assert users(sample_frame(later, viewer="ann", is_staff=False)) == ["another user"]
