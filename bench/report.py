@@ -311,7 +311,7 @@ def table_rows(agg: dict[str, Any]) -> list[list[str]]:
             lt = a["longtasks"]
             add(label, "browser long tasks while streaming (count; longest ms)",
                 f"{lt['count']}; {stats.fmt(lt['max_ms'], 0)}", "none over 50 ms", lt["count"] == 0)  # fmt: skip
-        samples = a["swarm"].get("frames_by_type", {}).get("rig.sample")
+        samples = (a.get("swarm") or {}).get("frames_by_type", {}).get("rig.sample")
         if key == "level2" and samples is not None:
             add(label, "dashboard viewers: rig.sample frames received (monitoring socket, from the sampler)",
                 f"{samples}; errors {a['swarm'].get('errors') or 'none'}", "(reported)", None)  # fmt: skip
