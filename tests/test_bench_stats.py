@@ -160,4 +160,4 @@ def test_paired_figures_get_no_verdict_when_the_machine_drifted_between_runs():
     key = "decode tok/s, RigDash client / direct: paired runs (median; min)"
     assert steady[key] == "ok" and drifted[key] == "-"
     assert steady["TTFT added by RigDash: paired p50 / p99 (ms)"] == "ok"  # 10 ms added
-    assert steady["server CPU per token, web + worker (us; net of idle)"] == "MISS"  # 200 us per token
+    assert steady["server CPU per token, web + worker + sampler (us; net of idle)"] == "MISS"  # 200 us per token
