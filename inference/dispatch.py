@@ -118,17 +118,20 @@ def rig_dispatch(*, rig_id: int) -> list[int]:
             return []
         free = rig.slots - _busy_slots(rig_id)
         dispatched: list[int] = []
+        still_waiting: list[Waiting] | None = None  # known only when the order was read here
         if free > 0:
             now = timezone.now()
-            for item in waiting_order(rig_id)[:free]:
+            order = waiting_order(rig_id)
+            for item in order[:free]:
                 marked = Turn.objects.filter(
                     pk=item.turn_id, status=Turn.Status.QUEUED, dispatched_at__isnull=True
                 ).update(dispatched_at=now)
                 if marked:
                     dispatched.append(item.turn_id)
+            still_waiting = [item for item in order if item.turn_id not in dispatched]
         queue = rig.queue
         transaction.on_commit(lambda: _send(dispatched, queue))
-        transaction.on_commit(lambda: announce_positions(rig_id=rig_id))
+        transaction.on_commit(lambda: announce_positions(rig_id=rig_id, waiting_order_now=still_waiting))
     return dispatched
 
 
@@ -139,11 +142,13 @@ def _send(turn_ids: list[int], queue: str) -> None:
         turn_run_task.apply_async(args=[turn_id], queue=queue)
 
 
-def announce_positions(*, rig_id: int) -> None:
-    """Tell each waiting turn's chat page (and the board) where it now stands in the rig's queue (0: starting)."""
+def announce_positions(*, rig_id: int, waiting_order_now: list[Waiting] | None = None) -> None:
+    """Tell each waiting turn's chat page (and the board) where it now stands in the rig's queue (0: starting).
+    ``waiting_order_now``: the order the dispatch just read under the rig's lock, less what it handed out."""
     starting = Turn.objects.filter(session__rig_id=rig_id, status=Turn.Status.QUEUED, dispatched_at__isnull=False)
     waiting = [(session_id, turn_id, 0) for turn_id, session_id in starting.values_list("pk", "session_id")]
-    waiting += [(w.session_id, w.turn_id, i + 1) for i, w in enumerate(waiting_order(rig_id))]
+    order = waiting_order(rig_id) if waiting_order_now is None else waiting_order_now
+    waiting += [(w.session_id, w.turn_id, i + 1) for i, w in enumerate(order)]
     if waiting:
         events.queue_positions_sync(rig_id=rig_id, waiting=waiting)
 

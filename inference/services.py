@@ -120,7 +120,7 @@ def turn_submit(*, session: ChatSession, text: Any, params: Any = None) -> Turn:
     turn.session = session
     # The page hears of the turn before a worker can start it: a fast backend's first token could otherwise
     # reach the page before the turn itself did (seen in the benchmark's stress level).
-    events.turn_queued_sync(session_id=session.pk, turn=turn_snapshot(turn))
+    events.turn_queued_sync(session_id=session.pk, turn=turn_snapshot(turn, just_stored=True))
     # The turn waits in the rig's fair queue; dispatch hands it to Celery when a slot is free.
     dispatch.rig_dispatch(rig_id=session.rig_id)
     board.publish_turn(turn.pk)
