@@ -160,3 +160,10 @@ async def test_a_read_gate_gathers_tokens_in_the_socket_without_delaying_the_fir
     assert first_text_at - start < 0.025  # sent about 5-10 ms in: not held back
     reads = 1 + sum(1 for (a, _), (b, _) in itertools.pairwise(arrivals) if b - a > 0.002)
     assert reads <= 10  # about 100 ms of tokens in reads 30 ms apart; one read per token would be 20
+
+
+async def test_an_event_that_never_ends_is_refused_before_it_fills_memory():
+    parser = sse.SSEParser(max_event_bytes=1000)
+    assert parser.feed(b"data: " + b"x" * 500) == []
+    with pytest.raises(sse.ProtocolError, match="longer than 1000 bytes"):
+        parser.feed(b"x" * 600)

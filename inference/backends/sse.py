@@ -25,6 +25,7 @@ from urllib.parse import urlsplit
 READ_SIZE = 65536
 MAX_HEAD_BYTES = 64 * 1024
 MAX_ERROR_BODY_BYTES = 64 * 1024
+MAX_EVENT_BYTES = 1 << 20  # llama-server's events are a few hundred bytes (a few KB with n_probs)
 
 
 class ProtocolError(Exception):
@@ -132,6 +133,7 @@ class SSEParser:
     """
 
     _buffer: bytearray = field(default_factory=bytearray)
+    max_event_bytes: int = MAX_EVENT_BYTES
 
     def feed(self, data: bytes) -> list[str]:
         self._buffer += data.replace(b"\r\n", b"\n") if b"\r" in data else data
@@ -139,6 +141,8 @@ class SSEParser:
         while True:
             end = self._buffer.find(b"\n\n")
             if end < 0:
+                if len(self._buffer) > self.max_event_bytes:  # a server that never ends an event cannot fill memory
+                    raise ProtocolError(f"an event longer than {self.max_event_bytes} bytes")
                 return events
             block = bytes(self._buffer[:end]).decode("utf-8")
             del self._buffer[: end + 2]
