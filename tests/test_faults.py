@@ -92,3 +92,55 @@ def test_sqlite_takes_a_web_server_and_a_worker_writing_at_once(tmp_path):
     for proc in writers:
         out, err = proc.communicate(timeout=120)
         assert proc.returncode == 0 and out.strip() == "ok", err[-2000:]
+
+
+@pytest.mark.llama
+@pytest.mark.django_db(transaction=True)
+def test_the_worker_runs_new_turns_after_redis_restarts(service_env, llama_url, model_name, owner, tmp_path):
+    """reliability.md: workers have been seen to stop consuming after a Redis restart. A worker with the default
+    pool on a private redis-server runs a turn; the server is stopped and started again on the same port,
+    empty (it keeps nothing on disk, like the machine's Redis); a turn sent afterwards runs too."""
+    import shutil
+
+    from inference.tasks import turn_run_task
+    from rigdash.celery import app
+    from rigdash.launcher import Stack, free_port, redis_answers
+    from tests.conftest import wait_until
+
+    server = shutil.which("redis-server")
+    if server is None:
+        pytest.skip("redis-server is not installed")
+    port, queue = free_port(), f"rig.restart{tmp_path.name[-8:]}"
+    url = f"redis://127.0.0.1:{port}/0"
+    redis_cmd = [server, "--bind", "127.0.0.1", "--port", str(port), "--save", "", "--appendonly", "no"]
+    processes = Stack()
+    try:
+        redis_proc = processes.start("redis", redis_cmd, log_path=tmp_path / "redis.log")
+        wait_until(lambda: redis_answers(url), timeout_s=15, what="the private redis-server")
+        env = {**service_env, "REDIS_URL": url, "CELERY_BROKER_URL": url}
+        processes.start(
+            "worker",
+            [sys.executable, "-m", "celery", "-A", "rigdash", "worker", "-Q", queue, "-c", "1", "-l", "INFO",
+             "-n", f"restart{port}@localhost", "--without-gossip", "--without-mingle"],
+            env=env, log_path=tmp_path / "worker.log",
+        )  # fmt: skip
+        rig = Rig.objects.create(name="restart", kind="llamacpp", base_url=llama_url, queue=queue)
+        session = ChatSession.objects.create(owner=owner, rig=rig, model_name=model_name)
+
+        def run_a_turn(text: str) -> Turn:
+            turn = Turn.objects.create(session=session, user_text=text, params={"max_tokens": 8, "temperature": 0})
+            with app.connection_for_write(url) as connection:
+                turn_run_task.apply_async(args=[turn.pk], queue=queue, connection=connection)
+            return wait_until(
+                lambda: Turn.objects.filter(pk=turn.pk, status=Turn.Status.DONE).first(),
+                timeout_s=90, what=f"the turn {text!r} to finish (see {tmp_path / 'worker.log'})",
+            )  # fmt: skip
+
+        assert run_a_turn("Say one word.").reply_text
+        redis_proc.terminate()
+        redis_proc.wait(timeout=10)
+        processes.start("redis-again", redis_cmd, log_path=tmp_path / "redis-again.log")
+        wait_until(lambda: redis_answers(url), timeout_s=15, what="the restarted redis-server")
+        assert run_a_turn("Say another word.").reply_text  # the worker consumes again, nobody restarted it
+    finally:
+        processes.stop()
