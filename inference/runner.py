@@ -11,6 +11,7 @@ the turn is claimed, at its first token, at checkpoints every few seconds, and o
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import socket
@@ -22,6 +23,7 @@ from typing import Any, cast
 import redis.asyncio as aioredis
 from channels.db import database_sync_to_async as db_async
 from django.conf import settings
+from redis.exceptions import RedisError
 
 from inference import board, dispatch, events, live, quotas, services
 from inference.backends import backend_for
@@ -127,6 +129,7 @@ class TurnStream:
     context_quota: int | None = None
     backend_prompt_tokens: int | None = None  # the backend's count of the prompt, once it sent it
     before_first_batch: asyncio.Future[Any] | None = None
+    live_broken: bool = False  # a flush failed to reach Redis: the live list must be rebuilt when it is back
 
     @property
     def text(self) -> str:
@@ -159,20 +162,27 @@ class TurnStream:
         if text or check_cancel:
             # One round trip: append to the live list, then publish (Redis runs them in order, so a snapshot
             # read after the publish holds the batch), and read the cancel flag when it is due.
-            async with self.redis.pipeline(transaction=False) as pipe:
-                if text:
-                    pipe.rpush(live.live_key(self.turn.pk), live.encode_batch(seq_from, seq_to, text, stats))
-                    if seq_from == 1:
-                        pipe.expire(live.live_key(self.turn.pk), live.LIVE_TTL_S)
-                    if publication is not None:
-                        pipe.publish(*publication)
-                if check_cancel:
-                    pipe.get(live.cancel_key(self.turn.pk))
-                    self.cancel_checked_at = now
-                results = await pipe.execute()
+            try:
+                async with self.redis.pipeline(transaction=False) as pipe:
+                    if text:
+                        self._append_live(pipe, seq_from, seq_to, text, stats)
+                        if publication is not None:
+                            pipe.publish(*publication)
+                    if check_cancel:
+                        pipe.get(live.cancel_key(self.turn.pk))
+                    results = await pipe.execute()
+            except (RedisError, OSError) as exc:
+                # Redis is down or restarting: keep decoding and keep the batch pending (the database still gets
+                # checkpoints and the end). The next flush that gets through rebuilds the live list whole.
+                if not self.live_broken:
+                    log.warning("turn %s: Redis unavailable while streaming (%r); holding tokens", self.turn.pk, exc)
+                self.live_broken = True
+                return
             if check_cancel:
+                self.cancel_checked_at = now
                 self.cancelled = self.cancelled or bool(results[-1])
         if text:
+            self.live_broken = False
             self.pending.clear()
             self.pending_since = None
             self.seq_sent = seq_to
@@ -180,9 +190,23 @@ class TurnStream:
             if message is not None and publication is None:  # another channel layer: its own group_send
                 await events.group_send(events.session_group(self.turn.session_id), message)
             if self.progress is not None:
-                await self.progress.tick(
-                    self.redis, tokens=self.meter.events, decode_tps=self.meter.decode_tps, status="decoding"
-                )
+                with contextlib.suppress(RedisError, OSError):  # the board's progress is a view: the next tick retries
+                    await self.progress.tick(
+                        self.redis, tokens=self.meter.events, decode_tps=self.meter.decode_tps, status="decoding"
+                    )
+
+    def _append_live(self, pipe: Any, seq_from: int, seq_to: int, text: str, stats: dict[str, Any]) -> None:
+        """Append a batch to the turn's live list; after Redis came back (empty, or without what was appended while
+        it was away), replace the list with one batch holding the whole reply so far, so that a snapshot is
+        always seq 1..n."""
+        key = live.live_key(self.turn.pk)
+        if self.live_broken:  # a failed pipeline may have run part-way: rewrite rather than append
+            pipe.delete(key)
+            pipe.rpush(key, live.encode_batch(1, seq_to, "".join(self.parts[:seq_to]), stats))
+        else:
+            pipe.rpush(key, live.encode_batch(seq_from, seq_to, text, stats))
+        if seq_from == 1 or self.live_broken:
+            pipe.expire(key, live.LIVE_TTL_S)
 
     async def read_gate(self) -> None:
         """Given to the backend: after a read that brought text, it reads the socket again only when the next

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from typing import Any
 
 import pytest
 
@@ -94,53 +95,121 @@ def test_sqlite_takes_a_web_server_and_a_worker_writing_at_once(tmp_path):
         assert proc.returncode == 0 and out.strip() == "ok", err[-2000:]
 
 
+class PrivateRedisWorker:
+    """A redis-server of the test's own and a worker (the default pool) using it as broker and live store, so that
+    the test can stop and restart Redis under a running worker. It keeps nothing on disk, like the machine's."""
+
+    def __init__(self, service_env: dict[str, str], tmp_path: Any) -> None:
+        import shutil
+
+        from rigdash.launcher import Stack, free_port
+
+        server = shutil.which("redis-server")
+        if server is None:
+            pytest.skip("redis-server is not installed")
+        self.port, self.tmp_path = free_port(), tmp_path
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self.queue = f"rig.restart{self.port}"
+        self.redis_cmd = [server, "--bind", "127.0.0.1", "--port", str(self.port), "--save", "", "--appendonly", "no"]
+        self.processes = Stack()
+        self.env = {**service_env, "REDIS_URL": self.url, "CELERY_BROKER_URL": self.url}
+
+    def start(self) -> None:
+        self.redis_proc = self._redis("redis")
+        self.processes.start(
+            "worker",
+            [sys.executable, "-m", "celery", "-A", "rigdash", "worker", "-Q", self.queue, "-c", "1", "-l", "INFO",
+             "-n", f"restart{self.port}@localhost", "--without-gossip", "--without-mingle"],
+            env=self.env, log_path=self.tmp_path / "worker.log",
+        )  # fmt: skip
+
+    def _redis(self, name: str) -> Any:
+        from rigdash.launcher import redis_answers
+        from tests.conftest import wait_until
+
+        proc = self.processes.start(name, self.redis_cmd, log_path=self.tmp_path / f"{name}.log")
+        wait_until(lambda: redis_answers(self.url), timeout_s=15, what=f"{name} to answer")
+        return proc
+
+    def restart_redis(self) -> None:
+        self.redis_proc.terminate()
+        self.redis_proc.wait(timeout=10)
+        self.redis_proc = self._redis("redis-again")
+
+    def send(self, turn: Turn) -> None:
+        from inference.tasks import turn_run_task
+        from rigdash.celery import app
+
+        with app.connection_for_write(self.url) as connection:
+            turn_run_task.apply_async(args=[turn.pk], queue=self.queue, connection=connection)
+
+    def wait_done(self, turn: Turn, timeout_s: float = 90) -> Turn:
+        from tests.conftest import wait_until
+
+        return wait_until(
+            lambda: Turn.objects.filter(pk=turn.pk).exclude(status__in=Turn.ACTIVE).first(),
+            timeout_s=timeout_s, what=f"turn {turn.pk} to end (see {self.tmp_path / 'worker.log'})",
+        )  # fmt: skip
+
+
 @pytest.mark.llama
 @pytest.mark.django_db(transaction=True)
 def test_the_worker_runs_new_turns_after_redis_restarts(service_env, llama_url, model_name, owner, tmp_path):
-    """reliability.md: workers have been seen to stop consuming after a Redis restart. A worker with the default
-    pool on a private redis-server runs a turn; the server is stopped and started again on the same port,
-    empty (it keeps nothing on disk, like the machine's Redis); a turn sent afterwards runs too."""
-    import shutil
+    """reliability.md: workers have been seen to stop consuming after a Redis restart. A turn runs; Redis is
+    stopped and started again, empty; a turn sent afterwards runs too, and nobody restarted the worker."""
+    rw = PrivateRedisWorker(service_env, tmp_path)
+    try:
+        rw.start()
+        rig = Rig.objects.create(name="restart", kind="llamacpp", base_url=llama_url, queue=rw.queue)
+        session = ChatSession.objects.create(owner=owner, rig=rig, model_name=model_name)
+        params = {"max_tokens": 8, "temperature": 0}
+        for text in ("Say one word.", "Say another word."):
+            turn = Turn.objects.create(session=session, user_text=text, params=params)
+            rw.send(turn)
+            assert rw.wait_done(turn).status == Turn.Status.DONE
+            if text == "Say one word.":
+                rw.restart_redis()
+    finally:
+        rw.processes.stop()
 
-    from inference.tasks import turn_run_task
-    from rigdash.celery import app
-    from rigdash.launcher import Stack, free_port, redis_answers
+
+@pytest.mark.llama
+@pytest.mark.django_db(transaction=True)
+def test_a_reply_streaming_while_redis_restarts_ends_whole(service_env, llama_url, model_name, owner, tmp_path):
+    """Redis restarts (empty) in the middle of a reply: the worker holds the tokens it cannot publish, keeps
+    decoding, rebuilds the live list whole once Redis is back (a reconnecting page gets seq 1..n), and the turn
+    ends done with the whole reply stored."""
+    import redis as redis_lib
+
+    from inference.live import decode_snapshot, live_key
     from tests.conftest import wait_until
 
-    server = shutil.which("redis-server")
-    if server is None:
-        pytest.skip("redis-server is not installed")
-    port, queue = free_port(), f"rig.restart{tmp_path.name[-8:]}"
-    url = f"redis://127.0.0.1:{port}/0"
-    redis_cmd = [server, "--bind", "127.0.0.1", "--port", str(port), "--save", "", "--appendonly", "no"]
-    processes = Stack()
+    rw = PrivateRedisWorker(service_env, tmp_path)
     try:
-        redis_proc = processes.start("redis", redis_cmd, log_path=tmp_path / "redis.log")
-        wait_until(lambda: redis_answers(url), timeout_s=15, what="the private redis-server")
-        env = {**service_env, "REDIS_URL": url, "CELERY_BROKER_URL": url}
-        processes.start(
-            "worker",
-            [sys.executable, "-m", "celery", "-A", "rigdash", "worker", "-Q", queue, "-c", "1", "-l", "INFO",
-             "-n", f"restart{port}@localhost", "--without-gossip", "--without-mingle"],
-            env=env, log_path=tmp_path / "worker.log",
-        )  # fmt: skip
-        rig = Rig.objects.create(name="restart", kind="llamacpp", base_url=llama_url, queue=queue)
+        rw.start()
+        rig = Rig.objects.create(name="restart", kind="llamacpp", base_url=llama_url, queue=rw.queue)
         session = ChatSession.objects.create(owner=owner, rig=rig, model_name=model_name)
+        params = {"max_tokens": 256, "temperature": 0.7, "seed": 5}
+        turn = Turn.objects.create(session=session, user_text="Write a long story about a lighthouse.", params=params)
+        client = redis_lib.Redis.from_url(rw.url)
+        rw.send(turn)
+        wait_until(lambda: client.llen(live_key(turn.pk)) >= 3, timeout_s=60, what="the first batches")
+        before = decode_snapshot(client.lrange(live_key(turn.pk), 0, -1))
+        rw.restart_redis()
+        client = redis_lib.Redis.from_url(rw.url)
+        seen = []
 
-        def run_a_turn(text: str) -> Turn:
-            turn = Turn.objects.create(session=session, user_text=text, params={"max_tokens": 8, "temperature": 0})
-            with app.connection_for_write(url) as connection:
-                turn_run_task.apply_async(args=[turn.pk], queue=queue, connection=connection)
-            return wait_until(
-                lambda: Turn.objects.filter(pk=turn.pk, status=Turn.Status.DONE).first(),
-                timeout_s=90, what=f"the turn {text!r} to finish (see {tmp_path / 'worker.log'})",
-            )  # fmt: skip
+        def rebuilt_or_ended() -> bool:
+            batches = client.lrange(live_key(turn.pk), 0, -1)
+            if batches:
+                seen.append(decode_snapshot(batches))  # raises if the list does not run 1..n in order
+            return bool(batches) or not Turn.objects.filter(pk=turn.pk, status__in=Turn.ACTIVE).exists()
 
-        assert run_a_turn("Say one word.").reply_text
-        redis_proc.terminate()
-        redis_proc.wait(timeout=10)
-        processes.start("redis-again", redis_cmd, log_path=tmp_path / "redis-again.log")
-        wait_until(lambda: redis_answers(url), timeout_s=15, what="the restarted redis-server")
-        assert run_a_turn("Say another word.").reply_text  # the worker consumes again, nobody restarted it
+        wait_until(rebuilt_or_ended, timeout_s=60, interval_s=0.01, what="the live list back, or the turn's end")
+        done = rw.wait_done(turn)
     finally:
-        processes.stop()
+        rw.processes.stop()
+    assert done.status == Turn.Status.DONE, (done.status, done.error)
+    assert done.reply_text.startswith(before.text) and len(done.reply_text) > len(before.text)
+    assert all(done.reply_text.startswith(snapshot.text) for snapshot in seen)
+    assert seen == [] or seen[0].seq > before.seq  # rebuilt from seq 1 through the tokens held meanwhile
