@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import subprocess
 import sys
 from typing import Any
@@ -213,3 +215,55 @@ def test_a_reply_streaming_while_redis_restarts_ends_whole(service_env, llama_ur
     assert done.reply_text.startswith(before.text) and len(done.reply_text) > len(before.text)
     assert all(done.reply_text.startswith(snapshot.text) for snapshot in seen)
     assert seen == [] or seen[0].seq > before.seq  # rebuilt from seq 1 through the tokens held meanwhile
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_open_pages_keep_receiving_after_redis_restarts(owner, chat_session, settings, tmp_path):
+    """The other half of a Redis restart: a chat page's socket stays open, and the channel layer's subscription
+    behind it must come back, or the page would hear nothing more until reloaded. The layer here is the same
+    channels_redis pub/sub layer Daphne runs, pointed at a private redis-server that is restarted."""
+    import time
+
+    from asgiref.sync import sync_to_async
+    from channels.layers import channel_layers, get_channel_layer
+
+    from inference import events
+    from tests.conftest import session_cookie_for
+    from tests.wsclient import ChatSocket
+
+    rw = PrivateRedisWorker({}, tmp_path)
+    rw.redis_proc = await asyncio.to_thread(rw._redis, "redis")
+    settings.CHANNEL_LAYERS = {
+        "default": {
+            "BACKEND": "channels_redis.pubsub.RedisPubSubChannelLayer",
+            "CONFIG": {"hosts": [rw.url], "prefix": f"restart{rw.port}"},
+        }
+    }
+    channel_layers.backends.clear()
+    group = events.session_group(chat_session.pk)
+    sock = ChatSocket(chat_session.pk, await sync_to_async(session_cookie_for)(owner))
+    try:
+        connected, _ = await sock.connect()
+        assert connected
+        await sock.recv_until(lambda f: f["type"] == "session.snapshot")
+        layer = get_channel_layer()
+        batch = events.token_batch_message(turn_id=1, seq_from=1, seq_to=1, text="a", stats={})
+        await layer.group_send(group, batch)
+        await sock.recv_until(lambda f: f["type"] == "token" and f["seq_to"] == 1, timeout=10)
+
+        await asyncio.to_thread(rw.restart_redis)
+        later = events.token_batch_message(turn_id=1, seq_from=2, seq_to=2, text="b", stats={})
+        deadline = time.monotonic() + 30
+        heard = False
+        while not heard:  # the subscriber reconnects on its own; publish until the page hears it (bounded)
+            assert time.monotonic() < deadline, "the page heard nothing for 30 s after Redis came back"
+            with contextlib.suppress(Exception):
+                await layer.group_send(group, later)
+            # receive_nothing waits without ending the app on a timeout (receive_from would)
+            while not await sock.comm.receive_nothing(timeout=1):
+                frame = await sock.recv(timeout=5)
+                heard = heard or (frame["type"] == "token" and frame["seq_to"] == 2)
+    finally:
+        await sock.close()
+        channel_layers.backends.clear()
+        await asyncio.to_thread(rw.processes.stop)
