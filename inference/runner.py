@@ -38,6 +38,7 @@ CANCEL_CHECK_S = 0.1  # a Stop is seen within this (plus one flush); reading the
 # A batch due within this goes now: the backend's next read is let through this much before the batch is due, so
 # that read and flush share one wake-up (see TurnStream.read_gate).
 FLUSH_SLACK_S = 0.002
+REDIS_RETRY_S = 0.25  # while Redis is unreachable, a flush is tried this often
 WORKER_ID = f"{socket.gethostname()}:{os.getpid()}"
 
 
@@ -130,6 +131,7 @@ class TurnStream:
     backend_prompt_tokens: int | None = None  # the backend's count of the prompt, once it sent it
     before_first_batch: asyncio.Future[Any] | None = None
     live_broken: bool = False  # a flush failed to reach Redis: the live list must be rebuilt when it is back
+    redis_retry_at: float = float("-inf")  # after a failed flush, the next try waits until then (no busy loop)
 
     @property
     def text(self) -> str:
@@ -139,7 +141,7 @@ class TurnStream:
         """When the pending tokens go out: at once if the last batch is an interval old, else an interval after it."""
         if self.pending_since is None:
             return None
-        return max(self.pending_since, self.last_sent + self.flush_interval_s)
+        return max(self.pending_since, self.last_sent + self.flush_interval_s, self.redis_retry_at)
 
     async def flush(self) -> None:
         """Append the pending batch to the live list, read the cancel flag (at most every CANCEL_CHECK_S, in the
@@ -177,6 +179,7 @@ class TurnStream:
                 if not self.live_broken:
                     log.warning("turn %s: Redis unavailable while streaming (%r); holding tokens", self.turn.pk, exc)
                 self.live_broken = True
+                self.redis_retry_at = time.perf_counter() + REDIS_RETRY_S
                 return
             if check_cancel:
                 self.cancel_checked_at = now

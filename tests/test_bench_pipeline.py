@@ -116,3 +116,42 @@ async def test_chunks_read_together_go_out_in_one_batch(settings):
     final = await _consume(stream, queue, settings.RIGDASH)  # type: ignore[arg-type]
     assert final.finish_reason == "stop"
     assert flushed[0] == ["b", "c", "d"]
+
+
+async def test_a_flush_that_cannot_reach_redis_keeps_its_tokens_and_waits_before_trying_again():
+    """Redis down: the batch stays pending (nothing lost, seq not advanced) and the next try is a quarter second
+    away, not immediate (the consume loop would otherwise spin on connection errors)."""
+    import time
+    from types import SimpleNamespace
+
+    from redis.exceptions import ConnectionError as RedisConnectionError
+
+    class DownPipeline:
+        def __init__(self) -> None:
+            self.commands: list[str] = []
+
+        async def __aenter__(self) -> DownPipeline:
+            return self
+
+        async def __aexit__(self, *exc: object) -> None:
+            return None
+
+        def __getattr__(self, name: str) -> object:
+            return lambda *args: self.commands.append(name)
+
+        async def execute(self) -> list[object]:
+            raise RedisConnectionError("Error 111 connecting")
+
+    stream = _stream()
+    stream.turn = SimpleNamespace(pk=5, session_id=6)  # type: ignore[assignment]
+    stream.redis = SimpleNamespace(pipeline=lambda transaction: DownPipeline())  # type: ignore[assignment]
+    now = time.perf_counter()
+    for text in ("a", "b"):
+        stream.meter.token(now)
+        stream.parts.append(text)
+        stream.pending.append(text)
+    stream.pending_since = now
+    await stream.flush()
+    assert stream.pending == ["a", "b"] and stream.seq_sent == 0 and stream.live_broken
+    due = stream.flush_due()
+    assert due is not None and due >= time.perf_counter() + 0.2
