@@ -155,8 +155,9 @@ class TurnStream:
         if seq_from == 1 and text and self.before_first_batch is not None:
             await asyncio.wait({self.before_first_batch})  # 'prompt' reaches the page before the first token
         message = publication = None
-        stats = self.live_stats()
+        stats: dict[str, Any] = {}
         if text:
+            stats = self.live_stats()
             message = events.token_batch_message(
                 turn_id=self.turn.pk, seq_from=seq_from, seq_to=seq_to, text=text, stats=stats
             )

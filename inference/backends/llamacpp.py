@@ -173,7 +173,7 @@ class LlamaCppBackend(Backend):
                 error = BackendUnavailable if response.status >= 500 else BackendError
                 raise error(_error_message(response.status, body))
             finished = done = False
-            async for _, batch in response.event_batches():
+            async for batch in response.event_batches():
                 text_seen = False
                 for data in batch:
                     if data == "[DONE]":

@@ -200,18 +200,16 @@ class SSEResponse:
 
     async def events(self) -> AsyncIterator[str]:
         """The ``data`` of each event, in order, until the body ends."""
-        async for _, batch in self.event_batches():
+        async for batch in self.event_batches():
             for data in batch:
                 yield data
 
-    async def event_batches(self) -> AsyncIterator[tuple[float, list[str]]]:
-        """The events each read from the socket completed, with the loop time of that read."""
+    async def event_batches(self) -> AsyncIterator[list[str]]:
+        """The events each read from the socket completed (reads that complete none yield nothing)."""
         parser = SSEParser()
-        loop = asyncio.get_running_loop()
         async for part in self._body_parts():
-            batch = parser.feed(part)
-            if batch:
-                yield loop.time(), batch
+            if batch := parser.feed(part):
+                yield batch
 
     @contextlib.asynccontextmanager
     async def reads_paused(self) -> AsyncIterator[None]:
