@@ -21,7 +21,7 @@ from rigdash.ws import CLOSE_NOT_FOUND, GroupJsonConsumer
 
 class ChatConsumer(RevocableMixin, GroupJsonConsumer):
     session_id: int
-    no_database_events = frozenset({"chat.token"})  # up to 30 a second for every socket
+    direct_events = frozenset({"chat.token"})  # up to 30 a second for every socket
 
     async def connect(self) -> None:
         user = await self.active_user_or_close()

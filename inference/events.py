@@ -61,6 +61,9 @@ def token_batch_message(
     return {"type": "chat.token", "turn": turn_id, "seq_from": seq_from, "seq_to": seq_to, "frame": frame}
 
 
+PUBSUB_LAYERS = ("rigdash.channel_layer.FanoutPubSubChannelLayer", "channels_redis.pubsub.RedisPubSubChannelLayer")
+
+
 def pubsub_publication(group: str, message: dict[str, Any]) -> tuple[str, bytes] | None:
     """The Redis pub/sub channel and bytes that ``group_send(group, message)`` would publish, when the layer is
     channels_redis' pub/sub layer on ``settings.REDIS_URL`` alone; None otherwise.
@@ -70,7 +73,7 @@ def pubsub_publication(group: str, message: dict[str, Any]) -> tuple[str, bytes]
     tests/test_bench_pipeline.py checks it against the installed channels_redis.
     """
     config: dict[str, Any] = settings.CHANNEL_LAYERS.get("default", {})
-    if config.get("BACKEND") != "channels_redis.pubsub.RedisPubSubChannelLayer":
+    if config.get("BACKEND") not in PUBSUB_LAYERS:
         return None
     options: dict[str, Any] = config.get("CONFIG", {})
     if options.get("hosts") != [settings.REDIS_URL] or options.get("symmetric_encryption_keys"):

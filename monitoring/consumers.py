@@ -14,7 +14,7 @@ from rigdash.ws import CLOSE_NOT_FOUND, GroupJsonConsumer
 
 
 class RigMonitorConsumer(GroupJsonConsumer):
-    no_database_events = frozenset({"rig.sample"})
+    direct_events = frozenset({"rig.sample"})
 
     async def connect(self) -> None:
         if await self.active_user_or_close() is None:

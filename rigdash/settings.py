@@ -124,7 +124,8 @@ REDIS_URL = env_str("REDIS_URL", "redis://127.0.0.1:6379/0")
 # It drops nothing silently by capacity; a consumer that misses a batch detects the seq gap and resyncs.
 CHANNEL_LAYERS = {
     "default": {
-        "BACKEND": "channels_redis.pubsub.RedisPubSubChannelLayer",
+        # channels_redis' pub/sub layer, fanning each message out to idle sockets once (rigdash/channel_layer.py)
+        "BACKEND": "rigdash.channel_layer.FanoutPubSubChannelLayer",
         "CONFIG": {"hosts": [REDIS_URL], "prefix": env_str("RIGDASH_CHANNEL_PREFIX", "rigdash")},
     }
 }

@@ -13,16 +13,29 @@ CLOSE_NOT_FOUND = 4404
 
 class GroupJsonConsumer(AsyncJsonWebsocketConsumer):  # type: ignore[misc]
     group: str | None = None
-    # Channel-layer event types whose handlers touch no database. Channels runs close_old_connections in its
-    # one sync thread before every handler; frequent events skip that hop (34 % of Daphne's CPU while
-    # streaming tokens, docs/benchmarks.md).
-    no_database_events: frozenset[str] = frozenset()
+    # Channel-layer event types whose handlers touch no database, only send a frame, and may share the event
+    # with other sockets (read it, never change it). Channels runs close_old_connections in its one sync thread
+    # before every handler; these skip that hop (34 % of Daphne's CPU while streaming tokens). And while the
+    # socket is idle, rigdash.channel_layer hands them to the handler straight from the layer's reader, once
+    # for every socket instead of a task hop per socket (docs/benchmarks.md).
+    direct_events: frozenset[str] = frozenset()
+    _busy = 0  # handlers running now (this socket's frames, its queued events, its connect and disconnect)
 
     async def dispatch(self, message: dict[str, Any]) -> None:
-        if message.get("type") in self.no_database_events:
-            await getattr(self, get_handler_name(message))(message)
-            return
-        await super().dispatch(message)
+        self._busy += 1
+        try:
+            if message.get("type") in self.direct_events:
+                await getattr(self, get_handler_name(message))(message)
+            else:
+                await super().dispatch(message)
+        finally:
+            self._busy -= 1
+
+    def direct_ready(self, event_type: str) -> bool:
+        return not self._busy and event_type in self.direct_events
+
+    async def direct_deliver(self, event: dict[str, Any]) -> None:
+        await getattr(self, get_handler_name(event))(event)
 
     async def active_user_or_close(self) -> Any | None:
         """The logged-in, active user of this socket; otherwise refuse the handshake (4401) and return None."""
@@ -33,9 +46,15 @@ class GroupJsonConsumer(AsyncJsonWebsocketConsumer):  # type: ignore[misc]
         return user
 
     async def join(self, group: str) -> None:
+        """Join the socket's group. Called from ``connect``, which counts as busy: events published before
+        it returns wait in the queue, after whatever it sends (the snapshot)."""
         self.group = group
         await self.channel_layer.group_add(group, self.channel_name)
+        if self.direct_events and (direct_add := getattr(self.channel_layer, "direct_add", None)) is not None:
+            direct_add(self.channel_name, self)  # only rigdash.channel_layer's layer has it
 
     async def disconnect(self, code: int) -> None:
+        if (direct_discard := getattr(self.channel_layer, "direct_discard", None)) is not None:
+            direct_discard(self.channel_name)
         if self.group:
             await self.channel_layer.group_discard(self.group, self.channel_name)

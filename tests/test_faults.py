@@ -235,7 +235,7 @@ async def test_open_pages_keep_receiving_after_redis_restarts(owner, chat_sessio
     rw.redis_proc = await asyncio.to_thread(rw._redis, "redis")
     settings.CHANNEL_LAYERS = {
         "default": {
-            "BACKEND": "channels_redis.pubsub.RedisPubSubChannelLayer",
+            "BACKEND": "rigdash.channel_layer.FanoutPubSubChannelLayer",
             "CONFIG": {"hosts": [rw.url], "prefix": f"restart{rw.port}"},
         }
     }

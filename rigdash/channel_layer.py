@@ -1,0 +1,108 @@
+"""channels_redis' pub/sub channel layer, with one fan-out per message for sockets that are waiting.
+
+Channels hands every group message to every member socket through that socket's own queue: per socket, the
+payload is deserialised, a receive task wakes and ends, ``asyncio.wait`` wakes the consumer's task, the
+handler runs and a new receive task is created. With 200 sockets watching 16 streams that was most of the
+web process's CPU (docs/benchmarks.md). Here the layer's reader deserialises a message once and calls each
+waiting member's handler itself, in the order the messages came, before it reads the next message.
+
+A socket takes a message directly only when nothing can overtake it or be overtaken: its consumer names
+the event type in ``direct_events``, is not handling anything (``direct_ready()``), and its own queue is
+empty. Otherwise the message goes through the queue as before, and so does every later one until the
+queue has drained. So each socket still sees its group messages in publication order.
+
+Everything else (``group_send``, the channel and group names, the wire format, reconnecting) is
+channels_redis' own; this module overrides the two places that build the shard connection and its reader.
+tests/test_channel_layer.py pins the behaviour against the installed channels_redis.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any, Protocol
+
+from channels_redis.pubsub import RedisPubSubChannelLayer, RedisPubSubLoopLayer, RedisSingleShardConnection
+from channels_redis.utils import _wrap_close, decode_hosts
+
+logger = logging.getLogger(__name__)
+
+
+class DirectReceiver(Protocol):
+    def direct_ready(self, event_type: str) -> bool:
+        """True when this socket may take an event of this type now, without its queue."""
+
+    async def direct_deliver(self, event: dict[str, Any]) -> None:
+        """Handle the event (shared between sockets: read it, never change it)."""
+
+
+class FanoutPubSubChannelLayer(RedisPubSubChannelLayer):  # type: ignore[misc]
+    def _get_layer(self) -> FanoutLoopLayer:
+        loop = asyncio.get_running_loop()
+        try:
+            layer: FanoutLoopLayer = self._layers[loop]
+        except KeyError:
+            layer = FanoutLoopLayer(*self._args, **self._kwargs, channel_layer=self)
+            self._layers[loop] = layer
+            _wrap_close(self, loop)
+        return layer
+
+
+class FanoutLoopLayer(RedisPubSubLoopLayer):  # type: ignore[misc]
+    def __init__(self, hosts: Any = None, *args: Any, **kwargs: Any) -> None:
+        super().__init__(hosts, *args, **kwargs)
+        self._shards = [FanoutShardConnection(host, self) for host in decode_hosts(hosts)]
+        self.direct: dict[str, DirectReceiver] = {}  # channel name -> its consumer
+
+    def direct_add(self, channel: str, receiver: DirectReceiver) -> None:
+        self.direct[channel] = receiver
+
+    def direct_discard(self, channel: str) -> None:
+        self.direct.pop(channel, None)
+
+
+class FanoutShardConnection(RedisSingleShardConnection):  # type: ignore[misc]
+    channel_layer: FanoutLoopLayer
+
+    async def _do_receiving(self) -> None:
+        # channels_redis 4.3's loop, with the delivery awaited in it (see _deliver).
+        while True:
+            try:
+                if self._pubsub and self._pubsub.subscribed:
+                    message = await self._pubsub.get_message(ignore_subscribe_messages=True, timeout=0.1)
+                    if message is not None:
+                        await self._deliver(message)
+                else:
+                    await asyncio.sleep(0.1)
+            except (TimeoutError, asyncio.CancelledError, GeneratorExit):
+                raise
+            except BaseException:
+                logger.exception("Unexpected exception in receive task")
+                await asyncio.sleep(1)
+
+    async def _deliver(self, message: dict[str, Any]) -> None:
+        layer = self.channel_layer
+        name = message["channel"]
+        if isinstance(name, bytes):
+            name = name.decode()
+        members = layer.groups.get(name)
+        if not layer.direct or not members or name in layer.channels:
+            self._receive_message(message)  # a message to one channel, or no socket here takes any directly
+            return
+        data = message["data"]
+        event: dict[str, Any] | None = None
+        for channel in tuple(members):  # a handler may await; a socket may leave the group meanwhile
+            queue = layer.channels.get(channel)
+            if queue is None:
+                continue
+            receiver = layer.direct.get(channel)
+            if receiver is not None and queue.empty():
+                if event is None:
+                    event = layer.channel_layer.deserialize(data)
+                if receiver.direct_ready(event.get("type", "")):
+                    try:
+                        await receiver.direct_deliver(event)
+                    except Exception:
+                        logger.exception("Delivering %s to %s failed", event.get("type"), channel)
+                    continue
+            queue.put_nowait(data)

@@ -1,0 +1,153 @@
+"""rigdash.channel_layer against the installed channels_redis and the real Redis: a group message reaches every
+idle socket once, straight from the layer's reader, and no socket ever sees its messages out of order."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import os
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from asgiref.sync import sync_to_async
+from django.conf import settings
+
+from rigdash.channel_layer import FanoutPubSubChannelLayer
+
+_prefixes = itertools.count()
+
+
+class Receiver:
+    """A socket as the layer sees it; ``ready`` plays its consumer being idle or busy."""
+
+    def __init__(self, fail: bool = False) -> None:
+        self.events: list[dict[str, Any]] = []
+        self.ready = True
+        self.fail = fail
+
+    def direct_ready(self, event_type: str) -> bool:
+        return self.ready and event_type == "x.token"
+
+    async def direct_deliver(self, event: dict[str, Any]) -> None:
+        if self.fail:
+            raise RuntimeError("this socket's send failed")
+        self.events.append(event)
+
+
+async def _until(predicate: Callable[[], bool], what: str, timeout: float = 10) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"not within {timeout} s: {what}"
+        await asyncio.sleep(0.005)
+
+
+async def _layer_with_group(*receivers: Receiver) -> tuple[Any, list[str]]:
+    """A fresh layer with one channel per receiver in group "g", subscribed for certain: a probe (not a direct
+    type) is published until every channel's queue holds it, then the queues are emptied."""
+    layer = FanoutPubSubChannelLayer(hosts=[settings.REDIS_URL], prefix=f"fanout{os.getpid()}x{next(_prefixes)}")
+    channels = []
+    for receiver in receivers:
+        channel = await layer.new_channel()
+        await layer.group_add("g", channel)
+        layer.direct_add(channel, receiver)
+        channels.append(channel)
+    queues = [layer._get_layer().channels[c] for c in channels]  # channels_redis internals: each channel's queue
+    for _ in range(200):
+        await layer.group_send("g", {"type": "probe"})
+        await asyncio.sleep(0.01)
+        if all(not q.empty() for q in queues):
+            break
+    else:
+        pytest.fail("the layer never heard its own group")
+    for q in queues:
+        while not q.empty():
+            q.get_nowait()
+    return layer, channels
+
+
+async def test_a_message_is_deserialised_once_and_handed_to_every_idle_socket() -> None:
+    a, b = Receiver(), Receiver()
+    layer, channels = await _layer_with_group(a, b)
+    try:
+        await layer.group_send("g", {"type": "x.token", "n": 1})
+        await _until(lambda: bool(a.events and b.events), "both sockets got the token")
+        assert a.events == [{"type": "x.token", "n": 1}]
+        assert a.events[0] is b.events[0]  # one deserialisation for the group, not one per socket
+        assert all(layer._get_layer().channels[c].empty() for c in channels)  # nothing went through a queue
+    finally:
+        await layer.flush()
+
+
+async def test_a_busy_socket_gets_its_messages_through_its_queue_and_in_order() -> None:
+    idle, busy = Receiver(), Receiver()
+    busy.ready = False
+    layer, (_, busy_channel) = await _layer_with_group(idle, busy)
+    try:
+        await layer.group_send("g", {"type": "x.token", "n": 1})
+        await _until(lambda: len(idle.events) == 1, "the idle socket got token 1")
+        busy.ready = True  # its handler returned, but token 1 still waits in its queue
+        await layer.group_send("g", {"type": "x.token", "n": 2})
+        await _until(lambda: len(idle.events) == 2, "the idle socket got token 2")
+        assert busy.events == []  # token 2 must not overtake token 1
+        queued = [await layer.receive(busy_channel), await layer.receive(busy_channel)]
+        assert [m["n"] for m in queued] == [1, 2]
+        await layer.group_send("g", {"type": "x.token", "n": 3})  # its queue is empty again: direct once more
+        await _until(lambda: len(busy.events) == 1, "the drained socket got token 3 directly")
+        assert busy.events[0]["n"] == 3
+    finally:
+        await layer.flush()
+
+
+async def test_other_event_types_go_through_the_queue_and_hold_later_tokens_behind_them() -> None:
+    receiver = Receiver()
+    layer, (channel,) = await _layer_with_group(receiver)
+    try:
+        await layer.group_send("g", {"type": "x.end", "n": 1})
+        await layer.group_send("g", {"type": "x.token", "n": 2})
+        first = await asyncio.wait_for(layer.receive(channel), 10)
+        second = await asyncio.wait_for(layer.receive(channel), 10)
+        assert [first["type"], second["type"]] == ["x.end", "x.token"]
+        assert receiver.events == []
+    finally:
+        await layer.flush()
+
+
+async def test_one_failing_socket_does_not_stop_the_others(caplog: pytest.LogCaptureFixture) -> None:
+    broken, fine = Receiver(fail=True), Receiver()
+    layer, _ = await _layer_with_group(broken, fine)
+    try:
+        await layer.group_send("g", {"type": "x.token", "n": 1})
+        await layer.group_send("g", {"type": "x.token", "n": 2})
+        await _until(lambda: len(fine.events) == 2, "the working socket got both tokens")
+        assert "Delivering x.token" in caplog.text
+    finally:
+        await layer.flush()
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_a_chat_socket_takes_tokens_directly_once_connected(owner: Any, chat_session: Any) -> None:
+    from channels.layers import get_channel_layer
+
+    from inference import events
+    from tests.conftest import session_cookie_for
+    from tests.wsclient import ChatSocket
+
+    layer = get_channel_layer()
+    assert isinstance(layer, FanoutPubSubChannelLayer)  # the product's setting
+    sock = ChatSocket(chat_session.pk, await sync_to_async(session_cookie_for)(owner))
+    connected, _ = await sock.connect()
+    assert connected
+    try:
+        snapshot = await sock.recv()
+        assert snapshot["type"] == "session.snapshot"  # connect's own frame first, whatever was published
+        assert len(layer._get_layer().direct) == 1
+        for seq in range(1, 4):
+            batch = events.token_batch_message(turn_id=9, seq_from=seq, seq_to=seq, text=str(seq), stats={})
+            await events.group_send(events.session_group(chat_session.pk), batch)
+        frames = [await sock.recv(timeout=10) for _ in range(3)]
+        assert [(f["type"], f["seq_to"], f["text"]) for f in frames] == [("token", s, str(s)) for s in (1, 2, 3)]
+    finally:
+        await sock.close()
+    await _until(lambda: not layer._get_layer().direct, "the closed socket left the layer")
