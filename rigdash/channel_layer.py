@@ -7,9 +7,11 @@ web process's CPU (docs/benchmarks.md). Here the layer's reader deserialises a m
 waiting member's handler itself, in the order the messages came, before it reads the next message.
 
 A socket takes a message directly only when nothing can overtake it or be overtaken: its consumer names
-the event type in ``direct_events``, is not handling anything (``direct_ready()``), and its own queue is
-empty. Otherwise the message goes through the queue as before, and so does every later one until the
-queue has drained. So each socket still sees its group messages in publication order.
+the event type in ``direct_events`` and is not handling anything (``direct_ready()``), and no message of
+its is on the queue path. Once one message goes through its queue (a busy socket, another event type),
+every later one follows it there until the consumer reports, after handling one, that its queue is empty
+(``direct_dispatched``). A queue's emptiness alone is not enough: Channels takes a message off the queue a
+task hop before the consumer handles it. So each socket still sees its group messages in publication order.
 
 Everything else (``group_send``, the channel and group names, the wire format, reconnecting) is
 channels_redis' own; this module overrides the two places that build the shard connection and its reader.
@@ -53,12 +55,21 @@ class FanoutLoopLayer(RedisPubSubLoopLayer):  # type: ignore[misc]
         super().__init__(hosts, *args, **kwargs)
         self._shards = [FanoutShardConnection(host, self) for host in decode_hosts(hosts)]
         self.direct: dict[str, DirectReceiver] = {}  # channel name -> its consumer
+        self.queued: set[str] = set()  # channels of direct receivers with a message on the queue path
 
     def direct_add(self, channel: str, receiver: DirectReceiver) -> None:
         self.direct[channel] = receiver
 
     def direct_discard(self, channel: str) -> None:
         self.direct.pop(channel, None)
+        self.queued.discard(channel)
+
+    def direct_dispatched(self, channel: str) -> None:
+        """The consumer has handled a message from its queue. Channels takes the next one off the queue only
+        after this, so an empty queue now means none is in flight: direct delivery may resume."""
+        queue = self.channels.get(channel)
+        if queue is None or queue.empty():
+            self.queued.discard(channel)
 
 
 class FanoutShardConnection(RedisSingleShardConnection):  # type: ignore[misc]
@@ -87,7 +98,9 @@ class FanoutShardConnection(RedisSingleShardConnection):  # type: ignore[misc]
             name = name.decode()
         members = layer.groups.get(name)
         if not layer.direct or not members or name in layer.channels:
-            self._receive_message(message)  # a message to one channel, or no socket here takes any directly
+            if name in layer.direct:
+                layer.queued.add(name)  # a message to one channel: it holds that socket's later ones behind it
+            self._receive_message(message)
             return
         data = message["data"]
         event: dict[str, Any] | None = None
@@ -96,13 +109,15 @@ class FanoutShardConnection(RedisSingleShardConnection):  # type: ignore[misc]
             if queue is None:
                 continue
             receiver = layer.direct.get(channel)
-            if receiver is not None and queue.empty():
-                if event is None:
-                    event = layer.channel_layer.deserialize(data)
-                if receiver.direct_ready(event.get("type", "")):
-                    try:
-                        await receiver.direct_deliver(event)
-                    except Exception:
-                        logger.exception("Delivering %s to %s failed", event.get("type"), channel)
-                    continue
+            if receiver is not None:
+                if channel not in layer.queued and queue.empty():
+                    if event is None:
+                        event = layer.channel_layer.deserialize(data)
+                    if receiver.direct_ready(event.get("type", "")):
+                        try:
+                            await receiver.direct_deliver(event)
+                        except Exception:
+                            logger.exception("Delivering %s to %s failed", event.get("type"), channel)
+                        continue
+                layer.queued.add(channel)
             queue.put_nowait(data)

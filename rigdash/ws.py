@@ -20,6 +20,7 @@ class GroupJsonConsumer(AsyncJsonWebsocketConsumer):  # type: ignore[misc]
     # for every socket instead of a task hop per socket (docs/benchmarks.md).
     direct_events: frozenset[str] = frozenset()
     _busy = 0  # handlers running now (this socket's frames, its queued events, its connect and disconnect)
+    _direct = False  # registered with a layer that delivers directly
 
     async def dispatch(self, message: dict[str, Any]) -> None:
         self._busy += 1
@@ -30,6 +31,8 @@ class GroupJsonConsumer(AsyncJsonWebsocketConsumer):  # type: ignore[misc]
                 await super().dispatch(message)
         finally:
             self._busy -= 1
+            if not message.get("type", "").startswith("websocket.") and self._direct:
+                self.channel_layer.direct_dispatched(self.channel_name)  # from the layer's queue: it may be empty now
 
     def direct_ready(self, event_type: str) -> bool:
         return not self._busy and event_type in self.direct_events
@@ -52,9 +55,11 @@ class GroupJsonConsumer(AsyncJsonWebsocketConsumer):  # type: ignore[misc]
         await self.channel_layer.group_add(group, self.channel_name)
         if self.direct_events and (direct_add := getattr(self.channel_layer, "direct_add", None)) is not None:
             direct_add(self.channel_name, self)  # only rigdash.channel_layer's layer has it
+            self._direct = True
 
     async def disconnect(self, code: int) -> None:
-        if (direct_discard := getattr(self.channel_layer, "direct_discard", None)) is not None:
-            direct_discard(self.channel_name)
+        if self._direct:
+            self.channel_layer.direct_discard(self.channel_name)
+            self._direct = False
         if self.group:
             await self.channel_layer.group_discard(self.group, self.channel_name)

@@ -45,7 +45,7 @@ async def _until(predicate: Callable[[], bool], what: str, timeout: float = 10) 
 
 async def _layer_with_group(*receivers: Receiver) -> tuple[Any, list[str]]:
     """A fresh layer with one channel per receiver in group "g", subscribed for certain: a probe (not a direct
-    type) is published until every channel's queue holds it, then the queues are emptied."""
+    type) is published until every channel's queue holds it, then the queues are emptied and handled."""
     layer = FanoutPubSubChannelLayer(hosts=[settings.REDIS_URL], prefix=f"fanout{os.getpid()}x{next(_prefixes)}")
     channels = []
     for receiver in receivers:
@@ -61,9 +61,10 @@ async def _layer_with_group(*receivers: Receiver) -> tuple[Any, list[str]]:
             break
     else:
         pytest.fail("the layer never heard its own group")
-    for q in queues:
+    for channel, q in zip(channels, queues, strict=True):
         while not q.empty():
             q.get_nowait()
+        layer.direct_dispatched(channel)  # as a consumer does after handling what its queue held
     return layer, channels
 
 
@@ -83,17 +84,20 @@ async def test_a_message_is_deserialised_once_and_handed_to_every_idle_socket() 
 async def test_a_busy_socket_gets_its_messages_through_its_queue_and_in_order() -> None:
     idle, busy = Receiver(), Receiver()
     busy.ready = False
-    layer, (_, busy_channel) = await _layer_with_group(idle, busy)
+    layer, (_, channel) = await _layer_with_group(idle, busy)
     try:
         await layer.group_send("g", {"type": "x.token", "n": 1})
         await _until(lambda: len(idle.events) == 1, "the idle socket got token 1")
-        busy.ready = True  # its handler returned, but token 1 still waits in its queue
+        first = await asyncio.wait_for(layer.receive(channel), 10)  # off the queue, as Channels takes it...
+        busy.ready = True  # ...and not yet handled: its queue is empty, but token 1 is still in flight
         await layer.group_send("g", {"type": "x.token", "n": 2})
         await _until(lambda: len(idle.events) == 2, "the idle socket got token 2")
         assert busy.events == []  # token 2 must not overtake token 1
-        queued = [await layer.receive(busy_channel), await layer.receive(busy_channel)]
-        assert [m["n"] for m in queued] == [1, 2]
-        await layer.group_send("g", {"type": "x.token", "n": 3})  # its queue is empty again: direct once more
+        layer.direct_dispatched(channel)  # token 1 handled; token 2 waits in the queue, so still queued
+        second = await asyncio.wait_for(layer.receive(channel), 10)
+        assert [first["n"], second["n"]] == [1, 2]
+        layer.direct_dispatched(channel)  # the queue is empty and nothing is in flight: direct again
+        await layer.group_send("g", {"type": "x.token", "n": 3})
         await _until(lambda: len(busy.events) == 1, "the drained socket got token 3 directly")
         assert busy.events[0]["n"] == 3
     finally:
