@@ -24,9 +24,11 @@ their rights changed; sockets re-check and close what they may no longer see.
 
 from __future__ import annotations
 
+import functools
 import json
 from typing import Any
 
+import redis
 from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
 from django.conf import settings
@@ -81,6 +83,33 @@ def pubsub_publication(group: str, message: dict[str, Any]) -> tuple[str, bytes]
     return f"{options.get('prefix', 'asgi')}__group__{group}", _layer().serialize(message)
 
 
+@functools.cache
+def _sync_redis(url: str) -> redis.Redis:
+    return redis.Redis.from_url(url, socket_timeout=5, health_check_interval=30)
+
+
+def _send_sync(*messages: tuple[str, dict[str, Any]]) -> None:
+    """``group_send`` from synchronous code (services, views, tasks), in order, in one pipelined round trip.
+
+    The PUBLISHes go out from the calling thread. ``async_to_sync(group_send)`` hopped to the event loop and
+    waited for it: in Daphne's database thread that is the loop that is also writing every socket's frames,
+    so a stored turn's three announcements waited behind the fan-out (level 3 of docs/benchmarks.md)."""
+    publications = [pubsub_publication(group, message) for group, message in messages]
+    if all(p is not None for p in publications):
+        pipe = _sync_redis(settings.REDIS_URL).pipeline(transaction=False)
+        for publication in publications:
+            assert publication is not None
+            pipe.publish(*publication)
+        pipe.execute()
+        return
+
+    async def send_all() -> None:
+        for group, message in messages:
+            await _layer().group_send(group, message)
+
+    async_to_sync(send_all)()
+
+
 async def group_send(group: str, message: dict[str, Any]) -> None:
     """A message built here, through the channel layer (the worker's fallback when it cannot pipeline)."""
     await _layer().group_send(group, message)
@@ -95,11 +124,11 @@ async def turn_end(*, session_id: int, turn: dict[str, Any], seq: int) -> None:
 
 
 def turn_end_sync(*, session_id: int, turn: dict[str, Any], seq: int) -> None:
-    async_to_sync(turn_end)(session_id=session_id, turn=turn, seq=seq)
+    _send_sync((session_group(session_id), {"type": "chat.turn_end", "turn": turn, "seq": seq}))
 
 
 def turn_queued_sync(*, session_id: int, turn: dict[str, Any]) -> None:
-    async_to_sync(_layer().group_send)(session_group(session_id), {"type": "chat.turn_queued", "turn": turn})
+    _send_sync((session_group(session_id), {"type": "chat.turn_queued", "turn": turn}))
 
 
 def rig_models_group(rig_id: int) -> str:
@@ -134,36 +163,32 @@ async def models_pull_end(
 
 
 def models_changed_sync(*, rig_id: int, action: str, model: str) -> None:
-    async_to_sync(_layer().group_send)(
-        rig_models_group(rig_id), {"type": "models.changed", "rig": rig_id, "action": action, "model": model}
-    )
+    _send_sync((rig_models_group(rig_id), {"type": "models.changed", "rig": rig_id, "action": action, "model": model}))
 
 
 def queue_positions_sync(*, rig_id: int, waiting: list[tuple[int, int, int]]) -> None:
     """After a dispatch: each waiting turn's place, ``(session_id, turn_id, position)``, to its chat page
-    (``chat.turn_state``) and all of them to the board (``board.queue``), in one hop to the event loop."""
-
-    async def send_all() -> None:
-        layer = _layer()
-        for session_id, turn_id, position in waiting:
-            await layer.group_send(
-                session_group(session_id),
-                {
-                    "type": "chat.turn_state",
-                    "turn": turn_id,
-                    "status": "queued",
-                    "queue_position": position,
-                    "queue_ahead": max(0, position - 1),
-                },
-            )
-        positions = {str(turn_id): position for _, turn_id, position in waiting}
-        await layer.group_send(BOARD_GROUP, {"type": "board.queue", "rig": rig_id, "positions": positions})
-
-    async_to_sync(send_all)()
+    (``chat.turn_state``) and all of them to the board (``board.queue``), in one round trip."""
+    messages: list[tuple[str, dict[str, Any]]] = [
+        (
+            session_group(session_id),
+            {
+                "type": "chat.turn_state",
+                "turn": turn_id,
+                "status": "queued",
+                "queue_position": position,
+                "queue_ahead": max(0, position - 1),
+            },
+        )
+        for session_id, turn_id, position in waiting
+    ]
+    positions = {str(turn_id): position for _, turn_id, position in waiting}
+    messages.append((BOARD_GROUP, {"type": "board.queue", "rig": rig_id, "positions": positions}))
+    _send_sync(*messages)
 
 
 def board_turn_sync(*, row: dict[str, Any]) -> None:
-    async_to_sync(_layer().group_send)(BOARD_GROUP, {"type": "board.turn", "turn": row})
+    _send_sync((BOARD_GROUP, {"type": "board.turn", "turn": row}))
 
 
 async def board_progress(*, progress: dict[str, Any]) -> None:
@@ -171,4 +196,4 @@ async def board_progress(*, progress: dict[str, Any]) -> None:
 
 
 def user_revoked_sync(*, user_id: int) -> None:
-    async_to_sync(_layer().group_send)(user_group(user_id), {"type": "user.revoked", "user": user_id})
+    _send_sync((user_group(user_id), {"type": "user.revoked", "user": user_id}))
