@@ -21,7 +21,9 @@ from rigdash.ws import CLOSE_NOT_FOUND, GroupJsonConsumer
 
 class ChatConsumer(RevocableMixin, GroupJsonConsumer):
     session_id: int
-    direct_events = frozenset({"chat.token"})  # up to 30 a second for every socket
+    # Every chat event: tokens come up to 30 a second for every socket, and at a burst of submits each one
+    # re-announces the queue positions to every waiting page. Their handlers only send a frame.
+    direct_events = frozenset({"chat.token", "chat.turn_queued", "chat.turn_state", "chat.turn_end"})
 
     async def connect(self) -> None:
         user = await self.active_user_or_close()

@@ -131,7 +131,9 @@ def rig_dispatch(*, rig_id: int) -> list[int]:
             still_waiting = [item for item in order if item.turn_id not in dispatched]
         queue = rig.queue
         transaction.on_commit(lambda: _send(dispatched, queue))
-        transaction.on_commit(lambda: announce_positions(rig_id=rig_id, waiting_order_now=still_waiting))
+        transaction.on_commit(
+            lambda: announce_positions(rig_id=rig_id, waiting_order_now=still_waiting, just_dispatched=dispatched)
+        )
     return dispatched
 
 
@@ -142,15 +144,22 @@ def _send(turn_ids: list[int], queue: str) -> None:
         turn_run_task.apply_async(args=[turn_id], queue=queue)
 
 
-def announce_positions(*, rig_id: int, waiting_order_now: list[Waiting] | None = None) -> None:
+def announce_positions(
+    *, rig_id: int, waiting_order_now: list[Waiting] | None = None, just_dispatched: list[int] | None = None
+) -> None:
     """Tell each waiting turn's chat page (and the board) where it now stands in the rig's queue (0: starting).
-    ``waiting_order_now``: the order the dispatch just read under the rig's lock, less what it handed out."""
+    ``waiting_order_now``: the order the dispatch just read under the rig's lock, less what it handed out.
+    ``just_dispatched``: the turns it handed out. A turn already starting stays at 0 until its worker claims it,
+    so only these are told they start; the board still gets every position. (Telling every starting turn again
+    made a burst of n submits send n^2/2 messages, docs/benchmarks.md level 3.)"""
     starting = Turn.objects.filter(session__rig_id=rig_id, status=Turn.Status.QUEUED, dispatched_at__isnull=False)
     waiting = [(session_id, turn_id, 0) for turn_id, session_id in starting.values_list("pk", "session_id")]
     order = waiting_order(rig_id) if waiting_order_now is None else waiting_order_now
     waiting += [(w.session_id, w.turn_id, i + 1) for i, w in enumerate(order)]
     if waiting:
-        events.queue_positions_sync(rig_id=rig_id, waiting=waiting)
+        fresh = set(just_dispatched or ())
+        told = waiting if just_dispatched is None else [w for w in waiting if w[2] > 0 or w[1] in fresh]
+        events.queue_positions_sync(rig_id=rig_id, waiting=waiting, pages=told)
 
 
 def turn_released(*, turn_id: int, rig_id: int) -> None:

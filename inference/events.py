@@ -166,9 +166,12 @@ def models_changed_sync(*, rig_id: int, action: str, model: str) -> None:
     _send_sync((rig_models_group(rig_id), {"type": "models.changed", "rig": rig_id, "action": action, "model": model}))
 
 
-def queue_positions_sync(*, rig_id: int, waiting: list[tuple[int, int, int]]) -> None:
-    """After a dispatch: each waiting turn's place, ``(session_id, turn_id, position)``, to its chat page
-    (``chat.turn_state``) and all of them to the board (``board.queue``), in one round trip."""
+def queue_positions_sync(
+    *, rig_id: int, waiting: list[tuple[int, int, int]], pages: list[tuple[int, int, int]] | None = None
+) -> None:
+    """After a dispatch: waiting turns' places, ``(session_id, turn_id, position)``: those in ``pages`` (default:
+    all) to their chat pages (``chat.turn_state``), all of them to the board (``board.queue``), in one round
+    trip."""
     messages: list[tuple[str, dict[str, Any]]] = [
         (
             session_group(session_id),
@@ -180,7 +183,7 @@ def queue_positions_sync(*, rig_id: int, waiting: list[tuple[int, int, int]]) ->
                 "queue_ahead": max(0, position - 1),
             },
         )
-        for session_id, turn_id, position in waiting
+        for session_id, turn_id, position in (waiting if pages is None else pages)
     ]
     positions = {str(turn_id): position for _, turn_id, position in waiting}
     messages.append((BOARD_GROUP, {"type": "board.queue", "rig": rig_id, "positions": positions}))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
 from django.db import connection
@@ -135,3 +136,25 @@ def test_the_page_hears_of_a_turn_before_it_is_handed_to_a_worker(rig, model_nam
     monkeypatch.setattr(dispatch, "_send", lambda ids, q: (order.append(f"send {len(ids)}"), real_send(ids, q))[1])
     services.turn_submit(session=make_session(owner, rig, model_name), text="hello")
     assert order == ["queued", "send 1"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_burst_of_submits_tells_each_page_once_that_its_turn_starts(rig, model_name, owner, monkeypatch):
+    """Each submit re-announces the queue; a turn already starting must not be told again (n submits sent n^2/2
+    messages, which held up the stress benchmark's burst), while the board still gets every position."""
+    rig.slots = 4
+    rig.queue = "rig.nobody-listens"
+    rig.save()
+    calls: list[tuple[list[tuple[int, int, int]], list[tuple[int, int, int]] | None]] = []
+    real = events.queue_positions_sync
+
+    def spy(*, rig_id: int, waiting: list[tuple[int, int, int]], pages: Any = None) -> None:
+        calls.append((waiting, pages))
+        real(rig_id=rig_id, waiting=waiting, pages=pages)
+
+    monkeypatch.setattr(events, "queue_positions_sync", spy)
+    turns = [services.turn_submit(session=make_session(owner, rig, model_name), text=f"hi {i}") for i in range(4)]
+    told = [(turn_id, position) for _, pages in calls for _, turn_id, position in pages or []]
+    assert sorted(told) == sorted((t.pk, 0) for t in turns)  # each page hears "starting" once
+    board_view = {turn_id: position for _, turn_id, position in calls[-1][0]}
+    assert board_view == {t.pk: 0 for t in turns}  # the board sees every starting turn
