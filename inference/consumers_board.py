@@ -9,9 +9,10 @@ context) and ``queue`` (queue positions) frames. Browser -> server: ``turn.cance
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
+import logging
 import time
+import weakref
 from typing import Any
 
 from channels.db import database_sync_to_async
@@ -25,6 +26,25 @@ CLOSE_UNAUTHORISED = 4401
 CLOSE_FORBIDDEN = 4403
 RECHECK_INTERVAL_S = 3.0
 _ALLOWED: dict[tuple[str, int], tuple[float, bool]] = {}  # (consumer, user id) -> (checked at, allowed)
+# Per event loop: the sockets being re-checked, and the one task that re-checks them all every interval (a task
+# per socket woke the web process 80 times a second with 250 sockets open, docs/benchmarks.md).
+_WATCHED: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, tuple[set[RevocableMixin], asyncio.Task[None]]] = (
+    weakref.WeakKeyDictionary()
+)
+log = logging.getLogger(__name__)
+
+
+async def _recheck_all(sockets: set[RevocableMixin]) -> None:
+    while sockets:
+        await asyncio.sleep(RECHECK_INTERVAL_S)
+        for consumer in list(sockets):
+            if consumer not in sockets:
+                continue  # closed while an earlier one was checked
+            try:
+                if not await consumer.recheck_user():
+                    sockets.discard(consumer)
+            except Exception:
+                log.exception("re-checking a socket's user failed")
 
 
 class RevocableMixin:
@@ -36,7 +56,6 @@ class RevocableMixin:
 
     revoked_close_code = CLOSE_UNAUTHORISED
     _user_group: str | None = None
-    _recheck_task: asyncio.Task[None] | None = None
     channel_layer: Any
     channel_name: str
     scope: dict[str, Any]
@@ -48,14 +67,16 @@ class RevocableMixin:
     async def watch_user(self) -> None:
         self._user_group = events.user_group(self.scope["user"].pk)
         await self.channel_layer.group_add(self._user_group, self.channel_name)
-        self._recheck_task = asyncio.create_task(self._recheck_forever())
+        loop = asyncio.get_running_loop()
+        watched = _WATCHED.get(loop)
+        if watched is None or watched[1].done():
+            sockets: set[RevocableMixin] = set()
+            watched = _WATCHED[loop] = (sockets, loop.create_task(_recheck_all(sockets)))
+        watched[0].add(self)
 
     async def unwatch_user(self) -> None:
-        if self._recheck_task is not None:
-            self._recheck_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._recheck_task
-            self._recheck_task = None
+        if (watched := _WATCHED.get(asyncio.get_running_loop())) is not None:
+            watched[0].discard(self)
         if self._user_group:
             await self.channel_layer.group_discard(self._user_group, self.channel_name)
             self._user_group = None
@@ -70,12 +91,6 @@ class RevocableMixin:
             cached = (now, await database_sync_to_async(self.user_allowed)(user_id))
             _ALLOWED[key] = cached
         return cached[1]
-
-    async def _recheck_forever(self) -> None:
-        while True:
-            await asyncio.sleep(RECHECK_INTERVAL_S)
-            if not await self.recheck_user():
-                return
 
     async def recheck_user(self, *, fresh: bool = False) -> bool:
         if await self._allowed(self.scope["user"].pk, fresh=fresh):
