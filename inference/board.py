@@ -123,7 +123,10 @@ def board_row_for(turn_id: int) -> dict[str, Any] | None:
 
 
 def publish_turn(turn_id: int) -> None:
-    """Send the turn's current row to every board (when it is queued, starts or ends)."""
+    """Send the turn's current row to every board (when it is queued, starts or ends); nothing when no board is
+    open anywhere (the row's queries were a fifth of a submit, docs/benchmarks.md)."""
+    if not events.board_watched():
+        return
     row = board_row_for(turn_id)
     if row is not None:
         events.board_turn_sync(row=row)

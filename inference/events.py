@@ -74,13 +74,30 @@ def pubsub_publication(group: str, message: dict[str, Any]) -> tuple[str, bytes]
     trip per batch instead of two. The channel name is channels_redis' own rule (``<prefix>__group__<group>``);
     tests/test_bench_pipeline.py checks it against the installed channels_redis.
     """
+    channel = _group_channel(group)
+    return None if channel is None else (channel, _layer().serialize(message))
+
+
+def _group_channel(group: str) -> str | None:
     config: dict[str, Any] = settings.CHANNEL_LAYERS.get("default", {})
     if config.get("BACKEND") not in PUBSUB_LAYERS:
         return None
     options: dict[str, Any] = config.get("CONFIG", {})
     if options.get("hosts") != [settings.REDIS_URL] or options.get("symmetric_encryption_keys"):
         return None
-    return f"{options.get('prefix', 'asgi')}__group__{group}", _layer().serialize(message)
+    return f"{options.get('prefix', 'asgi')}__group__{group}"
+
+
+def board_watched() -> bool:
+    """Whether any process has a board socket open (one Redis PUBSUB NUMSUB; True when the layer is not ours).
+
+    A board subscribes before it reads its snapshot from the database, so a change committed while nobody was
+    subscribed is in the snapshot of whichever board opens next: building and sending its row can be skipped."""
+    channel = _group_channel(BOARD_GROUP)
+    if channel is None:
+        return True
+    counts: list[tuple[bytes, int]] = _sync_redis(settings.REDIS_URL).pubsub_numsub(channel)  # type: ignore[assignment]
+    return bool(counts and counts[0][1])
 
 
 @functools.cache

@@ -207,3 +207,38 @@ async def test_admin_cancels_a_running_turn_within_a_second_and_touches_no_other
     assert [t["tokens"] for t in ticks] == sorted(t["tokens"] for t in ticks)
     await chat.close()
     await sock.close()
+
+
+@pytest.mark.django_db
+def test_a_turns_board_row_is_built_only_while_a_board_is_open(
+    owner, rig, model_name, settings, django_assert_num_queries
+):
+    """No board subscribed anywhere: no queries and nothing published (a board reads the database when it opens).
+    One subscribed (here a bare Redis subscriber on the board group's channel): the row is built and sent."""
+    import redis
+
+    from inference import events
+
+    prefix = f"boardwatch{time.monotonic_ns()}"
+    settings.CHANNEL_LAYERS = {**settings.CHANNEL_LAYERS}
+    settings.CHANNEL_LAYERS["default"] = {
+        **settings.CHANNEL_LAYERS["default"],
+        "CONFIG": {**settings.CHANNEL_LAYERS["default"]["CONFIG"], "prefix": prefix},
+    }
+    turn = Turn.objects.create(session=make_session(owner, rig, model_name), user_text="hello")
+    with django_assert_num_queries(0):
+        board.publish_turn(turn.pk)
+
+    listener = redis.Redis.from_url(settings.REDIS_URL).pubsub()
+    listener.subscribe(f"{prefix}__group__{events.BOARD_GROUP}")
+    try:
+        assert listener.get_message(timeout=5)["type"] == "subscribe"
+        board.publish_turn(turn.pk)
+        message = listener.get_message(timeout=5)
+        assert message is not None and message["type"] == "message"
+        from channels.layers import get_channel_layer
+
+        sent = get_channel_layer().deserialize(message["data"])
+        assert sent["type"] == "board.turn" and sent["turn"]["id"] == turn.pk
+    finally:
+        listener.close()

@@ -52,8 +52,11 @@ async def test_token_batches_skip_the_per_message_database_hop(monkeypatch):
     frame = {"type": "token", "turn": 1, "seq_from": 1, "seq_to": 2, "text": "hé <b>", "stats": {"tokens": 2}}
     assert json.loads(sent[0]) == frame
     await consumer.dispatch({"type": "chat.turn_state", "turn": 1, "status": "prompt"})
-    assert hops == [1]  # other events still close stale connections first
+    assert hops == []  # every chat event only sends a frame
     assert json.loads(sent[1]) == {"type": "turn.state", "turn": 1, "status": "prompt"}
+    await consumer.dispatch({"type": "websocket.receive", "text": "not json"})
+    assert hops == [1]  # the browser's frames (which may touch the database) still close stale connections first
+    assert json.loads(sent[2])["code"] == "bad_json"
 
 
 def test_backend_clients_share_one_tls_context_that_still_verifies_certificates():
