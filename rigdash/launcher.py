@@ -73,11 +73,17 @@ def llama_server_command(*, port: int, slots: int, ctx: int, extra: Sequence[str
     model = os.environ.get("LLAMA_MODEL_PATH", "")
     if not (binary and Path(binary).exists() and model and Path(model).exists()):
         raise SystemExit("LLAMA_SERVER_BIN / LLAMA_MODEL_PATH are not set: run scripts/build-llama-server first")
-    threads = os.environ.get("LLAMA_THREADS", str(os.cpu_count() or 2))
+    # Decode is memory-bound: one thread fewer than the cores decodes as fast here (SmolLM2 on 2 cores: 143 tok/s
+    # with 1 thread or 2) and leaves a core to RigDash and the browser, whose CPU otherwise came out of decoding
+    # (docs/benchmarks.md). Prompt processing is compute-bound and keeps every core (-tb).
+    cores = os.cpu_count() or 2
+    threads = os.environ.get("LLAMA_THREADS", str(max(1, cores - 1)))
+    threads_batch = os.environ.get("LLAMA_THREADS_BATCH", str(cores))
     alias = os.environ.get("LLAMA_MODEL_ALIAS", "SmolLM2-135M-Instruct-Q4_1")
     return [
         binary, "-m", model, "--host", "127.0.0.1", "--port", str(port), "--metrics", "--slots",
-        "-np", str(slots), "-c", str(ctx), "-t", threads, "--alias", alias, "--no-webui", *extra,
+        "-np", str(slots), "-c", str(ctx), "-t", threads, "-tb", threads_batch, "--alias", alias, "--no-webui",
+        *extra,
     ]  # fmt: skip
 
 

@@ -31,3 +31,20 @@ def test_without_redis_or_redis_server_the_message_says_how_to_get_one(tmp_path,
     monkeypatch.setenv("PATH", str(tmp_path))  # no redis-server on it
     with pytest.raises(SystemExit, match="apt-get install redis-server"):
         ensure_redis(Stack(), tmp_path)
+
+
+def test_llama_server_decodes_on_one_core_fewer_and_reads_prompts_on_all(monkeypatch):
+    """Decode is memory-bound: cores - 1 threads decode as fast and leave a core to RigDash and the browser."""
+    from rigdash import launcher
+
+    def threads(cmd: list[str]) -> tuple[str, str]:
+        return cmd[cmd.index("-t") + 1], cmd[cmd.index("-tb") + 1]
+
+    monkeypatch.delenv("LLAMA_THREADS", raising=False)
+    monkeypatch.delenv("LLAMA_THREADS_BATCH", raising=False)
+    for cores, expected in ((2, ("1", "2")), (1, ("1", "1")), (16, ("15", "16"))):
+        monkeypatch.setattr(launcher.os, "cpu_count", lambda cores=cores: cores)
+        assert threads(launcher.llama_server_command(port=1, slots=1, ctx=512)) == expected
+    monkeypatch.setenv("LLAMA_THREADS", "3")
+    monkeypatch.setenv("LLAMA_THREADS_BATCH", "5")
+    assert threads(launcher.llama_server_command(port=1, slots=1, ctx=512)) == ("3", "5")
