@@ -86,6 +86,30 @@ def test_quota_is_for_one_user_or_one_group_and_there_is_one_default(owner):
 
 
 @pytest.mark.django_db
+def test_a_users_limits_come_from_their_own_their_groups_and_the_default_quota_in_one_query(
+    owner, other_user, django_assert_num_queries
+):
+    mine, theirs, also_mine = (Group.objects.create(name=n) for n in ("mine", "theirs", "also-mine"))
+    owner.groups.add(mine, also_mine)
+    other_user.groups.add(theirs)
+    Quota.objects.create(max_concurrent_turns=1, max_output_tokens_per_day=10, max_context_tokens=100)  # default
+    Quota.objects.create(group=mine, max_output_tokens_per_day=500, max_tokens_per_reply=50)
+    Quota.objects.create(group=also_mine, max_output_tokens_per_day=700)
+    Quota.objects.create(group=theirs, max_output_tokens_per_day=9000, max_tokens_per_reply=9000)
+    Quota.objects.create(user=owner, max_tokens_per_reply=64)
+    Quota.objects.create(user=other_user, max_concurrent_turns=9, max_context_tokens=9000)
+    with django_assert_num_queries(1):
+        limits = quotas.limits_for(owner.pk)
+    # own per-reply; the more generous of the owner's two groups per day; the default for the rest
+    assert limits == Limits(
+        max_concurrent_turns=1, max_output_tokens_per_day=700, max_tokens_per_reply=64, max_context_tokens=100
+    )
+    assert quotas.limits_for(other_user.pk) == Limits(
+        max_concurrent_turns=9, max_output_tokens_per_day=9000, max_tokens_per_reply=9000, max_context_tokens=9000
+    )
+
+
+@pytest.mark.django_db
 def test_quota_page_refuses_bad_values_with_a_clear_error_and_saves_nothing(admin_user, owner):
     client = Client()
     client.force_login(admin_user)
