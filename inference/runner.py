@@ -131,6 +131,7 @@ class TurnStream:
     backend_prompt_tokens: int | None = None  # the backend's count of the prompt, once it sent it
     before_first_batch: asyncio.Future[Any] | None = None
     live_broken: bool = False  # a flush failed to reach Redis: the live list must be rebuilt when it is back
+    live_entries: int = 0  # entries the live list should hold now (checked against each RPUSH's reply)
     redis_retry_at: float = float("-inf")  # after a failed flush, the next try waits until then (no busy loop)
 
     @property
@@ -162,6 +163,7 @@ class TurnStream:
                 turn_id=self.turn.pk, seq_from=seq_from, seq_to=seq_to, text=text, stats=stats
             )
             publication = events.pubsub_publication(events.session_group(self.turn.session_id), message)
+        rebuilding = bool(text) and self.live_broken
         if text or check_cancel:
             # One round trip: append to the live list, then publish (Redis runs them in order, so a snapshot
             # read after the publish holds the batch), and read the cancel flag when it is due.
@@ -187,6 +189,11 @@ class TurnStream:
                 self.cancelled = self.cancelled or bool(results[-1])
         if text:
             self.live_broken = False
+            self.live_entries = 1 if rebuilding else self.live_entries + 1
+            if results[1 if rebuilding else 0] != self.live_entries:
+                # The list lost entries without any command failing: Redis restarted between two flushes and the
+                # client reconnected on its own. Rebuild it whole now, or a page that resyncs would miss them.
+                await self._rebuild_live(seq_to, stats)
             self.pending.clear()
             self.pending_since = None
             self.seq_sent = seq_to
@@ -211,6 +218,19 @@ class TurnStream:
             pipe.rpush(key, live.encode_batch(seq_from, seq_to, text, stats))
         if seq_from == 1 or self.live_broken:
             pipe.expire(key, live.LIVE_TTL_S)
+
+    async def _rebuild_live(self, seq_to: int, stats: dict[str, Any]) -> None:
+        log.warning("turn %s: the live list lost entries (Redis restarted?); rebuilding it", self.turn.pk)
+        try:
+            async with self.redis.pipeline(transaction=False) as pipe:
+                self.live_broken = True  # _append_live rewrites the list whole
+                self._append_live(pipe, 1, seq_to, "", stats)
+                await pipe.execute()
+        except (RedisError, OSError):
+            self.redis_retry_at = time.perf_counter() + REDIS_RETRY_S
+            return  # still broken: the next flush with text rewrites it
+        self.live_broken = False
+        self.live_entries = 1
 
     async def read_gate(self) -> None:
         """Given to the backend: after a read that brought text, it reads the socket again only when the next

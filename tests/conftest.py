@@ -71,8 +71,9 @@ def service_env(django_db_setup: Any, django_db_blocker: Any) -> dict[str, str]:
             "DATABASE_URL": _test_database_url(),
             "REDIS_URL": settings.REDIS_URL,
             "RIGDASH_CHANNEL_PREFIX": settings.CHANNEL_LAYERS["default"]["CONFIG"]["prefix"],
-            # Replies through the worker stop at 256 tokens: the suite's time stays bounded on a busy machine.
-            "RIGDASH_MAX_REPLY_TOKENS": "256",
+            # Replies through the worker stop at 768 tokens: the suite's time stays bounded on a busy machine, and a
+            # long story still decodes for 5 s (at 256, ~1.8 s, a page could open after the turn had ended).
+            "RIGDASH_MAX_REPLY_TOKENS": "768",
             # No connection outlives its request or task, so the test database can be dropped at the end.
             "RIGDASH_DB_CONN_MAX_AGE": "0",
         }

@@ -158,3 +158,37 @@ async def test_a_flush_that_cannot_reach_redis_keeps_its_tokens_and_waits_before
     assert stream.pending == ["a", "b"] and stream.seq_sent == 0 and stream.live_broken
     due = stream.flush_due()
     assert due is not None and due >= time.perf_counter() + 0.2
+
+
+async def test_a_live_list_lost_between_two_flushes_is_rebuilt_whole(settings):
+    """Redis restarted between two flushes and the client reconnected on its own: no command failed, but the list
+    lost its first batches. The next RPUSH's reply shows it, and the list is rewritten as one batch 1..n (a page
+    that resyncs from it would otherwise miss the start of the reply)."""
+    import time
+    from types import SimpleNamespace
+
+    from redis import asyncio as aioredis
+
+    from inference import live
+
+    client = aioredis.Redis.from_url(settings.REDIS_URL)
+    stream = _stream()
+    stream.turn = SimpleNamespace(pk=900_000 + time.monotonic_ns() % 100_000, session_id=6)  # type: ignore[assignment]
+    stream.redis = client
+    key = live.live_key(stream.turn.pk)
+    try:
+        for text in ("Hello", " world", "!"):
+            now = time.perf_counter()
+            stream.meter.token(now)
+            stream.parts.append(text)
+            stream.pending.append(text)
+            stream.pending_since = now
+            await stream.flush()
+            if text == "Hello":
+                await client.delete(key)  # what a restart without persistence does to it
+        snapshot = live.decode_snapshot(await client.lrange(key, 0, -1))
+        assert (snapshot.text, snapshot.seq) == ("Hello world!", 3)
+        assert await client.llen(key) == 2  # rebuilt as one batch 1..2, then batch 3 appended
+    finally:
+        await client.delete(key)
+        await client.aclose()
