@@ -136,12 +136,16 @@ async def turn_state(*, session_id: int, turn_id: int, status: str) -> None:
     await _layer().group_send(session_group(session_id), {"type": "chat.turn_state", "turn": turn_id, "status": status})
 
 
+def _turn_end_message(turn: dict[str, Any], seq: int) -> dict[str, Any]:
+    return {"type": "chat.turn_end", "turn": turn, "seq": seq}
+
+
 async def turn_end(*, session_id: int, turn: dict[str, Any], seq: int) -> None:
-    await _layer().group_send(session_group(session_id), {"type": "chat.turn_end", "turn": turn, "seq": seq})
+    await _layer().group_send(session_group(session_id), _turn_end_message(turn, seq))
 
 
 def turn_end_sync(*, session_id: int, turn: dict[str, Any], seq: int) -> None:
-    _send_sync((session_group(session_id), {"type": "chat.turn_end", "turn": turn, "seq": seq}))
+    _send_sync((session_group(session_id), _turn_end_message(turn, seq)))
 
 
 def turn_queued_sync(*, session_id: int, turn: dict[str, Any]) -> None:

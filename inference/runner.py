@@ -170,7 +170,7 @@ class TurnStream:
             try:
                 async with self.redis.pipeline(transaction=False) as pipe:
                     if text:
-                        self._append_live(pipe, seq_from, seq_to, text, stats)
+                        self._append_live(pipe, seq_from, seq_to, text, stats, rewrite=rebuilding)
                         if publication is not None:
                             pipe.publish(*publication)
                     if check_cancel:
@@ -206,30 +206,31 @@ class TurnStream:
                         self.redis, tokens=self.meter.events, decode_tps=self.meter.decode_tps, status="decoding"
                     )
 
-    def _append_live(self, pipe: Any, seq_from: int, seq_to: int, text: str, stats: dict[str, Any]) -> None:
-        """Append a batch to the turn's live list; after Redis came back (empty, or without what was appended while
-        it was away), replace the list with one batch holding the whole reply so far, so that a snapshot is
-        always seq 1..n."""
+    def _append_live(
+        self, pipe: Any, seq_from: int, seq_to: int, text: str, stats: dict[str, Any], *, rewrite: bool
+    ) -> None:
+        """Append a batch to the turn's live list; with ``rewrite`` (Redis came back empty, or without what was
+        appended while it was away), replace the list with one batch holding the whole reply so far, so that a
+        snapshot is always seq 1..n."""
         key = live.live_key(self.turn.pk)
-        if self.live_broken:  # a failed pipeline may have run part-way: rewrite rather than append
+        if rewrite:  # a failed pipeline may have run part-way: rewrite rather than append
             pipe.delete(key)
             pipe.rpush(key, live.encode_batch(1, seq_to, "".join(self.parts[:seq_to]), stats))
         else:
             pipe.rpush(key, live.encode_batch(seq_from, seq_to, text, stats))
-        if seq_from == 1 or self.live_broken:
+        if seq_from == 1 or rewrite:
             pipe.expire(key, live.LIVE_TTL_S)
 
     async def _rebuild_live(self, seq_to: int, stats: dict[str, Any]) -> None:
         log.warning("turn %s: the live list lost entries (Redis restarted?); rebuilding it", self.turn.pk)
         try:
             async with self.redis.pipeline(transaction=False) as pipe:
-                self.live_broken = True  # _append_live rewrites the list whole
-                self._append_live(pipe, 1, seq_to, "", stats)
+                self._append_live(pipe, 1, seq_to, "", stats, rewrite=True)
                 await pipe.execute()
         except (RedisError, OSError):
+            self.live_broken = True  # the next flush with text rewrites it
             self.redis_retry_at = time.perf_counter() + REDIS_RETRY_S
-            return  # still broken: the next flush with text rewrites it
-        self.live_broken = False
+            return
         self.live_entries = 1
 
     async def read_gate(self) -> None:
