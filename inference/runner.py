@@ -179,10 +179,7 @@ class TurnStream:
             except (RedisError, OSError) as exc:
                 # Redis is down or restarting: keep decoding and keep the batch pending (the database still gets
                 # checkpoints and the end). The next flush that gets through rebuilds the live list whole.
-                if not self.live_broken:
-                    log.warning("turn %s: Redis unavailable while streaming (%r); holding tokens", self.turn.pk, exc)
-                self.live_broken = True
-                self.redis_retry_at = time.perf_counter() + REDIS_RETRY_S
+                self._redis_away(exc)
                 return
             if check_cancel:
                 self.cancel_checked_at = now
@@ -227,11 +224,17 @@ class TurnStream:
             async with self.redis.pipeline(transaction=False) as pipe:
                 self._append_live(pipe, 1, seq_to, "", stats, rewrite=True)
                 await pipe.execute()
-        except (RedisError, OSError):
-            self.live_broken = True  # the next flush with text rewrites it
-            self.redis_retry_at = time.perf_counter() + REDIS_RETRY_S
+        except (RedisError, OSError) as exc:
+            self._redis_away(exc)  # the next flush with text rewrites it
             return
         self.live_entries = 1
+
+    def _redis_away(self, exc: Exception) -> None:
+        """Redis did not answer: the live list must be rewritten whole once it does, and the next try waits."""
+        if not self.live_broken:
+            log.warning("turn %s: Redis unavailable while streaming (%r); holding tokens", self.turn.pk, exc)
+        self.live_broken = True
+        self.redis_retry_at = time.perf_counter() + REDIS_RETRY_S
 
     async def read_gate(self) -> None:
         """Given to the backend: after a read that brought text, it reads the socket again only when the next

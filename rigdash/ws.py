@@ -23,15 +23,16 @@ class GroupJsonConsumer(AsyncJsonWebsocketConsumer):  # type: ignore[misc]
     _direct = False  # registered with a layer that delivers directly
 
     async def dispatch(self, message: dict[str, Any]) -> None:
+        kind = message.get("type", "")
         self._busy += 1
         try:
-            if message.get("type") in self.direct_events:
-                await getattr(self, get_handler_name(message))(message)
+            if kind in self.direct_events:
+                await self.direct_deliver(message)
             else:
                 await super().dispatch(message)
         finally:
             self._busy -= 1
-            if not message.get("type", "").startswith("websocket.") and self._direct:
+            if self._direct and not kind.startswith("websocket."):
                 self.channel_layer.direct_dispatched(self.channel_name)  # from the layer's queue: it may be empty now
 
     def direct_ready(self, event_type: str) -> bool:

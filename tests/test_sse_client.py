@@ -59,7 +59,7 @@ async def read_events(base_url: str, path: str = "/v1/x") -> list[str]:
     response = await sse.post_json_stream(base_url, path, {"q": "é"}, connect_timeout_s=2)
     try:
         assert response.status == 200
-        return [data async for data in response.events()]
+        return [data async for batch in response.event_batches() for data in batch]
     finally:
         await response.aclose()
 

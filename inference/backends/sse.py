@@ -156,7 +156,7 @@ class SSEParser:
 
 @dataclass
 class SSEResponse:
-    """An open response: its status and headers, then either ``events()`` or ``read_body()``."""
+    """An open response: its status and headers, then either ``event_batches()`` or ``read_body()``."""
 
     head: ResponseHead
     _reader: asyncio.StreamReader
@@ -198,14 +198,9 @@ class SSEResponse:
                     raise ProtocolError("the connection closed before the body's Content-Length")
                 return
 
-    async def events(self) -> AsyncIterator[str]:
-        """The ``data`` of each event, in order, until the body ends."""
-        async for batch in self.event_batches():
-            for data in batch:
-                yield data
-
     async def event_batches(self) -> AsyncIterator[list[str]]:
-        """The events each read from the socket completed (reads that complete none yield nothing)."""
+        """The ``data`` of each event, in order, until the body ends: one list per read from the socket, of the
+        events it completed (reads that complete none yield nothing)."""
         parser = SSEParser()
         async for part in self._body_parts():
             if batch := parser.feed(part):
