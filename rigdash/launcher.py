@@ -51,13 +51,22 @@ def redis_answers(url: str) -> bool:
         return False
 
 
+def _exit_hint(returncode: int) -> str:
+    if returncode == -signal.SIGILL:
+        return (
+            " (SIGILL: the binary uses a CPU instruction this machine cannot run; a llama-server built on another"
+            " machine? delete it from ~/.cache/rigdash/llama-server and start again to rebuild it here)"
+        )
+    return ""
+
+
 def wait_http(url: str, *, timeout_s: float, proc: subprocess.Popen[bytes] | None = None) -> None:
     """Wait until ``url`` answers 200 (llama-server answers 503 while loading the model)."""
     deadline = time.monotonic() + timeout_s
     last = ""
     while time.monotonic() < deadline:
         if proc is not None and proc.poll() is not None:
-            raise RuntimeError(f"process for {url} exited with code {proc.returncode}")
+            raise RuntimeError(f"process for {url} exited with code {proc.returncode}{_exit_hint(proc.returncode)}")
         try:
             with urllib.request.urlopen(url, timeout=2) as response:  # noqa: S310 - loopback URL we built
                 if response.status == 200:

@@ -1,10 +1,13 @@
-"""scripts/run's Redis rule: use REDIS_URL if it answers, else a private redis-server, else say how to get one."""
+"""scripts/run's launcher: the Redis rule, llama-server's threads and what a failed start says."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 
-from rigdash.launcher import Stack, ensure_redis, free_port, redis_answers
+from rigdash.launcher import Stack, ensure_redis, free_port, redis_answers, wait_http
 
 
 def test_a_private_redis_is_started_when_none_answers(tmp_path, monkeypatch):
@@ -48,3 +51,12 @@ def test_llama_server_decodes_on_one_core_fewer_and_reads_prompts_on_all(monkeyp
     monkeypatch.setenv("LLAMA_THREADS", "3")
     monkeypatch.setenv("LLAMA_THREADS_BATCH", "5")
     assert threads(launcher.llama_server_command(port=1, slots=1, ctx=512)) == ("3", "5")
+
+
+def test_a_server_killed_by_an_illegal_instruction_says_how_to_rebuild():
+    """A llama-server built for CPU features this machine lacks (Intel AMX on a VM that lists but cannot run it)
+    dies with SIGILL while loading the model: the start must say so, not just 'exited with code -4'."""
+    proc = subprocess.Popen([sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGILL)"])
+    proc.wait(timeout=10)
+    with pytest.raises(RuntimeError, match=r"SIGILL.*rebuild"):
+        wait_http(f"http://127.0.0.1:{free_port()}/health", timeout_s=5, proc=proc)
