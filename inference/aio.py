@@ -7,6 +7,7 @@ Under a prefork pool the children are forked: the loop thread is started lazily 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import os
 import threading
 from collections.abc import Coroutine
@@ -30,6 +31,11 @@ def _worker_loop() -> asyncio.AbstractEventLoop:
         return _loop
 
 
+def start(coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
+    """Start ``coro`` on this process's loop thread (from synchronous code); its future gives the result."""
+    return asyncio.run_coroutine_threadsafe(coro, _worker_loop())
+
+
 def run(coro: Coroutine[Any, Any, T]) -> T:
     """Run ``coro`` on this process's loop thread and wait for its result (from synchronous code)."""
-    return asyncio.run_coroutine_threadsafe(coro, _worker_loop()).result()
+    return start(coro).result()

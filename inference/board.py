@@ -125,11 +125,17 @@ def board_row_for(turn_id: int) -> dict[str, Any] | None:
 def publish_turn(turn_id: int) -> None:
     """Send the turn's current row to every board (when it is queued, starts or ends); nothing when no board is
     open anywhere (the row's queries were a fifth of a submit, docs/benchmarks.md)."""
+    publish_turns([turn_id])
+
+
+def publish_turns(turn_ids: list[int]) -> None:
+    """``publish_turn`` for several turns, asking Redis once whether a board is open."""
     if not events.board_watched():
         return
-    row = board_row_for(turn_id)
-    if row is not None:
-        events.board_turn_sync(row=row)
+    for turn_id in turn_ids:
+        row = board_row_for(turn_id)
+        if row is not None:
+            events.board_turn_sync(row=row)
 
 
 def rigs_summary() -> list[dict[str, Any]]:

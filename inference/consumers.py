@@ -14,7 +14,7 @@ from channels.db import database_sync_to_async
 from django.conf import settings
 from django.http import Http404
 
-from inference import events, model_admin, selectors, services
+from inference import events, model_admin, selectors, services, submits
 from inference.consumers_board import RevocableMixin
 from rigdash.ws import CLOSE_NOT_FOUND, GroupJsonConsumer
 
@@ -81,11 +81,10 @@ class ChatConsumer(RevocableMixin, GroupJsonConsumer):
             await self._error("not_found", "No such turn in this session.")
 
     async def _turn_send(self, content: dict[str, Any]) -> None:
-        await database_sync_to_async(self._submit)(content.get("text"), content.get("params"))
-
-    def _submit(self, text: Any, params: Any) -> None:
-        session = selectors.session_get_for(self.scope["user"], self.session_id)
-        services.turn_submit(session=session, text=text, params=params)
+        # Stored with any other socket's submits waiting at the same moment (inference/submits.py).
+        await submits.submit(
+            user=self.scope["user"], session_id=self.session_id, text=content.get("text"), params=content.get("params")
+        )
 
     async def _owned_turn(self, content: dict[str, Any]) -> Any:
         turn = await database_sync_to_async(selectors.turn_get_for)(self.scope["user"], content.get("turn"))

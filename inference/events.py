@@ -148,8 +148,9 @@ def turn_end_sync(*, session_id: int, turn: dict[str, Any], seq: int) -> None:
     _send_sync((session_group(session_id), _turn_end_message(turn, seq)))
 
 
-def turn_queued_sync(*, session_id: int, turn: dict[str, Any]) -> None:
-    _send_sync((session_group(session_id), {"type": "chat.turn_queued", "turn": turn}))
+def turns_queued_sync(turns: list[tuple[int, dict[str, Any]]]) -> None:
+    """New turns were stored: ``(session_id, snapshot)`` each, in one round trip."""
+    _send_sync(*((session_group(session_id), {"type": "chat.turn_queued", "turn": turn}) for session_id, turn in turns))
 
 
 def rig_models_group(rig_id: int) -> str:

@@ -25,7 +25,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from inference.models import ChatSession, Quota, Turn
-from inference.services import InvalidInput
+from inference.services import InvalidInput, lock_rows
 
 LIMIT_NAMES = {
     "max_concurrent_turns": "concurrent replies",
@@ -164,10 +164,16 @@ def session_prompt_estimate(session: ChatSession, new_text: str) -> int:
 # Checks ------------------------------------------------------------------------------------------------
 
 
-def quota_check_submit(*, session: ChatSession, text: str, params: Mapping[str, Any]) -> None:
-    """Refuse a new turn over any limit; call inside the submit's transaction (locks the user's row)."""
-    User.objects.select_for_update().filter(pk=session.owner_id).first()
-    limits = limits_for(session.owner_id)
+def quota_check_submit(
+    *, session: ChatSession, text: str, params: Mapping[str, Any], known: dict[int, Limits] | None = None
+) -> None:
+    """Refuse a new turn over any limit; call inside the submit's transaction (locks the user's row).
+    ``known``: limits already read in this transaction, by user id (a burst of submits reads each once)."""
+    lock_rows(User.objects.filter(pk=session.owner_id))
+    known = {} if known is None else known
+    if session.owner_id not in known:
+        known[session.owner_id] = limits_for(session.owner_id)
+    limits = known[session.owner_id]
     if limits == Limits():
         return
     now = timezone.now()
@@ -207,7 +213,7 @@ def turn_token_cap(*, turn: Turn) -> TurnBudget:
     server_max = settings.RIGDASH.max_reply_tokens
     wanted = min(int((turn.params or {}).get("max_tokens", server_max)), server_max)
     with transaction.atomic():
-        User.objects.select_for_update().filter(pk=owner_id).first()  # one cap computed at a time per user
+        lock_rows(User.objects.filter(pk=owner_id))  # one cap computed at a time per user
         limits = limits_for(owner_id)
         cap = min(wanted, limits.max_tokens_per_reply or wanted)
         daily = limits.max_output_tokens_per_day

@@ -4,20 +4,25 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
 from django.contrib.auth.models import User
-from django.db import transaction
+from django.db import connection, transaction
+from django.db.models import QuerySet
+from django.http import Http404
 from django.utils import timezone
 
-from inference import dispatch, events, live
+from inference import dispatch, events, live, selectors
 from inference.backends import backend_for
 from inference.backends.base import BackendError, ModelInfo
 from inference.models import ChatSession, Rig, Turn
-from inference.selectors import turn_snapshot
+
+if TYPE_CHECKING:
+    from inference.quotas import Limits, QuotaExceeded, TurnBudget
 
 log = logging.getLogger(__name__)
 
@@ -99,6 +104,75 @@ def session_create(*, owner: User, rig: Rig, model_name: str) -> ChatSession:
 
 def turn_submit(*, session: ChatSession, text: Any, params: Any = None) -> Turn:
     """Store a new turn and queue it on the rig's Celery queue once the row is committed."""
+    with transaction.atomic():
+        turn = _turn_store(session=session, text=text, params=params)
+    _turns_stored([turn])
+    return turn
+
+
+@dataclass(frozen=True)
+class SubmitRequest:
+    """One ``turn.send`` from a chat socket: the user sending it and the session it is for (checked again)."""
+
+    user: Any
+    session_id: int
+    text: Any
+    params: Any = None
+
+
+def turn_submit_many(requests: Sequence[SubmitRequest]) -> list[Turn | InvalidInput | Http404]:
+    """Store a burst of submits in one transaction, then announce and dispatch them together.
+
+    Each request gets its own result: its turn, or the error that refused it. One request's error loses
+    nothing of the others (each is stored under its own savepoint). A burst of n submits costs one commit,
+    one dispatch and one round trip of announcements instead of n of each, and reads its sessions, their
+    running turns and their owners' limits once (docs/benchmarks.md, level 3)."""
+    results: list[Turn | InvalidInput | Http404] = []
+    with transaction.atomic():
+        sessions: dict[tuple[int, int], ChatSession] = {}
+        for user in {request.user for request in requests}:
+            asked = [r.session_id for r in requests if r.user == user and isinstance(r.session_id, int)]
+            for found in selectors.session_list_for(user).filter(pk__in=asked):
+                sessions[(user.pk, found.pk)] = found
+        busy = set(
+            Turn.objects.filter(session_id__in={s.pk for s in sessions.values()}, status__in=Turn.ACTIVE).values_list(
+                "session_id", flat=True
+            )
+        )
+        limits: dict[int, Limits] = {}
+        for request in requests:
+            try:
+                session = sessions.get((request.user.pk, request.session_id))
+                if session is None:
+                    raise Http404("No such chat session")  # another user's looks exactly like a missing one
+                with transaction.atomic():
+                    results.append(
+                        _turn_store(session=session, text=request.text, params=request.params, busy=busy, limits=limits)
+                    )
+            except (InvalidInput, Http404) as exc:
+                results.append(exc)
+    _turns_stored([r for r in results if isinstance(r, Turn)])
+    return results
+
+
+def lock_rows(queryset: QuerySet[Any]) -> None:
+    """``SELECT ... FOR UPDATE`` the rows, inside a transaction. Not on SQLite, which has no row locks: there a
+    transaction holds the database's write lock from its BEGIN (``transaction_mode`` IMMEDIATE in settings), so
+    the query would only cost time."""
+    if connection.features.has_select_for_update:
+        list(queryset.select_for_update().values_list("pk", flat=True))
+
+
+def _turn_store(
+    *,
+    session: ChatSession,
+    text: Any,
+    params: Any,
+    busy: set[int] | None = None,
+    limits: dict[int, Limits] | None = None,
+) -> Turn:
+    """Check and store one turn; call inside a transaction (it locks the session's row). ``busy``: the sessions
+    known to have a turn waiting or running (updated here); ``limits``: owners' limits already read."""
     if not isinstance(text, str) or not text.strip():
         raise InvalidInput("empty_message", "The message is empty.")
     limit = settings.RIGDASH.max_message_chars
@@ -107,24 +181,36 @@ def turn_submit(*, session: ChatSession, text: Any, params: Any = None) -> Turn:
     clean_params = params_validate(params)
     if not session.rig.enabled:
         raise InvalidInput("rig_disabled", f"rig {session.rig.name} is disabled")
-    from inference import board, quotas  # they import this module
+    from inference import quotas  # it imports this module
 
-    with transaction.atomic():
-        ChatSession.objects.select_for_update().get(pk=session.pk)  # one submit at a time per session
-        if session.turns.filter(status__in=Turn.ACTIVE).exists():
-            raise InvalidInput("turn_in_progress", "Wait for the current reply to finish (or stop it) first.")
-        quotas.quota_check_submit(session=session, text=text, params=clean_params)
-        turn = Turn.objects.create(session=session, user_text=text, params=clean_params)
-        if not session.title:
-            ChatSession.objects.filter(pk=session.pk).update(title=text.strip()[:80])
+    lock_rows(ChatSession.objects.filter(pk=session.pk))  # one submit at a time per session
+    in_progress = session.pk in busy if busy is not None else session.turns.filter(status__in=Turn.ACTIVE).exists()
+    if in_progress:
+        raise InvalidInput("turn_in_progress", "Wait for the current reply to finish (or stop it) first.")
+    quotas.quota_check_submit(session=session, text=text, params=clean_params, known=limits)
+    turn = Turn.objects.create(session=session, user_text=text, params=clean_params)
+    if not session.title:
+        session.title = text.strip()[:80]
+        ChatSession.objects.filter(pk=session.pk).update(title=session.title)
+    if busy is not None:
+        busy.add(session.pk)
     turn.session = session
-    # The page hears of the turn before a worker can start it: a fast backend's first token could otherwise
-    # reach the page before the turn itself did (seen in the benchmark's stress level).
-    events.turn_queued_sync(session_id=session.pk, turn=turn_snapshot(turn, just_stored=True))
-    # The turn waits in the rig's fair queue; dispatch hands it to Celery when a slot is free.
-    dispatch.rig_dispatch(rig_id=session.rig_id)
-    board.publish_turn(turn.pk)
     return turn
+
+
+def _turns_stored(turns: Sequence[Turn]) -> None:
+    """After the commit: tell the pages, hand the turns to their rigs' fair queues, show them on the board."""
+    if not turns:
+        return
+    from inference import board  # it imports this module
+
+    # A page hears of its turn before a worker can start it: a fast backend's first token could otherwise
+    # reach the page before the turn itself did (seen in the benchmark's stress level).
+    events.turns_queued_sync([(turn.session_id, selectors.turn_snapshot(turn, just_stored=True)) for turn in turns])
+    # The turns wait in their rig's fair queue; dispatch hands them to Celery while a slot is free.
+    for rig_id in dict.fromkeys(turn.session.rig_id for turn in turns):
+        dispatch.rig_dispatch(rig_id=rig_id)
+    board.publish_turns([turn.pk for turn in turns])
 
 
 def turn_cancel(*, turn: Turn) -> Turn:
@@ -135,7 +221,7 @@ def turn_cancel(*, turn: Turn) -> Turn:
     if ended:
         turn.refresh_from_db()
         dispatch.turn_released(turn_id=turn.pk, rig_id=turn.session.rig_id)
-        events.turn_end_sync(session_id=turn.session_id, turn=turn_snapshot(turn), seq=0)
+        events.turn_end_sync(session_id=turn.session_id, turn=selectors.turn_snapshot(turn), seq=0)
         return turn
     flagged = Turn.objects.filter(pk=turn.pk, status__in=Turn.RUNNING).update(cancel_requested=True)
     if flagged:
@@ -146,15 +232,32 @@ def turn_cancel(*, turn: Turn) -> Turn:
     return turn
 
 
-def turn_claim(*, turn_id: int, worker: str) -> Turn | None:
-    """Move a queued turn to ``prompt`` for this worker; None if another delivery already did."""
-    now = timezone.now()
-    claimed = Turn.objects.filter(pk=turn_id, status=Turn.Status.QUEUED, cancel_requested=False).update(
-        status=Turn.Status.PROMPT, worker=worker, started_at=now, heartbeat_at=now
-    )
-    if not claimed:
-        return None
-    return Turn.objects.select_related("session", "session__rig").get(pk=turn_id)
+def turns_start(*, turn_ids: Sequence[int], worker: str) -> dict[int, tuple[Turn, TurnBudget | QuotaExceeded] | None]:
+    """Claim queued turns for this worker and reserve each reply's token cap, all in one transaction.
+
+    For each id: the turn and its ``quotas.TurnBudget``, or the ``quotas.QuotaExceeded`` that leaves it no
+    tokens (the turn is claimed all the same and ends as failed with that reason); None if it was not waiting
+    any more (another delivery of its task claimed it, or it was cancelled). A worker handed several turns at
+    once claims them together: one write lock and one commit instead of one each (docs/benchmarks.md)."""
+    from inference import quotas  # it imports this module
+
+    started: dict[int, tuple[Turn, TurnBudget | QuotaExceeded] | None] = dict.fromkeys(turn_ids)
+    with transaction.atomic():
+        now = timezone.now()
+        waiting = Turn.objects.filter(status=Turn.Status.QUEUED, cancel_requested=False)
+        claimed = [
+            turn_id
+            for turn_id in started
+            if waiting.filter(pk=turn_id).update(
+                status=Turn.Status.PROMPT, worker=worker, started_at=now, heartbeat_at=now
+            )
+        ]
+        for turn in Turn.objects.select_related("session", "session__rig").filter(pk__in=claimed).order_by("pk"):
+            try:
+                started[turn.pk] = turn, quotas.turn_token_cap(turn=turn)
+            except quotas.QuotaExceeded as exc:
+                started[turn.pk] = turn, exc
+    return started
 
 
 def turn_mark_decoding(*, turn_id: int) -> None:
@@ -198,12 +301,24 @@ def _prompt_in_context(stats: dict[str, Any]) -> int | None:
 
 def turn_history_messages(turn: Turn) -> list[dict[str, str]]:
     """The conversation up to and including this turn's user message, oldest first."""
-    earlier = turn.session.turns.filter(created_at__lte=turn.created_at).exclude(pk=turn.pk)
-    messages: list[dict[str, str]] = []
-    for previous in earlier.order_by("created_at", "id"):
-        messages.extend(previous.as_history_messages())
-    messages.append({"role": "user", "content": turn.user_text})
-    return messages
+    return turns_history_messages([turn])[turn.pk]
+
+
+def turns_history_messages(turns: Sequence[Turn]) -> dict[int, list[dict[str, str]]]:
+    """``turn_history_messages`` for several turns, in one query."""
+    wanted = {turn.pk: turn for turn in turns}
+    earlier: dict[int, list[Turn]] = {turn.session_id: [] for turn in turns}
+    for previous in Turn.objects.filter(session_id__in=earlier).order_by("created_at", "id"):
+        earlier[previous.session_id].append(previous)
+    history: dict[int, list[dict[str, str]]] = {}
+    for turn_id, turn in wanted.items():
+        messages: list[dict[str, str]] = []
+        for previous in earlier[turn.session_id]:
+            if previous.pk != turn_id and previous.created_at <= turn.created_at:
+                messages.extend(previous.as_history_messages())
+        messages.append({"role": "user", "content": turn.user_text})
+        history[turn_id] = messages
+    return history
 
 
 def turn_reap_stale(*, older_than_s: float) -> list[int]:
@@ -222,7 +337,7 @@ def turn_reap_stale(*, older_than_s: float) -> list[int]:
         if turn_finish(turn=turn, outcome=outcome):
             turn.refresh_from_db()
             dispatch.turn_released(turn_id=turn.pk, rig_id=turn.session.rig_id)
-            events.turn_end_sync(session_id=turn.session_id, turn=turn_snapshot(turn), seq=current.seq)
+            events.turn_end_sync(session_id=turn.session_id, turn=selectors.turn_snapshot(turn), seq=current.seq)
             live.forget(turn.pk)
             reaped.append(turn.pk)
             log.warning("turn %s interrupted: no heartbeat since %s", turn.pk, turn.heartbeat_at)

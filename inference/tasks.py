@@ -12,6 +12,11 @@ def turn_run_task(turn_id: int) -> str:
     return runner.turn_run(turn_id)
 
 
+@shared_task(name="inference.turns_run")
+def turns_run_task(turn_ids: list[int]) -> dict[int, str]:
+    return runner.turns_run(turn_ids)
+
+
 @shared_task(name="inference.turn_reap_stale")
 def turn_reap_stale_task(older_than_s: float = 60.0) -> list[int]:
     return services.turn_reap_stale(older_than_s=older_than_s)

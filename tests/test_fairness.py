@@ -131,8 +131,8 @@ def test_the_page_hears_of_a_turn_before_it_is_handed_to_a_worker(rig, model_nam
     rig.queue = "rig.nobody-listens"
     rig.save()
     order: list[str] = []
-    real_queued, real_send = events.turn_queued_sync, dispatch._send
-    monkeypatch.setattr(events, "turn_queued_sync", lambda **kw: (order.append("queued"), real_queued(**kw))[1])
+    real_queued, real_send = events.turns_queued_sync, dispatch._send
+    monkeypatch.setattr(events, "turns_queued_sync", lambda turns: (order.append("queued"), real_queued(turns))[1])
     monkeypatch.setattr(dispatch, "_send", lambda ids, q: (order.append(f"send {len(ids)}"), real_send(ids, q))[1])
     services.turn_submit(session=make_session(owner, rig, model_name), text="hello")
     assert order == ["queued", "send 1"]

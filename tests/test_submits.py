@@ -1,0 +1,124 @@
+"""A burst of chat submits is stored together (inference/submits.py), each submit still gets its own answer, and
+the turns handed out together reach the worker in one task and start together.
+
+The rigs' Celery queues have no worker: the turns are stored and dispatched, and run only where a test calls the
+runner itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+from typing import Any
+
+import pytest
+import redis
+from asgiref.sync import sync_to_async
+from django.http import Http404
+
+from inference import runner, services, submits
+from inference.models import Rig, Turn
+from tests.adminkit import make_session, make_user
+
+
+def _quiet_rig(slots: int) -> Rig:
+    return Rig.objects.create(
+        name="burst", kind=Rig.Kind.LLAMACPP, base_url="http://127.0.0.1:9", queue="rig.nobody-listens", slots=slots
+    )
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_a_burst_of_submits_is_stored_together_and_each_gets_its_own_answer(monkeypatch):
+    owner, other = await sync_to_async(make_user)("owner"), await sync_to_async(make_user)("other")
+    rig = await sync_to_async(_quiet_rig)(2)
+    mine = [await sync_to_async(make_session)(owner, rig, "m") for _ in range(4)]
+    theirs = await sync_to_async(make_session)(other, rig, "m")
+    batches: list[int] = []
+    real = services.turn_submit_many
+
+    def counting(requests: Any) -> Any:
+        batches.append(len(requests))
+        return real(requests)
+
+    monkeypatch.setattr(services, "turn_submit_many", counting)
+    sends = [
+        (owner, mine[0].pk, "first"),
+        (owner, mine[1].pk, "second"),
+        (owner, mine[2].pk, ""),  # empty: refused, loses nothing of the others
+        (owner, theirs.pk, "not mine"),  # another user's session: as if it did not exist
+        (owner, mine[3].pk, "third"),
+        (owner, mine[0].pk, "again"),  # its session already has a turn waiting
+    ]
+    results = await asyncio.gather(
+        *(submits.submit(user=u, session_id=s, text=t) for u, s, t in sends), return_exceptions=True
+    )
+
+    assert sum(batches) == len(sends) and len(batches) < len(sends), batches
+    stored = [r for r in results if isinstance(r, Turn)]
+    assert [t.user_text for t in stored] == ["first", "second", "third"]
+    assert [(t.session_id, t.status) for t in stored] == [
+        (s.pk, Turn.Status.QUEUED) for s in (mine[0], mine[1], mine[3])
+    ]
+    assert isinstance(results[2], services.InvalidInput) and results[2].code == "empty_message"
+    assert isinstance(results[3], Http404)
+    assert isinstance(results[5], services.InvalidInput) and results[5].code == "turn_in_progress"
+    in_db = await sync_to_async(lambda: sorted(Turn.objects.values_list("user_text", flat=True)))()
+    assert in_db == ["first", "second", "third"]
+    # One dispatch for the burst: the rig's two slots went to two of the turns, the third waits.
+    dispatched = await sync_to_async(lambda: Turn.objects.filter(dispatched_at__isnull=False).count())()
+    assert dispatched == 2
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_a_failing_store_fails_every_submit_of_its_batch_and_the_next_batch_still_runs(monkeypatch):
+    owner = await sync_to_async(make_user)("owner")
+    rig = await sync_to_async(_quiet_rig)(4)
+    sessions = [await sync_to_async(make_session)(owner, rig, "m") for _ in range(3)]
+    real = services.turn_submit_many
+    calls = 0
+
+    def fails_once(requests: Any) -> Any:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            raise ConnectionError("database went away")  # stands in for an outage of the database or Redis
+        return real(requests)
+
+    monkeypatch.setattr(services, "turn_submit_many", fails_once)
+    first = await asyncio.gather(
+        *(submits.submit(user=owner, session_id=s.pk, text="hi") for s in sessions[:2]), return_exceptions=True
+    )
+    assert all(isinstance(r, ConnectionError) for r in first), first
+    assert await Turn.objects.acount() == 0
+    turn = await submits.submit(user=owner, session_id=sessions[2].pk, text="after the outage")
+    assert turn.user_text == "after the outage" and await Turn.objects.acount() == 1
+
+
+@pytest.mark.llama
+@pytest.mark.django_db(transaction=True)
+def test_turns_handed_out_together_go_in_one_task_and_the_worker_runs_them_together(rig, model_name, owner, settings):
+    """A burst's dispatch sends one Celery message for all its turns (read back from the real broker list), and
+    runner.turns_run claims and runs them at once against the real llama-server; a second delivery is a no-op."""
+    rig.slots, rig.queue = 3, f"rig.nobody-listens.{rig.pk}"
+    rig.save()
+    broker = redis.Redis.from_url(settings.CELERY_BROKER_URL)
+    broker.delete(rig.queue)
+    requests = [
+        services.SubmitRequest(user=owner, session_id=make_session(owner, rig, model_name).pk, text=f"Say {word}.")
+        for word in ("yes", "no", "maybe")
+    ]
+    turns = services.turn_submit_many(requests)
+    ids = [t.pk for t in turns if isinstance(t, Turn)]
+    assert len(ids) == 3
+    messages = [json.loads(raw) for raw in broker.lrange(rig.queue, 0, -1)]
+    assert len(messages) == 1, messages
+    assert messages[0]["headers"]["task"] == "inference.turns_run"
+    assert json.loads(base64.b64decode(messages[0]["body"]))[0] == [ids]
+    Turn.objects.filter(pk__in=ids).update(params={"max_tokens": 4})
+    assert runner.turns_run(ids) == dict.fromkeys(ids, "ran")
+    done = list(Turn.objects.filter(pk__in=ids).values_list("status", "worker", "token_cap"))
+    assert {status for status, _, _ in done} == {Turn.Status.DONE}
+    assert len({worker for _, worker, _ in done}) == 1 and all(cap == 4 for _, _, cap in done)
+    assert runner.turns_run(ids) == dict.fromkeys(ids, "not-claimed")
+    broker.delete(rig.queue)
