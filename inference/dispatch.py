@@ -122,12 +122,13 @@ def rig_dispatch(*, rig_id: int) -> list[int]:
         if free > 0:
             now = timezone.now()
             order = waiting_order(rig_id)
-            for item in order[:free]:
-                marked = Turn.objects.filter(
-                    pk=item.turn_id, status=Turn.Status.QUEUED, dispatched_at__isnull=True
-                ).update(dispatched_at=now)
-                if marked:
-                    dispatched.append(item.turn_id)
+            chosen = [item.turn_id for item in order[:free]]
+            # One UPDATE for the lot; those it marked are the ones now dispatched at ``now`` (a turn cancelled
+            # meanwhile is not QUEUED any more and is left out).
+            handed_out = Turn.objects.filter(pk__in=chosen, status=Turn.Status.QUEUED, dispatched_at__isnull=True)
+            if chosen and handed_out.update(dispatched_at=now):
+                marked = set(Turn.objects.filter(pk__in=chosen, dispatched_at=now).values_list("pk", flat=True))
+                dispatched = [turn_id for turn_id in chosen if turn_id in marked]
             still_waiting = [item for item in order if item.turn_id not in dispatched]
         queue = rig.queue
         transaction.on_commit(lambda: _send(dispatched, queue))

@@ -13,7 +13,7 @@ A turn's tokens count on the UTC day it started. Daily allowances reset at 00:00
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -207,11 +207,39 @@ class TurnBudget:
     context_limit: int | None
 
 
+def _wanted_tokens(turn: Turn) -> int:
+    server_max = settings.RIGDASH.max_reply_tokens
+    return min(int((turn.params or {}).get("max_tokens", server_max)), server_max)
+
+
+def turn_token_caps(turns: Sequence[Turn]) -> dict[int, TurnBudget | QuotaExceeded]:
+    """``turn_token_cap`` for turns starting together, by turn id (call inside a transaction). Each owner's
+    limits are read once. A turn whose owner has a daily allowance is capped on its own, in order, since each
+    reservation shrinks what is left for the next; the others are reserved in one UPDATE per distinct cap."""
+    budgets: dict[int, TurnBudget | QuotaExceeded] = {}
+    limits = {owner_id: limits_for(owner_id) for owner_id in {turn.session.owner_id for turn in turns}}
+    by_cap: dict[int, list[int]] = {}
+    for turn in turns:
+        mine = limits[turn.session.owner_id]
+        if mine.max_output_tokens_per_day is not None:
+            try:
+                budgets[turn.pk] = turn_token_cap(turn=turn)
+            except QuotaExceeded as exc:
+                budgets[turn.pk] = exc
+            continue
+        wanted = _wanted_tokens(turn)
+        turn.token_cap = min(wanted, mine.max_tokens_per_reply or wanted)
+        by_cap.setdefault(turn.token_cap, []).append(turn.pk)
+        budgets[turn.pk] = TurnBudget(max_tokens=turn.token_cap, context_limit=mine.max_context_tokens)
+    for cap, turn_ids in by_cap.items():
+        Turn.objects.filter(pk__in=turn_ids, status__in=Turn.RUNNING).update(token_cap=cap)
+    return budgets
+
+
 def turn_token_cap(*, turn: Turn) -> TurnBudget:
     """The ``max_tokens`` a starting turn may use, reserved on the turn; raises QuotaExceeded if none is left."""
     owner_id = turn.session.owner_id
-    server_max = settings.RIGDASH.max_reply_tokens
-    wanted = min(int((turn.params or {}).get("max_tokens", server_max)), server_max)
+    wanted = _wanted_tokens(turn)
     with transaction.atomic():
         lock_rows(User.objects.filter(pk=owner_id))  # one cap computed at a time per user
         limits = limits_for(owner_id)

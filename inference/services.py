@@ -244,19 +244,15 @@ def turns_start(*, turn_ids: Sequence[int], worker: str) -> dict[int, tuple[Turn
     started: dict[int, tuple[Turn, TurnBudget | QuotaExceeded] | None] = dict.fromkeys(turn_ids)
     with transaction.atomic():
         now = timezone.now()
-        waiting = Turn.objects.filter(status=Turn.Status.QUEUED, cancel_requested=False)
-        claimed = [
-            turn_id
-            for turn_id in started
-            if waiting.filter(pk=turn_id).update(
-                status=Turn.Status.PROMPT, worker=worker, started_at=now, heartbeat_at=now
-            )
-        ]
-        for turn in Turn.objects.select_related("session", "session__rig").filter(pk__in=claimed).order_by("pk"):
-            try:
-                started[turn.pk] = turn, quotas.turn_token_cap(turn=turn)
-            except quotas.QuotaExceeded as exc:
-                started[turn.pk] = turn, exc
+        Turn.objects.filter(pk__in=started, status=Turn.Status.QUEUED, cancel_requested=False).update(
+            status=Turn.Status.PROMPT, worker=worker, started_at=now, heartbeat_at=now
+        )
+        # Those this update claimed: a turn claimed before (by any worker) has another worker or start time.
+        mine = Turn.objects.filter(pk__in=started, status=Turn.Status.PROMPT, worker=worker, started_at=now)
+        turns = list(mine.select_related("session", "session__rig").order_by("pk"))
+        budgets = quotas.turn_token_caps(turns)
+    for turn in turns:
+        started[turn.pk] = turn, budgets[turn.pk]
     return started
 
 
