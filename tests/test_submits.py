@@ -122,3 +122,20 @@ def test_turns_handed_out_together_go_in_one_task_and_the_worker_runs_them_toget
     assert len({worker for _, worker, _ in done}) == 1 and all(cap == 4 for _, _, cap in done)
     assert runner.turns_run(ids) == dict.fromkeys(ids, "not-claimed")
     broker.delete(rig.queue)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_row_locks_are_taken_where_the_database_has_them():
+    """On PostgreSQL (the suite's database) lock_rows issues SELECT ... FOR UPDATE; on SQLite, which has no row
+    locks and whose transactions hold the write lock from BEGIN IMMEDIATE, it must issue nothing."""
+    from django.db import connection, transaction
+    from django.test.utils import CaptureQueriesContext
+
+    owner = make_user("owner")
+    with transaction.atomic(), CaptureQueriesContext(connection) as queries:
+        services.lock_rows(type(owner).objects.filter(pk=owner.pk))
+    sql = [q["sql"] for q in queries.captured_queries]
+    if connection.features.has_select_for_update:
+        assert len(sql) == 1 and "FOR UPDATE" in sql[0]
+    else:
+        assert sql == []
