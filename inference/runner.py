@@ -132,7 +132,7 @@ class TurnStream:
     progress: board.ProgressReporter | None = None  # set once started, beside the backend request
     context_quota: int | None = None
     backend_prompt_tokens: int | None = None  # the backend's count of the prompt, once it sent it
-    before_first_batch: asyncio.Future[Any] | None = None
+    prompt_state: PromptState | None = None  # settled before the first batch goes out
     live_broken: bool = False  # a flush failed to reach Redis: the live list must be rebuilt when it is back
     live_entries: int = 0  # entries the live list should hold now (checked against each RPUSH's reply)
     redis_retry_at: float = float("-inf")  # after a failed flush, the next try waits until then (no busy loop)
@@ -156,8 +156,8 @@ class TurnStream:
         if text:
             self.flush_started = now  # before any await: read_gate sees it at once
         check_cancel = now - self.cancel_checked_at >= CANCEL_CHECK_S
-        if seq_from == 1 and text and self.before_first_batch is not None:
-            await asyncio.wait({self.before_first_batch})  # 'prompt' reaches the page before the first token
+        if seq_from == 1 and text and self.prompt_state is not None:
+            await self.prompt_state.settle()  # a 'prompt' state that went out reaches the page before any token
         message = publication = None
         stats: dict[str, Any] = {}
         if text:
@@ -298,11 +298,11 @@ async def stream_turn(
     redis_client: aioredis.Redis,
     *,
     context_quota: int | None = None,
-    announced: asyncio.Future[Any] | None = None,
+    prompt_state: PromptState | None = None,
 ) -> services.TurnOutcome:
     """Stream one reply. The backend request goes out first; the board's progress reporter (which may need
-    the slot's context from the backend) starts beside it. ``announced`` is awaited before the first batch,
-    so the page hears 'prompt' before any token."""
+    the slot's context from the backend) starts beside it. ``prompt_state`` is settled before the first batch,
+    so a 'prompt' state that went out reaches the page before any token."""
     conf = settings.RIGDASH
     backend = backend_for(turn.session.rig)
     state = TurnStream(
@@ -311,7 +311,7 @@ async def stream_turn(
         meter=StreamMeter(t_request=time.perf_counter()),
         flush_interval_s=conf.flush_interval_ms / 1000,
         context_quota=context_quota,
-        before_first_batch=announced,
+        prompt_state=prompt_state,
     )
     state.last_checkpoint = state.meter.t_request
     queue: asyncio.Queue[Any] = asyncio.Queue()
@@ -422,14 +422,12 @@ def _redis_for_loop() -> aioredis.Redis:
 # started at once (the benchmark's level 3), their task threads waited up to 650 ms for claims that take 2 ms.
 # So this process's own writes queue on a lock, which hands over at once; SQLite's handler is left to arbitrate
 # only between processes. Other databases lock rows, and their writes go ungated.
-_write_gate: threading.Lock | contextlib.nullcontext[None] | None = None
+_write_lock = threading.Lock()
+_ungated = contextlib.nullcontext()
 
 
 def _gate() -> threading.Lock | contextlib.nullcontext[None]:
-    global _write_gate
-    if _write_gate is None:
-        _write_gate = threading.Lock() if connection.vendor == "sqlite" else contextlib.nullcontext()
-    return _write_gate
+    return _write_lock if connection.vendor == "sqlite" else _ungated
 
 
 P = ParamSpec("P")
@@ -447,12 +445,30 @@ def _gated(fn: Callable[P, R]) -> Callable[P, R]:
     return run
 
 
-async def _announce_start(turn: Turn) -> None:
-    """The page hears 'prompt' and the board hears 'started' while the backend reads the prompt."""
-    await asyncio.gather(
-        events.turn_state(session_id=turn.session_id, turn_id=turn.pk, status=Turn.Status.PROMPT),
-        db_async(board.publish_turn, thread_sensitive=False)(turn.pk),
-    )
+class PromptState:
+    """A turn's 'prompt' state for its page, sent only when the prompt outlasts ``delay_s`` (a flush interval).
+
+    A page takes a turn's first token as the end of its prompt phase. When the first token comes sooner, the
+    state would only flash by; and when sixteen turns started together it doubled the frames the web had to
+    write to every watching socket at once (docs/benchmarks.md, level 3). A long prompt, the case the state
+    is for, still shows it after one interval."""
+
+    def __init__(self, turn: Turn, delay_s: float) -> None:
+        self._turn = turn
+        self._sending = False
+        self._task = asyncio.create_task(self._send_after(delay_s))
+
+    async def _send_after(self, delay_s: float) -> None:
+        await asyncio.sleep(delay_s)
+        self._sending = True
+        await events.turn_state(session_id=self._turn.session_id, turn_id=self._turn.pk, status=Turn.Status.PROMPT)
+
+    async def settle(self) -> None:
+        """Before the first batch and before the end: drop the state if it has not begun to go out, else wait
+        until it has (a failed send is dropped too: the page sees the turn's tokens or its end instead)."""
+        if not self._sending:
+            self._task.cancel()
+        await asyncio.gather(self._task, return_exceptions=True)
 
 
 async def run_claimed_turn(
@@ -461,7 +477,8 @@ async def run_claimed_turn(
     """Send the backend request first; everything else about the start happens while the prompt is read."""
     params = turn.params or {}
     rig_id = turn.session.rig_id
-    announced = asyncio.create_task(_announce_start(turn))
+    prompt_state = PromptState(turn, settings.RIGDASH.flush_interval_ms / 1000)
+    started_row = asyncio.create_task(db_async(board.publish_turn, thread_sensitive=False)(turn.pk))  # the board
     if isinstance(budget, quotas.QuotaExceeded):
         exc = budget
         outcome = services.TurnOutcome(
@@ -481,9 +498,10 @@ async def run_claimed_turn(
             seed=params.get("seed"),
         )
         outcome = await stream_turn(
-            turn, request, _redis_for_loop(), context_quota=budget.context_limit, announced=announced
+            turn, request, _redis_for_loop(), context_quota=budget.context_limit, prompt_state=prompt_state
         )
-    await announced  # the "started" row and the 'prompt' state go out before the end
+    await prompt_state.settle()
+    await started_row  # the board's "started" row goes out before the end
     stored = await db_async(_gated(services.turn_finish))(turn=turn, outcome=outcome)
     if not stored:
         log.warning("turn %s had already ended when its worker finished", turn.pk)
