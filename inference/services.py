@@ -295,13 +295,8 @@ def _prompt_in_context(stats: dict[str, Any]) -> int | None:
     return int(stats["prompt_tokens"]) + int(stats.get("cached_tokens") or 0)
 
 
-def turn_history_messages(turn: Turn) -> list[dict[str, str]]:
-    """The conversation up to and including this turn's user message, oldest first."""
-    return turns_history_messages([turn])[turn.pk]
-
-
 def turns_history_messages(turns: Sequence[Turn]) -> dict[int, list[dict[str, str]]]:
-    """``turn_history_messages`` for several turns, in one query."""
+    """Each turn's conversation up to and including its user message, oldest first, by turn id; one query."""
     wanted = {turn.pk: turn for turn in turns}
     earlier: dict[int, list[Turn]] = {turn.session_id: [] for turn in turns}
     for previous in Turn.objects.filter(session_id__in=earlier).order_by("created_at", "id"):
