@@ -139,3 +139,28 @@ def test_row_locks_are_taken_where_the_database_has_them():
         assert len(sql) == 1 and "FOR UPDATE" in sql[0]
     else:
         assert sql == []
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_batch_reads_each_turns_own_conversation_in_one_query():
+    """turns_history_messages: each turn gets its own session's earlier turns, oldest first, and nothing after it."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    owner = make_user("owner")
+    rig = _quiet_rig(4)
+    first, second = make_session(owner, rig, "m"), make_session(owner, rig, "m")
+    Turn.objects.create(session=first, user_text="a1", reply_text="r1", status=Turn.Status.DONE)
+    Turn.objects.create(session=first, user_text="a2", reply_text="", status=Turn.Status.CANCELLED)
+    now_first = Turn.objects.create(session=first, user_text="a3")
+    now_second = Turn.objects.create(session=second, user_text="b1")
+    with CaptureQueriesContext(connection) as queries:
+        history = services.turns_history_messages([now_first, now_second])
+    assert len(queries.captured_queries) == 1
+    assert history[now_first.pk] == [
+        {"role": "user", "content": "a1"},
+        {"role": "assistant", "content": "r1"},
+        {"role": "user", "content": "a2"},
+        {"role": "user", "content": "a3"},
+    ]
+    assert history[now_second.pk] == [{"role": "user", "content": "b1"}]
