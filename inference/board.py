@@ -129,13 +129,13 @@ def publish_turn(turn_id: int) -> None:
 
 
 def publish_turns(turn_ids: list[int]) -> None:
-    """``publish_turn`` for several turns, asking Redis once whether a board is open."""
+    """``publish_turn`` for several turns: Redis is asked once whether a board is open, and the rows go out in one
+    round trip."""
     if not events.board_watched():
         return
-    for turn_id in turn_ids:
-        row = board_row_for(turn_id)
-        if row is not None:
-            events.board_turn_sync(row=row)
+    rows = [row for row in map(board_row_for, turn_ids) if row is not None]
+    if rows:
+        events.board_turns_sync(rows=rows)
 
 
 def rigs_summary() -> list[dict[str, Any]]:

@@ -212,8 +212,9 @@ def queue_positions_sync(
     _send_sync(*messages)
 
 
-def board_turn_sync(*, row: dict[str, Any]) -> None:
-    _send_sync((BOARD_GROUP, {"type": "board.turn", "turn": row}))
+def board_turns_sync(*, rows: list[dict[str, Any]]) -> None:
+    """Turns' board rows (``board.turn``, one message each), in one round trip."""
+    _send_sync(*((BOARD_GROUP, {"type": "board.turn", "turn": row}) for row in rows))
 
 
 async def board_progress(*, progress: dict[str, Any]) -> None:
