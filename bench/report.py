@@ -360,10 +360,16 @@ def table_rows(agg: dict[str, Any]) -> list[list[str]]:
     return rows
 
 
+def _flush(meta: dict[str, Any]) -> str:
+    """The flush interval: alone -> ceiling (results before 2026-11-30 02:30 UTC had one fixed interval)."""
+    low, high = meta.get("flush_min_interval_ms", meta["flush_interval_ms"]), meta["flush_interval_ms"]
+    return str(high) if low == high else f"{low}-{high}"
+
+
 def header(meta: dict[str, Any]) -> str:
     return (
         f"RigDash streaming benchmark ({meta['mode']}), {meta['started']}, {meta['nproc']} x {meta['cpu_model']}, "
-        f"model {meta['model']}, flush {meta['flush_interval_ms']} ms, git {meta['git']}\n"
+        f"model {meta['model']}, flush {_flush(meta)} ms, git {meta['git']}\n"
         f"machine busy {meta['machine_busy_cores']} cores on average, of which this benchmark (RigDash, llama-server,"
         f" Chromium, clients) {meta['benchmark_busy_cores']} and other processes {meta['other_busy_cores']}; "
         f"load average {meta['loadavg_before'][0]:.2f} -> {meta['loadavg_after'][0]:.2f}"

@@ -154,7 +154,11 @@ class Bench:
         self.stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
         self.var_dir = ROOT / "var" / "bench" / self.stamp
         self.stack = BenchStack(
-            var_dir=self.var_dir, flush_ms=args.flush_ms, database_url=args.database_url, redis_url=args.redis_url
+            var_dir=self.var_dir,
+            flush_ms=args.flush_ms,
+            flush_min_ms=args.flush_min_ms,
+            database_url=args.database_url,
+            redis_url=args.redis_url,
         )
         self.levels = {f"l{x}" if x.isdigit() else x for x in args.levels.split(",")}
         self.browser: Any = None
@@ -653,7 +657,9 @@ class Bench:
             "nproc": os.cpu_count(), "cpu_model": cpu_model, "python": platform.python_version(),
             "model": self.model, "llama_server": os.environ.get("LLAMA_SERVER_BIN", ""),
             "git": commit.stdout.strip() + ("-dirty" if dirty.stdout.strip() else ""),
-            "flush_interval_ms": self.args.flush_ms or 33, "seed": SEED, "temperature": 0.0,
+            "flush_interval_ms": self.args.flush_ms or 33,
+            "flush_min_interval_ms": self.args.flush_min_ms or min(10, self.args.flush_ms or 33),
+            "seed": SEED, "temperature": 0.0,
             "loadavg_before": load_before, "loadavg_after": os.getloadavg(),
             "machine_busy_cores": round(busy / wall, 2) if wall else None,
             "benchmark_busy_cores": round(own / wall, 2) if wall else None,
@@ -692,6 +698,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="a short smoke run (about 2 minutes on a quiet machine)")
     parser.add_argument("--levels", default="1,2,3,render", help="parts to run: 1 (with lag), lag, 2, 3, render")
     parser.add_argument("--flush-ms", type=int, default=None, help="RIGDASH_FLUSH_INTERVAL_MS for the stack")
+    parser.add_argument(
+        "--flush-min-ms", type=int, default=None, help="RIGDASH_FLUSH_MIN_INTERVAL_MS (= --flush-ms: a fixed interval)"
+    )
     parser.add_argument("--database-url", default=None, help="default: a fresh SQLite file under var/bench/")
     parser.add_argument("--redis-url", default=None, help="default: a private redis-server on a free port")
     parser.add_argument("--no-browser", action="store_true", help="skip Chromium (no display lag figures)")

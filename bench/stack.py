@@ -31,6 +31,7 @@ SYNTH_QUEUE = "rig.bench-synthetic"
 class BenchStack:
     var_dir: Path
     flush_ms: int | None = None
+    flush_min_ms: int | None = None
     database_url: str | None = None
     redis_url: str | None = None
     slots: int = 4
@@ -66,6 +67,8 @@ class BenchStack:
         }
         if self.flush_ms is not None:
             self.env["RIGDASH_FLUSH_INTERVAL_MS"] = str(self.flush_ms)
+        if self.flush_min_ms is not None:
+            self.env["RIGDASH_FLUSH_MIN_INTERVAL_MS"] = str(self.flush_min_ms)
         log(f"database {database_url.split('@')[-1]}, redis {redis_url}")
         subprocess.run(
             [PYTHON, "manage.py", "migrate", "--noinput", "-v", "0"],

@@ -63,7 +63,7 @@ class RigDashConfig:
 
     max_message_chars: int
     max_ws_frame_bytes: int
-    flush_interval_ms: int
+    flush_interval_ms: int  # the longest a token waits for its batch (the coalescing ceiling)
     max_reply_tokens: int
     first_token_timeout_s: float
     stall_timeout_s: float
@@ -74,3 +74,6 @@ class RigDashConfig:
     sample_raw_retention_h: float = 24.0
     sample_downsampled_retention_d: float = 30.0
     metrics_token: str = ""
+    # The interval while one turn streams alone on a worker; each more streaming turn adds as much, up to
+    # flush_interval_ms (inference.runner.FlushPace).
+    flush_min_interval_ms: int = 10

@@ -145,10 +145,14 @@ CELERY_TASK_DEFAULT_QUEUE = env_str("RIGDASH_DEFAULT_QUEUE", "rigdash.default")
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 
 # RigDash behaviour (typed: see rigdash/env.py)
+_flush_ceiling_ms = env_int("RIGDASH_FLUSH_INTERVAL_MS", 33, minimum=1, maximum=33)
 RIGDASH = RigDashConfig(
     max_message_chars=env_int("RIGDASH_MAX_MESSAGE_CHARS", 16_000, minimum=1),
     max_ws_frame_bytes=env_int("RIGDASH_MAX_WS_FRAME_BYTES", 65_536, minimum=1024),
-    flush_interval_ms=env_int("RIGDASH_FLUSH_INTERVAL_MS", 33, minimum=1, maximum=33),
+    flush_interval_ms=_flush_ceiling_ms,
+    flush_min_interval_ms=env_int(
+        "RIGDASH_FLUSH_MIN_INTERVAL_MS", min(10, _flush_ceiling_ms), minimum=1, maximum=_flush_ceiling_ms
+    ),
     max_reply_tokens=env_int("RIGDASH_MAX_REPLY_TOKENS", 1024, minimum=1, maximum=32_768),
     first_token_timeout_s=env_float("RIGDASH_FIRST_TOKEN_TIMEOUT_S", 120.0, minimum=1.0),
     stall_timeout_s=env_float("RIGDASH_STALL_TIMEOUT_S", 30.0, minimum=1.0),

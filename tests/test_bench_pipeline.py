@@ -9,12 +9,12 @@ import pytest
 
 from inference import events
 from inference.consumers import ChatConsumer
-from inference.runner import StreamMeter, TurnStream
+from inference.runner import FlushPace, StreamMeter, TurnStream
 
 
 def _stream(interval_s: float = 0.033) -> TurnStream:
     # flush_due reads only the timing fields; no turn or Redis is needed to ask it.
-    return TurnStream(turn=None, redis=None, meter=StreamMeter(t_request=0.0), flush_interval_s=interval_s)  # type: ignore[arg-type]
+    return TurnStream(turn=None, redis=None, meter=StreamMeter(t_request=0.0), pace=FlushPace(interval_s, interval_s))  # type: ignore[arg-type]
 
 
 def test_a_lone_token_goes_out_at_once_and_a_burst_waits_one_interval_after_the_last_batch():
@@ -26,6 +26,59 @@ def test_a_lone_token_goes_out_at_once_and_a_burst_waits_one_interval_after_the_
     assert stream.flush_due() == pytest.approx(1.033)  # 7 ms after a batch: waits for the next interval
     stream.pending_since = 1.5
     assert stream.flush_due() == 1.5  # a token long after the last batch (slow decode) is not held back
+
+
+def test_a_turn_alone_gets_the_short_interval_and_each_other_streaming_turn_adds_one_up_to_the_ceiling():
+    pace = FlushPace(0.010, 0.033)
+    alone, other = TurnStream(turn=None, redis=None, meter=StreamMeter(t_request=0.0), pace=pace), _stream()  # type: ignore[arg-type]
+    other.pace = pace
+    alone.last_sent, alone.pending_since = 1.0, 1.001
+    with pace.streaming_turn():
+        assert alone.flush_due() == pytest.approx(1.010)  # alone: a batch 10 ms after the last
+        with pace.streaming_turn():
+            assert alone.flush_due() == pytest.approx(1.020)  # two turns streaming: 20 ms each
+            other.last_sent, other.pending_since = 2.0, 2.001
+            assert other.flush_due() == pytest.approx(2.020)
+            with pace.streaming_turn(), pace.streaming_turn():
+                assert alone.flush_due() == pytest.approx(1.033)  # four: 40 ms, held at the 33 ms ceiling
+        assert pace.streaming == 1
+    assert pace.streaming == 0 and pace.interval() == pytest.approx(0.010)
+    with pytest.raises(RuntimeError), pace.streaming_turn():
+        raise RuntimeError("a turn that fails still leaves the count")
+    assert pace.streaming == 0
+
+
+async def test_the_turns_on_one_loop_share_a_pace_built_from_the_settings(settings):
+    import dataclasses
+
+    from inference.runner import _pace_for_loop
+
+    settings.RIGDASH = dataclasses.replace(settings.RIGDASH, flush_interval_ms=30, flush_min_interval_ms=12)
+    pace = _pace_for_loop()
+    assert _pace_for_loop() is pace and (pace.min_s, pace.max_s) == (0.012, 0.030)
+    settings.RIGDASH = dataclasses.replace(settings.RIGDASH, flush_interval_ms=33, flush_min_interval_ms=33)
+    fixed = _pace_for_loop()
+    with fixed.streaming_turn():
+        assert fixed.interval() == pytest.approx(0.033)  # min = ceiling: the old fixed interval
+
+
+@pytest.mark.parametrize(("env", "message"), [
+    ({"RIGDASH_FLUSH_MIN_INTERVAL_MS": "40"}, "RIGDASH_FLUSH_MIN_INTERVAL_MS must be between 1 and 33, got 40"),
+    ({"RIGDASH_FLUSH_INTERVAL_MS": "8", "RIGDASH_FLUSH_MIN_INTERVAL_MS": "9"}, "must be between 1 and 8, got 9"),
+    ({"RIGDASH_FLUSH_INTERVAL_MS": "8"}, "flush 8 8"),  # the default shortest interval follows a lower ceiling
+    ({}, "flush 10 33"),
+])  # fmt: skip
+def test_the_shortest_interval_is_checked_against_the_ceiling_when_settings_load(env, message):
+    import os
+    import subprocess
+    import sys
+
+    code = "from rigdash.settings import RIGDASH as r; print('flush', r.flush_min_interval_ms, r.flush_interval_ms)"
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("RIGDASH_FLUSH")}
+    done = subprocess.run(
+        [sys.executable, "-c", code], env={**clean, **env}, capture_output=True, text=True, timeout=60
+    )
+    assert message in done.stdout + done.stderr
 
 
 async def test_token_batches_skip_the_per_message_database_hop(monkeypatch):
