@@ -1,4 +1,4 @@
-"""``--profile``: sample RigDash's web and worker processes with py-spy while the benchmark runs.
+"""``--profile``: sample RigDash's web, worker and sampler processes with py-spy while the benchmark runs.
 
 py-spy (``pip install py-spy`` into the venv) writes folded stacks (``--format raw``); ``top`` turns them
 into the functions where the samples fall: leaf ("self") and anywhere on the stack ("inclusive").

@@ -599,7 +599,7 @@ class Bench:
         results: dict[str, Any] = {}
         profilers = []
         if self.args.profile:
-            pids = {role: self.stack.pids[role] for role in ("web", "worker")}
+            pids = {role: self.stack.pids[role] for role in ("web", "worker", "sampler")}
             profilers = profile.start(pids, self.var_dir / "profile")
         try:
             if not self.args.no_browser:

@@ -42,18 +42,15 @@ async def rig_loop(rig_id: int, redis_client: aioredis.Redis, interval_s: float,
     sampler = await database_sync_to_async(_rig_setup)(rig_id)
     if sampler is None:
         return
-    try:
-        done = 0
-        next_at = time.monotonic()
-        while ticks is None or done < ticks:
-            sample = await sampler.take(redis_client)
-            await database_sync_to_async(services.sample_store)(rig_id=rig_id, sample=sample)
-            await services.sample_publish(rig_id=rig_id, sample=sample)
-            done += 1
-            next_at += interval_s
-            await asyncio.sleep(max(0.0, next_at - time.monotonic()))
-    finally:
-        await sampler.close()
+    done = 0
+    next_at = time.monotonic()
+    while ticks is None or done < ticks:
+        sample = await sampler.take(redis_client)
+        await database_sync_to_async(services.sample_store)(rig_id=rig_id, sample=sample)
+        await services.sample_publish(rig_id=rig_id, sample=sample)
+        done += 1
+        next_at += interval_s
+        await asyncio.sleep(max(0.0, next_at - time.monotonic()))
 
 
 async def supervise(rig_id: int, redis_client: aioredis.Redis, interval_s: float) -> None:

@@ -11,7 +11,6 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlparse
 
-import httpx
 import redis.asyncio as aioredis
 from channels.db import database_sync_to_async
 
@@ -40,7 +39,6 @@ class RigSampler:
     rig: Rig
     kv_cache_type: str = "f16"
     bandwidth_gbs: float | None = None
-    client: httpx.AsyncClient | None = None
     props: dict[str, Any] = field(default_factory=dict)
     arch: ModelArchitecture | None = None
     arch_error: str = ""
@@ -50,15 +48,6 @@ class RigSampler:
     ollama_arch: dict[str, ModelArchitecture | None] = field(default_factory=dict)
     metrics: dict[str, float] = field(default_factory=dict)
     metrics_at: float = 0.0
-
-    def _client(self) -> httpx.AsyncClient:
-        if self.client is None:
-            self.client = httpx.AsyncClient(base_url=self.rig.base_url, timeout=0.8, trust_env=False)
-        return self.client
-
-    async def close(self) -> None:
-        if self.client is not None:
-            await self.client.aclose()
 
     async def take(self, redis_client: aioredis.Redis) -> Sample:
         now = time.time()
@@ -81,7 +70,7 @@ class RigSampler:
         fresh_metrics = now - self.metrics_at >= METRICS_EVERY_S
         try:
             reading = await llamacpp.collect(
-                self._client(), props_cache=self.props, metrics_cache=None if fresh_metrics else self.metrics
+                self.rig.base_url, props_cache=self.props, metrics_cache=None if fresh_metrics else self.metrics
             )
         except Unavailable as exc:
             self.props, self.metrics_at = {}, 0.0  # re-read /props and /metrics when the server is back
@@ -269,10 +258,9 @@ class RigSampler:
         self, redis_client: aioredis.Redis, series: dict[str, float], detail: dict[str, Any]
     ) -> None:
         try:
-            depth = 0
-            for key in [self.rig.queue] + [f"{self.rig.queue}\x06\x16{p}" for p in (3, 6, 9)]:
-                depth += int(await redis_client.llen(key))  # type: ignore[misc]
-            series["queue_depth"] = float(depth)
+            # Celery's Redis transport keeps a queue's messages in one list, and a message sent with a priority in a
+            # list of its own (``<queue>\x06\x16<p>``); RigDash sends none (inference.dispatch), so one LLEN a tick.
+            series["queue_depth"] = float(await redis_client.llen(self.rig.queue))  # type: ignore[misc]
             turns = await database_sync_to_async(_active_turns)(self.rig.pk)
             if turns:
                 async with redis_client.pipeline(transaction=False) as pipe:

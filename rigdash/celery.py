@@ -30,4 +30,4 @@ def preload_before_fork(**_: Any) -> None:
             importlib.import_module(module)
     from inference.backends import llamacpp
 
-    llamacpp._tls_context()
+    llamacpp.tls_context()

@@ -117,8 +117,8 @@ def test_backend_clients_share_one_tls_context_that_still_verifies_certificates(
 
     from inference.backends import llamacpp
 
-    context = llamacpp._tls_context()
-    assert context is llamacpp._tls_context()  # built once per process, not per turn
+    context = llamacpp.tls_context()
+    assert context is llamacpp.tls_context()  # built once per process, not per turn
     assert context.verify_mode == ssl.CERT_REQUIRED and context.check_hostname
     client = llamacpp.LlamaCppBackend("http://127.0.0.1:9", timeout_s=1)._client(read_timeout=None)
     assert client._transport._pool._ssl_context is context  # httpx internals: the context the pool connects with

@@ -53,7 +53,6 @@ async def _take(rig: Rig, ticks: int = 1, pause_s: float = 0.5) -> list:
             samples.append(await state.take(client))
             await asyncio.sleep(pause_s)
     finally:
-        await state.close()
         await client.aclose()
     return samples
 
@@ -85,6 +84,25 @@ def test_sample_of_a_decoding_rig_has_slots_kv_memory_and_roofline(rig, llama_ur
     assert last.series["weight_bytes"] > 50e6
     assert last.series["bound_tps"] > 0 and last.series.get("roofline_ratio", 0) < 1.5
     assert last.detail["placement"]["label"].startswith("CPU only") or last.detail["gpus"]
+
+
+@pytest.mark.django_db
+def test_queue_depth_counts_the_tasks_waiting_in_the_rigs_celery_queue():
+    """Tasks sent the way dispatch sends them, to a queue no worker reads: the sampler's one LLEN must see them."""
+    import os
+
+    import redis
+
+    from inference.tasks import turns_run_task
+
+    queue = f"q.depth-{os.getpid()}"
+    rig = Rig.objects.create(name="deep", kind="llamacpp", base_url=f"http://127.0.0.1:{free_port()}", queue=queue)
+    try:
+        for _ in range(2):
+            turns_run_task.apply_async(args=[[0]], queue=queue)
+        assert asyncio.run(_take(rig))[0].series["queue_depth"] == 2
+    finally:
+        redis.Redis.from_url(settings.CELERY_BROKER_URL).delete(queue)
 
 
 @pytest.mark.django_db

@@ -27,9 +27,8 @@ async def serve(parts: list[bytes], *, delay_s: float = 0.0) -> AsyncIterator[tu
 
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         head = await reader.readuntil(b"\r\n\r\n")
-        length = int(
-            next(line for line in head.split(b"\r\n") if line.lower().startswith(b"content-length")).split(b":")[1]
-        )
+        lengths = [line for line in head.split(b"\r\n") if line.lower().startswith(b"content-length")]
+        length = int(lengths[0].split(b":")[1]) if lengths else 0  # a GET has no body
         requests.append(head + await reader.readexactly(length))
         for part in parts:
             writer.write(part)
@@ -167,3 +166,42 @@ async def test_an_event_that_never_ends_is_refused_before_it_fills_memory():
     assert parser.feed(b"data: " + b"x" * 500) == []
     with pytest.raises(sse.ProtocolError, match="longer than 1000 bytes"):
         parser.feed(b"x" * 600)
+
+
+async def test_get_reads_a_whole_body_of_either_framing_with_its_status():
+    """The sampler's reads of llama-server (/slots, /metrics, /props) every second."""
+    body = b'[{"id": 0, "n_ctx": 2304}]'
+    async with serve([b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(body), body[:5], body[5:]]) as (url, seen):
+        assert await sse.get(url + "/prefix", "/slots", timeout_s=2) == (200, body)
+    assert seen[0].startswith(b"GET /prefix/slots HTTP/1.1\r\n") and b"Connection: close" in seen[0]
+    async with serve([b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n", chunked(body[:7], body[7:])]) as (
+        url,
+        _,
+    ):
+        assert await sse.get(url, "/slots", timeout_s=2) == (200, body)
+    async with serve([b"HTTP/1.1 501 Not Implemented\r\nContent-Length: 7\r\n\r\nno slot"]) as (url, _):
+        assert await sse.get(url, "/slots", timeout_s=2) == (501, b"no slot")
+
+
+async def test_get_refuses_an_oversized_body_and_gives_up_on_a_silent_server():
+    async with serve([b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n", b"x" * 100]) as (url, _):
+        with pytest.raises(sse.ProtocolError, match="more than 64 bytes"):
+            await sse.get(url, "/metrics", timeout_s=2, limit=64)
+    async with serve([b"HTTP/1.1 200 OK\r\n"], delay_s=5) as (url, _):  # the head never ends
+        with pytest.raises(TimeoutError):
+            await sse.get(url, "/slots", timeout_s=0.3)
+
+
+async def test_the_llama_cpp_collector_turns_every_failed_read_into_unavailable():
+    """What the sampler shows as the backend source's error: a refused connection, a non-200 answer, and an
+    answer that is not JSON."""
+    from monitoring.collectors import Unavailable, llamacpp
+
+    with pytest.raises(Unavailable, match="unreachable"):
+        await llamacpp.collect("http://127.0.0.1:9", props_cache={"x": 1}, metrics_cache={})
+    async with serve([b"HTTP/1.1 501 Not Implemented\r\nContent-Length: 0\r\n\r\n"]) as (url, _):
+        with pytest.raises(Unavailable, match="/slots answered 501"):
+            await llamacpp.collect(url, props_cache={"x": 1}, metrics_cache={})
+    async with serve([b"HTTP/1.1 200 OK\r\nContent-Length: 4\r\n\r\n<h1>"]) as (url, _):
+        with pytest.raises(Unavailable, match="not JSON"):
+            await llamacpp.collect(url, props_cache={"x": 1}, metrics_cache={})

@@ -54,7 +54,7 @@ def context_tokens(timings: dict[str, Any]) -> int | None:
 
 
 @functools.cache
-def _tls_context() -> ssl.SSLContext:
+def tls_context() -> ssl.SSLContext:
     """One TLS context per process. Without it httpx builds one, loading the CA bundle, for every client:
     about 20 ms of CPU on every turn, before the request is sent (docs/benchmarks.md)."""
     return httpx.create_ssl_context(trust_env=False)
@@ -74,7 +74,7 @@ class LlamaCppBackend(Backend):
 
     def _client(self, *, read_timeout: float | None) -> httpx.AsyncClient:
         timeout = httpx.Timeout(self.timeout_s, read=read_timeout)
-        return httpx.AsyncClient(base_url=self.base_url, timeout=timeout, trust_env=False, verify=_tls_context())
+        return httpx.AsyncClient(base_url=self.base_url, timeout=timeout, trust_env=False, verify=tls_context())
 
     async def _get_json(self, path: str) -> Any:
         try:
@@ -160,7 +160,7 @@ class LlamaCppBackend(Backend):
                 "/v1/chat/completions",
                 self._payload(request),
                 connect_timeout_s=self.timeout_s,
-                tls=_tls_context(),
+                tls=tls_context(),
             )
         except (OSError, TimeoutError, sse.ProtocolError) as exc:
             raise BackendUnavailable(f"llama-server at {self.base_url} is unreachable: {exc!r}") from exc

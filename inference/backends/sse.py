@@ -3,12 +3,13 @@
 Why not httpx here: reading a chat stream token by token through httpx's ``aiter_lines`` (httpcore, anyio,
 h11, a line decoder) was 36 % of the worker's CPU at 140 tokens/s (docs/benchmarks.md). This module reads
 the socket with asyncio streams, decodes ``Transfer-Encoding: chunked`` and splits events itself: a few
-``bytes.find`` calls per token. It is used only for the streaming POST; everything else (health, models,
-props) stays on httpx.
+``bytes.find`` calls per token. It is used for the streaming POST and for the monitoring sampler's reads of
+llama-server every second (``get``: httpx's request machinery was half the sampler's CPU while idle);
+everything else (health, models, props from the backend) stays on httpx.
 
 What it supports is what a chat stream needs: ``http`` and ``https`` base URLs (with a path prefix), a JSON
 body, a chunked, ``Content-Length`` or close-delimited response, and a clear error for anything else. One
-connection per stream, ``Connection: close``: closing it is how the backend learns to stop decoding.
+connection per request, ``Connection: close``: closing it is how the backend learns to stop decoding.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ READ_SIZE = 65536
 MAX_HEAD_BYTES = 64 * 1024
 MAX_ERROR_BODY_BYTES = 64 * 1024
 MAX_EVENT_BYTES = 1 << 20  # llama-server's events are a few hundred bytes (a few KB with n_probs)
+MAX_GET_BODY_BYTES = 8 << 20  # /slots, /metrics and /props are a few KB to a few hundred KB
 
 
 class ProtocolError(Exception):
@@ -248,6 +250,38 @@ async def post_json_stream(
     ``connect_timeout_s`` bounds the connect and the send, not the wait for the head (llama-server sends it
     once the prompt is processed). Raises OSError, TimeoutError or ProtocolError.
     """
+    body = json.dumps(payload, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+    return await _open("POST", base_url, path, body, accept=accept, connect_timeout_s=connect_timeout_s, tls=tls)
+
+
+async def get(
+    base_url: str, path: str, *, timeout_s: float, tls: ssl.SSLContext | None = None, limit: int = MAX_GET_BODY_BYTES
+) -> tuple[int, bytes]:
+    """GET ``base_url + path``: the status and the whole body, all within ``timeout_s``. Raises OSError,
+    TimeoutError, or ProtocolError (also for a body over ``limit`` bytes, rather than a cut one)."""
+    async with asyncio.timeout(timeout_s):
+        response = await _open("GET", base_url, path, None, accept="*/*", connect_timeout_s=timeout_s, tls=tls)
+        try:
+            body = bytearray()
+            async for part in response._body_parts():
+                body += part
+                if len(body) > limit:
+                    raise ProtocolError(f"{path} answered with more than {limit} bytes")
+            return response.status, bytes(body)
+        finally:
+            await response.aclose()
+
+
+async def _open(
+    method: str,
+    base_url: str,
+    path: str,
+    body: bytes | None,
+    *,
+    accept: str,
+    connect_timeout_s: float,
+    tls: ssl.SSLContext | None,
+) -> SSEResponse:
     url = urlsplit(base_url)
     if url.scheme not in ("http", "https") or not url.hostname:
         raise ProtocolError(f"not an http(s) URL: {base_url!r}")
@@ -258,12 +292,11 @@ async def post_json_stream(
     elif ":" in url.hostname:
         host_header = f"[{url.hostname}]:{url.port}"
     target = (url.path.rstrip("/") + path) or "/"
-    body = json.dumps(payload, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+    content = "" if body is None else f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n"
     request = (
-        f"POST {target} HTTP/1.1\r\nHost: {host_header}\r\nContent-Type: application/json\r\n"
-        f"Accept: {accept}\r\nContent-Length: {len(body)}\r\nConnection: close\r\n"
-        "User-Agent: rigdash\r\n\r\n"
-    ).encode("latin-1") + body
+        f"{method} {target} HTTP/1.1\r\nHost: {host_header}\r\n{content}"
+        f"Accept: {accept}\r\nConnection: close\r\nUser-Agent: rigdash\r\n\r\n"
+    ).encode("latin-1") + (body or b"")
 
     async with asyncio.timeout(connect_timeout_s):
         reader, writer = await asyncio.open_connection(

@@ -6,11 +6,12 @@ https://github.com/ggml-org/llama.cpp/tree/master/tools/server — /metrics need
 from __future__ import annotations
 
 import asyncio
+import json
 from dataclasses import dataclass, field
 from typing import Any
 
-import httpx
-
+from inference.backends import sse
+from inference.backends.llamacpp import tls_context
 from monitoring.collectors import Unavailable
 
 
@@ -75,33 +76,44 @@ class LlamaCppReading:
 
 
 async def collect(
-    client: httpx.AsyncClient,
+    base_url: str,
     *,
+    timeout_s: float = 0.8,
     props_cache: dict[str, Any] | None = None,
     metrics_cache: dict[str, float] | None = None,
 ) -> LlamaCppReading:
     """Read /slots, /metrics unless ``metrics_cache`` is given (its counters move only when a request ends), and
     /props once (it only changes when the server restarts). Every request is one the server answers between
-    decode steps, so the sampler asks for as little as it can."""
+    decode steps, so the sampler asks for as little as it can. The reads go through the lean client
+    (``inference.backends.sse.get``), since the sampler makes them every second for as long as RigDash runs."""
 
-    async def get(path: str) -> httpx.Response:
-        response = await client.get(path)
-        if response.status_code != 200:
-            raise Unavailable(f"llama-server {path} answered {response.status_code}")
-        return response
+    async def get(path: str) -> bytes:
+        try:
+            status, body = await sse.get(base_url, path, timeout_s=timeout_s, tls=tls_context())
+        except (OSError, TimeoutError, sse.ProtocolError) as exc:
+            raise Unavailable(f"llama-server unreachable: {exc!r}") from exc
+        if status != 200:
+            raise Unavailable(f"llama-server {path} answered {status}")
+        return body
 
-    try:
-        wanted = {"slots": get("/slots")}
-        if metrics_cache is None:
-            wanted["metrics"] = get("/metrics")
-        if not props_cache:
-            wanted["props"] = get("/props")
-        responses = dict(zip(wanted, await asyncio.gather(*wanted.values()), strict=True))
-    except httpx.HTTPError as exc:
-        raise Unavailable(f"llama-server unreachable: {exc!r}") from exc
-    props = props_cache if props_cache else responses["props"].json()
+    def parse_json(path: str, body: bytes) -> Any:
+        try:
+            return json.loads(body)
+        except ValueError as exc:
+            raise Unavailable(f"llama-server {path} answered something that is not JSON") from exc
+
+    wanted = {"slots": get("/slots")}
+    if metrics_cache is None:
+        wanted["metrics"] = get("/metrics")
+    if not props_cache:
+        wanted["props"] = get("/props")
+    bodies = dict(zip(wanted, await asyncio.gather(*wanted.values()), strict=True))
+    props = props_cache if props_cache else parse_json("/props", bodies["props"])
+    metrics = bodies.get("metrics")
     return LlamaCppReading(
-        metrics=parse_prometheus(responses["metrics"].text) if "metrics" in responses else dict(metrics_cache or {}),
-        slots=[parse_slot(slot) for slot in responses["slots"].json()],
+        metrics=parse_prometheus(metrics.decode("utf-8", "replace"))
+        if metrics is not None
+        else dict(metrics_cache or {}),
+        slots=[parse_slot(slot) for slot in parse_json("/slots", bodies["slots"])],
         props={k: v for k, v in props.items() if k != "chat_template"},
     )
