@@ -117,7 +117,9 @@ class FlushPace:
     A turn alone gets ``min_s``: its page can show a token at the browser's next frame, where a 33 ms batch
     adds 16 ms on average (display lag p50 29 ms at 33 ms, 16 ms at 10 ms: docs/benchmarks.md). Each other turn
     streaming on the loop adds ``min_s``, up to ``max_s``: the batches the worker publishes per second, and the
-    frames the web writes for them, stay near 1 / ``min_s`` until every turn is at the ceiling, as before."""
+    frames the web writes for them, stay near 1 / ``min_s`` until every turn is at the ceiling, as before.
+    A turn counts from its backend request to its end, so one still reading its prompt counts too: it is
+    about to stream, and counting it from its first token would need a second hand-off in the hot path."""
 
     def __init__(self, min_s: float, max_s: float) -> None:
         self.min_s, self.max_s = min(min_s, max_s), max_s
