@@ -122,7 +122,7 @@ class FlushPace:
     about to stream (counting turns only from their first token is a refinement not tried)."""
 
     def __init__(self, min_s: float, max_s: float) -> None:
-        self.min_s, self.max_s = min(min_s, max_s), max_s
+        self.min_s, self.max_s = min_s, max_s
         self.streaming = 0
 
     def interval(self) -> float:
