@@ -119,7 +119,9 @@ class FlushPace:
     streaming on the loop adds ``min_s``, up to ``max_s``: the batches the worker publishes per second, and the
     frames the web writes for them, stay near 1 / ``min_s`` until every turn is at the ceiling, as before.
     A turn counts from its backend request to its end, so one still reading its prompt counts too: it is
-    about to stream (counting turns only from their first token is a refinement not tried)."""
+    about to stream, and when sixteen turns start together (the benchmark's level 3) the first to get tokens
+    do not publish at the short interval while the rest are still in their prompts (counting only from the
+    first token was not measured)."""
 
     def __init__(self, min_s: float, max_s: float) -> None:
         self.min_s, self.max_s = min_s, max_s
