@@ -207,9 +207,12 @@ class TurnBudget:
     context_limit: int | None
 
 
-def _wanted_tokens(turn: Turn) -> int:
+def _reply_cap(turn: Turn, limits: Limits) -> int:
+    """The tokens a turn may reply with before any daily allowance: what it asked for (at most the server's cap),
+    within the owner's per-reply limit."""
     server_max = settings.RIGDASH.max_reply_tokens
-    return min(int((turn.params or {}).get("max_tokens", server_max)), server_max)
+    wanted = min(int((turn.params or {}).get("max_tokens", server_max)), server_max)
+    return min(wanted, limits.max_tokens_per_reply or wanted)
 
 
 def turn_token_caps(turns: Sequence[Turn]) -> dict[int, TurnBudget | QuotaExceeded]:
@@ -227,8 +230,7 @@ def turn_token_caps(turns: Sequence[Turn]) -> dict[int, TurnBudget | QuotaExceed
             except QuotaExceeded as exc:
                 budgets[turn.pk] = exc
             continue
-        wanted = _wanted_tokens(turn)
-        turn.token_cap = min(wanted, mine.max_tokens_per_reply or wanted)
+        turn.token_cap = _reply_cap(turn, mine)
         by_cap.setdefault(turn.token_cap, []).append(turn.pk)
         budgets[turn.pk] = TurnBudget(max_tokens=turn.token_cap, context_limit=mine.max_context_tokens)
     for cap, turn_ids in by_cap.items():
@@ -239,11 +241,10 @@ def turn_token_caps(turns: Sequence[Turn]) -> dict[int, TurnBudget | QuotaExceed
 def turn_token_cap(*, turn: Turn) -> TurnBudget:
     """The ``max_tokens`` a starting turn may use, reserved on the turn; raises QuotaExceeded if none is left."""
     owner_id = turn.session.owner_id
-    wanted = _wanted_tokens(turn)
     with transaction.atomic():
         lock_rows(User.objects.filter(pk=owner_id))  # one cap computed at a time per user
         limits = limits_for(owner_id)
-        cap = min(wanted, limits.max_tokens_per_reply or wanted)
+        cap = _reply_cap(turn, limits)
         daily = limits.max_output_tokens_per_day
         if daily is not None:
             now = timezone.now()
