@@ -146,7 +146,7 @@ def _pace_for_loop() -> FlushPace:
     """The pace of the turns on this event loop (the worker runs them all on one: inference.aio)."""
     loop_id = id(asyncio.get_running_loop())
     conf = settings.RIGDASH
-    min_s, max_s = min(conf.flush_min_interval_ms, conf.flush_interval_ms) / 1000, conf.flush_interval_ms / 1000
+    min_s, max_s = conf.flush_min_interval_ms / 1000, conf.flush_interval_ms / 1000  # the settings keep min <= max
     pace = _paces.get(loop_id)
     if pace is None or (pace.min_s, pace.max_s) != (min_s, max_s):  # new settings (tests override them)
         pace = _paces[loop_id] = FlushPace(min_s, max_s)
