@@ -221,12 +221,15 @@ class SSEResponse:
             if not transport.is_closing():
                 transport.resume_reading()
 
-    async def read_body(self, limit: int = MAX_ERROR_BODY_BYTES) -> bytes:
-        """The whole body (for an error answer), cut at ``limit`` bytes."""
+    async def read_body(self, limit: int = MAX_ERROR_BODY_BYTES, *, strict: bool = False) -> bytes:
+        """The whole body, cut at ``limit`` bytes (an error answer), or with ``strict`` refused past it (a body
+        that will be parsed: a cut one would only fail later, less clearly)."""
         body = bytearray()
         async for part in self._body_parts():
             body += part
-            if len(body) >= limit:
+            if len(body) > limit and strict:
+                raise ProtocolError(f"the answer has more than {limit} bytes")
+            if len(body) >= limit and not strict:
                 break
         return bytes(body[:limit])
 
@@ -262,12 +265,7 @@ async def get(
     async with asyncio.timeout(timeout_s):
         response = await _open("GET", base_url, path, None, accept="*/*", connect_timeout_s=timeout_s, tls=tls)
         try:
-            body = bytearray()
-            async for part in response._body_parts():
-                body += part
-                if len(body) > limit:
-                    raise ProtocolError(f"{path} answered with more than {limit} bytes")
-            return response.status, bytes(body)
+            return response.status, await response.read_body(limit, strict=True)
         finally:
             await response.aclose()
 
