@@ -79,14 +79,19 @@ def waiting_order(rig_id: int) -> list[Waiting]:
             "pk", "session__owner_id", "session_id", "created_at"
         )
     ]
+    return _in_fair_order(rig_id, waiting)
+
+
+def _in_fair_order(rig_id: int, waiting: list[Waiting]) -> list[Waiting]:
+    """``fair_order`` of the rig's waiting turns, reading when each of their users was last served on the rig.
+    With one user waiting the order is theirs, oldest first, whenever they were served: no query."""
     if not waiting:
         return []
+    users = {w.user_id for w in waiting}
+    if len(users) == 1:
+        return fair_order(waiting, {})
     served = (
-        Turn.objects.filter(
-            session__rig_id=rig_id,
-            session__owner_id__in={w.user_id for w in waiting},
-            dispatched_at__isnull=False,
-        )
+        Turn.objects.filter(session__rig_id=rig_id, session__owner_id__in=users, dispatched_at__isnull=False)
         .values("session__owner_id")
         .annotate(last=Max("dispatched_at"))
     )
@@ -104,29 +109,47 @@ def queue_position(turn: Turn) -> int | None:
     return order.index(turn.pk) + 1 if turn.pk in order else None
 
 
-def _busy_slots(rig_id: int) -> int:
-    running = Q(status__in=Turn.RUNNING)
-    handed_out = Q(status=Turn.Status.QUEUED, dispatched_at__isnull=False)
-    return Turn.objects.filter(running | handed_out, session__rig_id=rig_id).count()
+def _rig_turns(rig_id: int) -> tuple[int, list[Waiting]]:
+    """The rig's busy slots (turns running, or handed to a worker and not yet claimed) and its waiting turns,
+    in one query."""
+    rows = Turn.objects.filter(Q(status__in=Turn.RUNNING) | Q(status=Turn.Status.QUEUED), session__rig_id=rig_id)
+    busy, waiting = 0, []
+    for pk, status, dispatched_at, user_id, session_id, created_at in rows.values_list(
+        "pk", "status", "dispatched_at", "session__owner_id", "session_id", "created_at"
+    ):
+        if status != Turn.Status.QUEUED or dispatched_at is not None:
+            busy += 1
+        else:
+            waiting.append(Waiting(turn_id=pk, user_id=user_id, session_id=session_id, created_at=created_at))
+    return busy, waiting
 
 
 def rig_dispatch(*, rig_id: int) -> list[int]:
-    """Hand waiting turns to the rig's Celery queue while it has free slots, fairly; returns their ids."""
-    with transaction.atomic():
+    """Hand waiting turns to the rig's Celery queue while it has free slots, fairly; returns their ids.
+
+    Inside a caller's transaction (a submit's) it joins it, without a savepoint: the turns stored and their
+    dispatch commit together, and the task goes to Celery after that one commit. A lone submit on a rig with a
+    free slot costs three queries here (lock the rig, read its turns, mark the turn), where a transaction of its
+    own cost seven round trips; that path is on every turn's time to first token (docs/benchmarks.md)."""
+    with transaction.atomic(savepoint=False):
         rig = Rig.objects.select_for_update().filter(pk=rig_id).first()
         if rig is None:
             return []
-        free = rig.slots - _busy_slots(rig_id)
+        busy, waiting = _rig_turns(rig_id)
+        free = rig.slots - busy
         dispatched: list[int] = []
         still_waiting: list[Waiting] | None = None  # known only when the order was read here
         if free > 0:
             now = timezone.now()
-            order = waiting_order(rig_id)
+            order = _in_fair_order(rig_id, waiting)
             chosen = [item.turn_id for item in order[:free]]
-            # One UPDATE for the lot; those it marked are the ones now dispatched at ``now`` (a turn cancelled
-            # meanwhile is not QUEUED any more and is left out).
+            # One UPDATE for the lot. A turn cancelled since the read is not QUEUED any more and is left out; when
+            # the UPDATE marked fewer than chosen, the marked ones are read back.
             handed_out = Turn.objects.filter(pk__in=chosen, status=Turn.Status.QUEUED, dispatched_at__isnull=True)
-            if chosen and handed_out.update(dispatched_at=now):
+            marked_count = handed_out.update(dispatched_at=now) if chosen else 0
+            if marked_count == len(chosen):
+                dispatched = chosen
+            elif marked_count:
                 marked = set(Turn.objects.filter(pk__in=chosen, dispatched_at=now).values_list("pk", flat=True))
                 dispatched = [turn_id for turn_id in chosen if turn_id in marked]
             still_waiting = [item for item in order if item.turn_id not in dispatched]
@@ -140,11 +163,20 @@ def rig_dispatch(*, rig_id: int) -> list[int]:
 
 def _send(turn_ids: list[int], queue: str) -> None:
     """One task for the turns handed out together: a Celery message costs about 2 ms to send and the worker
-    claims them in one transaction (16 messages took a third of a burst's dispatch, docs/benchmarks.md)."""
+    claims them in one transaction (16 messages took a third of a burst's dispatch, docs/benchmarks.md).
+
+    When the message cannot be sent (the broker is down), the turns go back to waiting, so the next dispatch
+    (after a turn ends, or beat's ``dispatch_all``) hands them out again instead of the 120 s resend; the error
+    still reaches the caller."""
     from inference.tasks import turns_run_task  # tasks import the runner, which imports this module
 
-    if turn_ids:
+    if not turn_ids:
+        return
+    try:
         turns_run_task.apply_async(args=[turn_ids], queue=queue)
+    except Exception:
+        Turn.objects.filter(pk__in=turn_ids, status=Turn.Status.QUEUED).update(dispatched_at=None)
+        raise
 
 
 def announce_positions(

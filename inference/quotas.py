@@ -13,7 +13,7 @@ A turn's tokens count on the UTC day it started. Daily allowances reset at 00:00
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -167,15 +167,16 @@ def session_prompt_estimate(session: ChatSession, new_text: str) -> int:
 def quota_check_submit(
     *, session: ChatSession, text: str, params: Mapping[str, Any], known: dict[int, Limits] | None = None
 ) -> None:
-    """Refuse a new turn over any limit; call inside the submit's transaction (locks the user's row).
-    ``known``: limits already read in this transaction, by user id (a burst of submits reads each once)."""
-    lock_rows(User.objects.filter(pk=session.owner_id))
+    """Refuse a new turn over any limit; call inside the submit's transaction (locks the user's row when they have
+    a limit, so that two submits cannot both pass). ``known``: limits already read in this transaction, by user id
+    (a burst of submits reads each once)."""
     known = {} if known is None else known
     if session.owner_id not in known:
         known[session.owner_id] = limits_for(session.owner_id)
     limits = known[session.owner_id]
     if limits == Limits():
-        return
+        return  # nothing to count, so nothing to lock: one round trip less on the turn's way to its first token
+    lock_rows(User.objects.filter(pk=session.owner_id))
     now = timezone.now()
     usage = usage_today(session.owner_id, now=now)
     if limits.max_concurrent_turns is not None and usage.active_turns >= limits.max_concurrent_turns:
@@ -207,35 +208,12 @@ class TurnBudget:
     context_limit: int | None
 
 
-def _reply_cap(turn: Turn, limits: Limits) -> int:
+def reply_cap(turn: Turn, limits: Limits) -> int:
     """The tokens a turn may reply with before any daily allowance: what it asked for (at most the server's cap),
     within the owner's per-reply limit."""
     server_max = settings.RIGDASH.max_reply_tokens
     wanted = min(int((turn.params or {}).get("max_tokens", server_max)), server_max)
     return min(wanted, limits.max_tokens_per_reply or wanted)
-
-
-def turn_token_caps(turns: Sequence[Turn]) -> dict[int, TurnBudget | QuotaExceeded]:
-    """``turn_token_cap`` for turns starting together, by turn id (call inside a transaction). Each owner's
-    limits are read once. A turn whose owner has a daily allowance is capped on its own, in order, since each
-    reservation shrinks what is left for the next; the others are reserved in one UPDATE per distinct cap."""
-    budgets: dict[int, TurnBudget | QuotaExceeded] = {}
-    limits = {owner_id: limits_for(owner_id) for owner_id in {turn.session.owner_id for turn in turns}}
-    by_cap: dict[int, list[int]] = {}
-    for turn in turns:
-        mine = limits[turn.session.owner_id]
-        if mine.max_output_tokens_per_day is not None:
-            try:
-                budgets[turn.pk] = turn_token_cap(turn=turn)
-            except QuotaExceeded as exc:
-                budgets[turn.pk] = exc
-            continue
-        turn.token_cap = _reply_cap(turn, mine)
-        by_cap.setdefault(turn.token_cap, []).append(turn.pk)
-        budgets[turn.pk] = TurnBudget(max_tokens=turn.token_cap, context_limit=mine.max_context_tokens)
-    for cap, turn_ids in by_cap.items():
-        Turn.objects.filter(pk__in=turn_ids, status__in=Turn.RUNNING).update(token_cap=cap)
-    return budgets
 
 
 def turn_token_cap(*, turn: Turn) -> TurnBudget:
@@ -244,7 +222,7 @@ def turn_token_cap(*, turn: Turn) -> TurnBudget:
     with transaction.atomic():
         lock_rows(User.objects.filter(pk=owner_id))  # one cap computed at a time per user
         limits = limits_for(owner_id)
-        cap = _reply_cap(turn, limits)
+        cap = reply_cap(turn, limits)
         daily = limits.max_output_tokens_per_day
         if daily is not None:
             now = timezone.now()

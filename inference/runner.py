@@ -572,14 +572,12 @@ def turns_run(turn_ids: list[int]) -> dict[int, str]:
     """Claim the turns a dispatch handed out together, in one transaction, and run them at once on this process's
     loop; for each: "ran", or "not-claimed" when it was not waiting any more (a second delivery is a no-op).
 
-    Their histories are read in one query too. This runs in the task's thread: no hop to an executor before
-    the requests."""
+    Their histories are read with them. This runs in the task's thread: no hop to an executor before the
+    requests."""
     from inference import aio
 
     started = _gated(services.turns_start)(turn_ids=turn_ids, worker=WORKER_ID)
-    claimed = [c for c in started.values() if c is not None]
-    history = services.turns_history_messages([turn for turn, _ in claimed])  # a read: no gate
-    runs = [aio.start(run_claimed_turn(turn, history[turn.pk], budget)) for turn, budget in claimed]
+    runs = [aio.start(run_claimed_turn(c.turn, c.messages, c.budget)) for c in started.values() if c is not None]
     for run in runs:
         run.result()  # a run that breaks before the end is reaped later
     return {turn_id: "not-claimed" if started[turn_id] is None else "ran" for turn_id in turn_ids}

@@ -18,7 +18,7 @@ from asgiref.sync import sync_to_async
 from django.http import Http404
 
 from inference import runner, services, submits
-from inference.models import Rig, Turn
+from inference.models import ChatSession, Rig, Turn
 from tests.adminkit import make_session, make_user
 
 
@@ -143,7 +143,8 @@ def test_row_locks_are_taken_where_the_database_has_them():
 
 @pytest.mark.django_db(transaction=True)
 def test_a_batch_reads_each_turns_own_conversation_in_one_query():
-    """turns_history_messages: each turn gets its own session's earlier turns, oldest first, and nothing after it."""
+    """turns_with_history: each turn comes with its session and rig, and its own session's earlier turns, oldest
+    first, and nothing after it, all in one query."""
     from django.db import connection
     from django.test.utils import CaptureQueriesContext
 
@@ -155,8 +156,10 @@ def test_a_batch_reads_each_turns_own_conversation_in_one_query():
     now_first = Turn.objects.create(session=first, user_text="a3")
     now_second = Turn.objects.create(session=second, user_text="b1")
     with CaptureQueriesContext(connection) as queries:
-        history = services.turns_history_messages([now_first, now_second])
+        turns, history = services.turns_with_history([now_second.pk, now_first.pk])
+        assert [turn.session.rig.pk for turn in turns] == [rig.pk, rig.pk]  # already read: no query
     assert len(queries.captured_queries) == 1
+    assert [turn.pk for turn in turns] == [now_first.pk, now_second.pk]
     assert history[now_first.pk] == [
         {"role": "user", "content": "a1"},
         {"role": "assistant", "content": "r1"},
@@ -164,3 +167,103 @@ def test_a_batch_reads_each_turns_own_conversation_in_one_query():
         {"role": "user", "content": "a3"},
     ]
     assert history[now_second.pk] == [{"role": "user", "content": "b1"}]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_lone_turns_way_to_its_backend_request_takes_few_queries(monkeypatch, settings):
+    """Every query from a submit to the worker's backend request is on the turn's time to first token: on a busy
+    2-core rig each is a round trip and a wake-up of the database (docs/benchmarks.md, "Pipeline change: fewer
+    round trips"). A lone submit on a rig with a free slot stores and dispatches its turn in one transaction, with
+    no savepoint, before its Celery message goes; the worker's start reads the turn with its history, reads the
+    owner's limits and claims it in one UPDATE. A change that adds a query here must say why."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from inference.tasks import turns_run_task
+
+    owner = make_user("owner")
+    rig = _quiet_rig(2)
+    session = make_session(owner, rig, "m")
+    Turn.objects.create(session=session, user_text="before", reply_text="earlier", status=Turn.Status.DONE)
+    ChatSession.objects.filter(pk=session.pk).update(title="before")  # a first turn also stores the title
+    sent_at: list[int] = []
+    real_send = turns_run_task.apply_async
+    with CaptureQueriesContext(connection) as queries:
+
+        def counting_send(*args: Any, **kwargs: Any) -> Any:
+            sent_at.append(len(queries.captured_queries))
+            return real_send(*args, **kwargs)
+
+        monkeypatch.setattr(turns_run_task, "apply_async", counting_send)
+        [turn] = services.turn_submit_many([services.SubmitRequest(user=owner, session_id=session.pk, text="hi")])
+    assert isinstance(turn, Turn) and len(sent_at) == 1
+    before_send = [q["sql"] for q in queries.captured_queries[: sent_at[0]]]
+    assert not [sql for sql in before_send if "SAVEPOINT" in sql]
+    # BEGIN; the session read with its row lock; its running turns; the owner's limits (none: no lock on the owner);
+    # the INSERT; the rig's row lock; the rig's turns; the dispatch's UPDATE; COMMIT. It was 17 before.
+    assert len(before_send) == 9, "\n".join(before_send)
+    with CaptureQueriesContext(connection) as queries:
+        started = services.turns_start(turn_ids=[turn.pk], worker="w1")
+    claimed = started[turn.pk]
+    assert claimed is not None and claimed.turn.session.rig.pk == rig.pk
+    assert claimed.messages == [
+        {"role": "user", "content": "before"},
+        {"role": "assistant", "content": "earlier"},
+        {"role": "user", "content": "hi"},
+    ]
+    # the turn with its session, rig and history; the owner's limits; the claim with its token cap. It was 7.
+    assert len(queries.captured_queries) == 3, "\n".join(q["sql"] for q in queries.captured_queries)
+    assert Turn.objects.get(pk=turn.pk).token_cap == settings.RIGDASH.max_reply_tokens
+    assert services.turns_start(turn_ids=[turn.pk], worker="w2") == {turn.pk: None}  # a second delivery
+    redis.Redis.from_url(settings.CELERY_BROKER_URL).delete(rig.queue)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_turn_cancelled_between_the_workers_read_and_its_claim_is_left_out(monkeypatch):
+    """The worker reads the turns before its claim's UPDATE: a turn cancelled in between is not claimed, and the
+    others of the same task still are, each with its own history (a race made certain here by cancelling inside
+    the read)."""
+    owner = make_user("owner")
+    rig = _quiet_rig(4)
+    kept, dropped = (Turn.objects.create(session=make_session(owner, rig, "m"), user_text=t) for t in ("a", "b"))
+    real_read = services.turns_with_history
+
+    def read_then_cancel(turn_ids: Any) -> Any:
+        read = real_read(turn_ids)
+        Turn.objects.filter(pk=dropped.pk).update(status=Turn.Status.CANCELLED, cancel_requested=True)
+        return read
+
+    monkeypatch.setattr(services, "turns_with_history", read_then_cancel)
+    started = services.turns_start(turn_ids=[kept.pk, dropped.pk], worker="w1")
+    assert started[dropped.pk] is None
+    claimed = started[kept.pk]
+    assert claimed is not None and claimed.messages == [{"role": "user", "content": "a"}]
+    assert list(Turn.objects.filter(pk=kept.pk).values_list("status", "worker")) == [(Turn.Status.PROMPT, "w1")]
+    assert Turn.objects.get(pk=dropped.pk).status == Turn.Status.CANCELLED
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_turn_whose_task_cannot_be_sent_goes_back_to_waiting_and_is_handed_out_again(monkeypatch, settings):
+    """The broker refuses the Celery message (mocked: stopping the machine's Redis would stop every other test):
+    the submit fails loudly, the turn is kept and waits again instead of holding a slot until the 120 s resend,
+    and the next dispatch hands it out."""
+    from inference import dispatch
+    from inference.tasks import turns_run_task
+
+    owner = make_user("owner")
+    rig = _quiet_rig(1)
+    session = make_session(owner, rig, "m")
+
+    def broker_down(*args: Any, **kwargs: Any) -> Any:
+        raise ConnectionRefusedError("broker down")
+
+    real_send = turns_run_task.apply_async
+    monkeypatch.setattr(turns_run_task, "apply_async", broker_down)
+    with pytest.raises(ConnectionRefusedError):
+        services.turn_submit_many([services.SubmitRequest(user=owner, session_id=session.pk, text="hi")])
+    [turn] = Turn.objects.filter(session=session)
+    assert (turn.status, turn.dispatched_at) == (Turn.Status.QUEUED, None)
+    monkeypatch.setattr(turns_run_task, "apply_async", real_send)
+    assert dispatch.rig_dispatch(rig_id=rig.pk) == [turn.pk]
+    assert Turn.objects.get(pk=turn.pk).dispatched_at is not None
+    redis.Redis.from_url(settings.CELERY_BROKER_URL).delete(rig.queue)
