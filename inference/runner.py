@@ -13,6 +13,7 @@ the turn is claimed, at its first token, at checkpoints every few seconds, and o
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import functools
 import logging
@@ -27,7 +28,7 @@ from typing import Any, ParamSpec, TypeVar, cast
 import redis.asyncio as aioredis
 from channels.db import database_sync_to_async as db_async
 from django.conf import settings
-from django.db import connection
+from django.db import close_old_connections, connection
 from redis.exceptions import RedisError
 
 from inference import board, dispatch, events, live, quotas, services
@@ -569,15 +570,36 @@ def turn_run(turn_id: int) -> str:
 
 
 def turns_run(turn_ids: list[int]) -> dict[int, str]:
-    """Claim the turns a dispatch handed out together, in one transaction, and run them at once on this process's
-    loop; for each: "ran", or "not-claimed" when it was not waiting any more (a second delivery is a no-op).
-
-    Their histories are read with them. This runs in the task's thread: no hop to an executor before the
-    requests."""
+    """Claim the turns a dispatch handed out together and run them at once on this process's loop; for each:
+    "ran", or "not-claimed" when it was not waiting any more (a second delivery is a no-op)."""
     from inference import aio
 
-    started = _gated(services.turns_start)(turn_ids=turn_ids, worker=WORKER_ID)
+    started = _claim_thread().submit(_claim, turn_ids).result()
     runs = [aio.start(run_claimed_turn(c.turn, c.messages, c.budget)) for c in started.values() if c is not None]
     for run in runs:
         run.result()  # a run that breaks before the end is reaped later
     return {turn_id: "not-claimed" if started[turn_id] is None else "ran" for turn_id in turn_ids}
+
+
+_claims: tuple[int, concurrent.futures.ThreadPoolExecutor] | None = None
+_claims_lock = threading.Lock()
+
+
+def _claim_thread() -> concurrent.futures.ThreadPoolExecutor:
+    """The one thread of this process that claims turns. Its database connection stays open between turns; a task
+    thread's was new at nearly every turn, since Celery's thread pool hands each task to the next of its threads,
+    and opening one cost 0.6 ms on SQLite and 6 ms on PostgreSQL here, on every turn's time to first token
+    (docs/benchmarks.md). Made again after a fork (a prefork pool's children)."""
+    global _claims
+    with _claims_lock:
+        if _claims is None or _claims[0] != os.getpid():
+            _claims = os.getpid(), concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="rigdash-claim")
+        return _claims[1]
+
+
+def _claim(turn_ids: list[int]) -> dict[int, services.ClaimedTurn | None]:
+    close_old_connections()  # as Celery and Channels do around a unit of work: drop a connection past its age
+    try:
+        return _gated(services.turns_start)(turn_ids=turn_ids, worker=WORKER_ID)
+    finally:
+        close_old_connections()

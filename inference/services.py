@@ -134,12 +134,12 @@ def turn_submit_many(requests: Sequence[SubmitRequest]) -> list[Turn | InvalidIn
         for user in {request.user for request in requests}:
             asked = [r.session_id for r in requests if r.user == user and isinstance(r.session_id, int)]
             # Read and locked at once (one submit at a time per session): _turn_store need not lock them again.
-            for found in locking(selectors.session_list_for(user).filter(pk__in=asked)):
+            for found in locking(selectors.session_list_for(user).filter(pk__in=asked).order_by()):
                 sessions[(user.pk, found.pk)] = found
         busy = set(
-            Turn.objects.filter(session_id__in={s.pk for s in sessions.values()}, status__in=Turn.ACTIVE).values_list(
-                "session_id", flat=True
-            )
+            Turn.objects.filter(session_id__in={s.pk for s in sessions.values()}, status__in=Turn.ACTIVE)
+            .order_by()
+            .values_list("session_id", flat=True)
         )
         limits: dict[int, Limits] = {}
         for request in requests:
@@ -227,8 +227,8 @@ def _turns_stored(turns: Sequence[Turn]) -> None:
     queued = [(turn.session_id, selectors.turn_snapshot(turn, just_stored=True)) for turn in turns]
     transaction.on_commit(lambda: events.turns_queued_sync(queued), robust=True)  # a view: never stops the tasks
     # The turns wait in their rig's fair queue; dispatch hands them to Celery while a slot is free.
-    for rig_id in dict.fromkeys(turn.session.rig_id for turn in turns):
-        dispatch.rig_dispatch(rig_id=rig_id)
+    for rig in {turn.session.rig_id: turn.session.rig for turn in turns}.values():
+        dispatch.rig_dispatch(rig_id=rig.pk, rig=rig)
     turn_ids = [turn.pk for turn in turns]
     transaction.on_commit(lambda: board.publish_turns(turn_ids), robust=True)
 
@@ -363,17 +363,21 @@ def turns_with_history(turn_ids: Sequence[int]) -> tuple[list[Turn], dict[int, l
         Turn.objects.filter(session__turns__pk__in=turn_ids)
         .select_related("session", "session__rig")
         .order_by("created_at", "id")
-        .distinct()
     )
-    by_session: dict[int, list[Turn]] = {}
-    for row in rows:
-        by_session.setdefault(row.session_id, []).append(row)
+    by_session: dict[int, dict[int, Turn]] = {}
+    for (
+        row
+    ) in rows:  # a session holding two of the turns comes twice: kept once (a DISTINCT would compare every column)
+        by_session.setdefault(row.session_id, {}).setdefault(row.pk, row)
     wanted = set(turn_ids)
-    turns = sorted((row for rows in by_session.values() for row in rows if row.pk in wanted), key=lambda t: t.pk)
+    turns = sorted(
+        (row for session_turns in by_session.values() for row in session_turns.values() if row.pk in wanted),
+        key=lambda t: t.pk,
+    )
     history: dict[int, list[dict[str, str]]] = {}
     for turn in turns:
         messages: list[dict[str, str]] = []
-        for previous in by_session[turn.session_id]:
+        for previous in by_session[turn.session_id].values():
             if previous.pk != turn.pk and previous.created_at <= turn.created_at:
                 messages.extend(previous.as_history_messages())
         messages.append({"role": "user", "content": turn.user_text})
