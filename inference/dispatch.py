@@ -6,7 +6,7 @@ across users: the user served least recently on that rig goes first (a user neve
 before everyone), each user's own turns oldest first. So one user's burst of turns waits behind the
 single turns of others instead of starving them.
 
-Dispatch runs after a submit commits, after every turn end and every few seconds from Celery beat
+Dispatch runs inside a submit's transaction, after every turn end and every few seconds from Celery beat
 (``inference.dispatch_all``). It is race-safe: the rig's row is locked (``select_for_update``) while
 slots are counted and turns marked, and each turn is marked with a conditional update, so two
 dispatchers never hand out the same slot or the same turn twice. The worker's claim is still a

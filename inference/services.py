@@ -104,7 +104,7 @@ def session_create(*, owner: User, rig: Rig, model_name: str) -> ChatSession:
 
 
 def turn_submit(*, session: ChatSession, text: Any, params: Any = None) -> Turn:
-    """Store a new turn and queue it on the rig's Celery queue once the row is committed."""
+    """Store a new turn and dispatch it in the same transaction; its Celery task goes once that is committed."""
     with transaction.atomic():
         turn = _turn_store(session=session, text=text, params=params)
         _turns_stored([turn])
@@ -122,7 +122,7 @@ class SubmitRequest:
 
 
 def turn_submit_many(requests: Sequence[SubmitRequest]) -> list[Turn | InvalidInput | Http404]:
-    """Store a burst of submits in one transaction, then announce and dispatch them together.
+    """Store a burst of submits and dispatch them in one transaction; after it, announce and send them together.
 
     Each request gets its own result: its turn, or the error that refused it. One request's error loses
     nothing of the others (each is stored under its own savepoint). A burst of n submits costs one commit,
