@@ -169,7 +169,7 @@ def rig_dispatch(*, rig_id: int, rig: Rig | None = None) -> list[int]:
 
 def _send(turn_ids: list[int], queue: str) -> None:
     """One task for the turns handed out together: a Celery message costs about 2 ms to send and the worker
-    claims them in one transaction (16 messages took a third of a burst's dispatch, docs/benchmarks.md).
+    claims them together (16 messages took a third of a burst's dispatch, docs/benchmarks.md).
 
     When the message cannot be sent (the broker is down), the turns go back to waiting, so the next dispatch
     (after a turn ends, or beat's ``dispatch_all``) hands them out again instead of the 120 s resend; the error

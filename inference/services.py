@@ -125,7 +125,7 @@ def turn_submit_many(requests: Sequence[SubmitRequest]) -> list[Turn | InvalidIn
     """Store a burst of submits and dispatch them in one transaction; after it, announce and send them together.
 
     Each request gets its own result: its turn, or the error that refused it. One request's error loses
-    nothing of the others (each is stored under its own savepoint). A burst of n submits costs one commit,
+    nothing of the others (``_turn_store`` refuses before it writes). A burst of n submits costs one commit,
     one dispatch and one round trip of announcements instead of n of each, and reads its sessions, their
     running turns and their owners' limits once (docs/benchmarks.md, level 3)."""
     results: list[Turn | InvalidInput | Http404] = []
