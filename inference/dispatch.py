@@ -72,14 +72,7 @@ def fair_order(waiting: Sequence[Waiting], last_served: Mapping[int, datetime | 
 
 def waiting_order(rig_id: int) -> list[Waiting]:
     """The rig's undispatched queued turns in the order they will start."""
-    rows = Turn.objects.filter(session__rig_id=rig_id, status=Turn.Status.QUEUED, dispatched_at__isnull=True)
-    waiting = [
-        Waiting(turn_id=pk, user_id=user_id, session_id=session_id, created_at=created_at)
-        for pk, user_id, session_id, created_at in rows.values_list(
-            "pk", "session__owner_id", "session_id", "created_at"
-        )
-    ]
-    return _in_fair_order(rig_id, waiting)
+    return _in_fair_order(rig_id, _rig_turns(rig_id)[1])
 
 
 def _in_fair_order(rig_id: int, waiting: list[Waiting]) -> list[Waiting]:
