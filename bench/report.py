@@ -366,10 +366,17 @@ def _flush(meta: dict[str, Any]) -> str:
     return str(high) if low == high else f"{low}-{high}"
 
 
+def _sampling(meta: dict[str, Any]) -> str:
+    """The sampler's pace (results before 2026-11-30 06:00 UTC sampled every second, idle or not)."""
+    if "sample_idle_interval_s" not in meta:
+        return ""
+    return f", sampling {meta['sample_interval_s']:g} s (idle {meta['sample_idle_interval_s']:g} s)"
+
+
 def header(meta: dict[str, Any]) -> str:
     return (
         f"RigDash streaming benchmark ({meta['mode']}), {meta['started']}, {meta['nproc']} x {meta['cpu_model']}, "
-        f"model {meta['model']}, flush {_flush(meta)} ms, git {meta['git']}\n"
+        f"model {meta['model']}, flush {_flush(meta)} ms{_sampling(meta)}, git {meta['git']}\n"
         f"machine busy {meta['machine_busy_cores']} cores on average, of which this benchmark (RigDash, llama-server,"
         f" Chromium, clients) {meta['benchmark_busy_cores']} and other processes {meta['other_busy_cores']}; "
         f"load average {meta['loadavg_before'][0]:.2f} -> {meta['loadavg_after'][0]:.2f}"

@@ -648,6 +648,9 @@ class Bench:
                 if line.startswith("model name"):
                     cpu_model = line.split(":", 1)[1].strip()
                     break
+        from django.conf import settings
+
+        conf = settings.RIGDASH
         git = ["git", "-C", str(ROOT)]
         commit = subprocess.run([*git, "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False)
         dirty = subprocess.run([*git, "status", "--porcelain", "-uno"], capture_output=True, text=True, check=False)
@@ -657,8 +660,9 @@ class Bench:
             "nproc": os.cpu_count(), "cpu_model": cpu_model, "python": platform.python_version(),
             "model": self.model, "llama_server": os.environ.get("LLAMA_SERVER_BIN", ""),
             "git": commit.stdout.strip() + ("-dirty" if dirty.stdout.strip() else ""),
-            "flush_interval_ms": self.args.flush_ms or 33,
-            "flush_min_interval_ms": self.args.flush_min_ms or min(10, self.args.flush_ms or 33),
+            # The stack's own settings, read as its processes read them (the same environment).
+            "flush_interval_ms": conf.flush_interval_ms, "flush_min_interval_ms": conf.flush_min_interval_ms,
+            "sample_interval_s": conf.sample_interval_s, "sample_idle_interval_s": conf.sample_idle_interval_s,
             "seed": SEED, "temperature": 0.0,
             "loadavg_before": load_before, "loadavg_after": os.getloadavg(),
             "machine_busy_cores": round(busy / wall, 2) if wall else None,
@@ -705,12 +709,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--redis-url", default=None, help="default: a private redis-server on a free port")
     parser.add_argument("--no-browser", action="store_true", help="skip Chromium (no display lag figures)")
     parser.add_argument("--budget-s", type=float, default=None, help="override the plan's time budget")
+    parser.add_argument("--idle-s", type=float, default=None, help="override each idle window's length (seconds)")
     parser.add_argument("--profile", action="store_true", help="sample web and worker with py-spy (pip install)")
     parser.add_argument("--out", default=None, help="JSON path (default bench/results/<time>-<mode>.json)")
     args = parser.parse_args(argv)
     plan = QUICK if args.quick else FULL
     if args.budget_s:
         plan = Plan(**{**asdict(plan), "budget_s": args.budget_s})
+    if args.idle_s:
+        plan = Plan(**{**asdict(plan), "idle_s": args.idle_s})
     bench = Bench(args, plan)
     results = asyncio.run(bench.run())
     results["aggregate"] = report.aggregate(results)

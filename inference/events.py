@@ -20,6 +20,9 @@ The admin board (group ``board``, staff sockets only; inference/consumers_board.
 
 Per user (group ``user.<id>``, every socket of that user): ``user.revoked``: the user was deactivated or
 their rights changed; sockets re-check and close what they may no longer see.
+
+To the monitoring sampler (group ``rigs.activity``, no browser joins it): ``rig.turn_started``: a turn began on a
+rig; the sampler, which reads an idle rig less often, samples that rig at once (monitoring/sampler.py).
 """
 
 from __future__ import annotations
@@ -151,6 +154,13 @@ def turn_end_sync(*, session_id: int, turn: dict[str, Any], seq: int) -> None:
 def turns_queued_sync(turns: list[tuple[int, dict[str, Any]]]) -> None:
     """New turns were stored: ``(session_id, snapshot)`` each, in one round trip."""
     _send_sync(*((session_group(session_id), {"type": "chat.turn_queued", "turn": turn}) for session_id, turn in turns))
+
+
+RIG_ACTIVITY_GROUP = "rigs.activity"
+
+
+async def rig_turn_started(*, rig_id: int) -> None:
+    await _layer().group_send(RIG_ACTIVITY_GROUP, {"type": "rig.turn_started", "rig": rig_id})
 
 
 def rig_models_group(rig_id: int) -> str:

@@ -320,15 +320,20 @@ class TurnStream:
 
 
 async def _start_progress(state: TurnStream, messages: list[dict[str, str]]) -> None:
-    """The board's progress for this turn, and the slot's context window for the live stats."""
+    """The board's progress for this turn and the slot's context window for the live stats; then the monitoring
+    sampler hears that the rig is busy (it reads an idle rig less often)."""
     try:
         progress = await board.progress_start(state.turn, messages, state.redis)
     except Exception:  # the board is a view of the turn, never a reason to fail it
         log.exception("turn %s: board progress could not start", state.turn.pk)
-        return
-    if progress.prompt_estimated and state.backend_prompt_tokens is not None:
-        progress.backend_prompt(state.backend_prompt_tokens)
-    state.progress, state.context_window = progress, progress.n_ctx
+    else:
+        if progress.prompt_estimated and state.backend_prompt_tokens is not None:
+            progress.backend_prompt(state.backend_prompt_tokens)
+        state.progress, state.context_window = progress, progress.n_ctx
+    try:
+        await events.rig_turn_started(rig_id=state.turn.session.rig_id)
+    except Exception as exc:  # without it the sampler still finds the turn at its next idle tick
+        log.warning("turn %s: could not wake the monitoring sampler: %r", state.turn.pk, exc)
 
 
 async def _pump(backend_iter: Any, queue: asyncio.Queue[Any]) -> None:

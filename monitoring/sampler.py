@@ -1,5 +1,11 @@
 """The sampler process: one supervised loop per enabled rig, sampling every RIGDASH_SAMPLE_INTERVAL_S.
 
+An idle rig (``sampling.is_idle``: no busy slot, no turn waiting or running, an empty queue) is sampled every
+RIGDASH_SAMPLE_IDLE_INTERVAL_S instead: with nothing moving, its dashboards lose nothing, and the sampler's
+reads and the dashboards' frames were most of RigDash's idle CPU (docs/benchmarks.md). A worker that starts a
+turn says so (``inference.events.rig_turn_started``), and the rig is sampled at once and at the full pace
+from then on, so a turn's start shows as soon as it would have at the full pace.
+
 A rig that is down only slows its own loop (each backend read has a sub-second timeout); a loop that
 crashes is logged and restarted. Every minute, raw samples are downsampled and old ones pruned.
 """
@@ -15,11 +21,13 @@ from urllib.parse import urlparse
 
 import redis.asyncio as aioredis
 from channels.db import database_sync_to_async
+from channels.layers import get_channel_layer
 from django.conf import settings
 
+from inference import events
 from inference.models import Rig
 from monitoring import services
-from monitoring.sampling import LOOPBACK, RigSampler
+from monitoring.sampling import LOOPBACK, RigSampler, is_idle
 
 log = logging.getLogger(__name__)
 RESTART_DELAY_S = 2.0
@@ -38,30 +46,81 @@ def _rig_setup(rig_id: int) -> RigSampler | None:
     return RigSampler(rig=rig, kv_cache_type=profile.kv_cache_type, bandwidth_gbs=profile.bandwidth_gbs)
 
 
-async def rig_loop(rig_id: int, redis_client: aioredis.Redis, interval_s: float, ticks: int | None = None) -> None:
+async def rig_loop(
+    rig_id: int,
+    redis_client: aioredis.Redis,
+    interval_s: float,
+    ticks: int | None = None,
+    *,
+    idle_interval_s: float | None = None,
+    wake: asyncio.Event | None = None,
+) -> None:
+    """Sample a rig every ``interval_s``; while it is idle, every ``idle_interval_s`` (None: never slower), or at
+    once when ``wake`` is set."""
     sampler = await database_sync_to_async(_rig_setup)(rig_id)
     if sampler is None:
         return
     done = 0
     next_at = time.monotonic()
     while ticks is None or done < ticks:
+        if wake is not None:
+            wake.clear()  # a wake-up from here on is about this sample or later: it is not lost
         sample = await sampler.take(redis_client)
         await database_sync_to_async(services.sample_store)(rig_id=rig_id, sample=sample)
         await services.sample_publish(rig_id=rig_id, sample=sample)
         done += 1
-        next_at += interval_s
-        await asyncio.sleep(max(0.0, next_at - time.monotonic()))
+        idle = idle_interval_s is not None and idle_interval_s > interval_s and is_idle(sample)
+        next_at += idle_interval_s if idle and idle_interval_s is not None else interval_s
+        delay = max(0.0, next_at - time.monotonic())
+        if not (idle and wake is not None):
+            await asyncio.sleep(delay)
+            continue
+        try:
+            await asyncio.wait_for(wake.wait(), timeout=delay)
+            next_at = time.monotonic()  # woken: sample now, then at the full pace
+        except TimeoutError:
+            pass
 
 
-async def supervise(rig_id: int, redis_client: aioredis.Redis, interval_s: float) -> None:
+async def supervise(
+    rig_id: int,
+    redis_client: aioredis.Redis,
+    interval_s: float,
+    *,
+    idle_interval_s: float | None = None,
+    wake: asyncio.Event | None = None,
+) -> None:
     while True:
         try:
-            await rig_loop(rig_id, redis_client, interval_s)
+            await rig_loop(rig_id, redis_client, interval_s, idle_interval_s=idle_interval_s, wake=wake)
             return
         except asyncio.CancelledError:
             raise
         except Exception:
             log.exception("sampler of rig %s crashed; restarting in %.0f s", rig_id, RESTART_DELAY_S)
+            await asyncio.sleep(RESTART_DELAY_S)
+
+
+async def listen_for_turns(wakes: dict[int, asyncio.Event], subscribed: asyncio.Event | None = None) -> None:
+    """Set a rig's wake event whenever a worker says a turn started on it (``inference.events.rig_turn_started``).
+    Runs until cancelled; a failed read is retried, since the idle ticks still find every turn meanwhile."""
+    layer = get_channel_layer()
+    channel = await layer.new_channel("sampler.")
+    while True:
+        try:
+            await layer.group_add(events.RIG_ACTIVITY_GROUP, channel)
+            if subscribed is not None:
+                subscribed.set()
+            while True:
+                message = await layer.receive(channel)
+                if message.get("type") == "rig.turn_started" and isinstance(message.get("rig"), int):
+                    wakes.setdefault(message["rig"], asyncio.Event()).set()
+        except asyncio.CancelledError:
+            with contextlib.suppress(Exception):
+                await asyncio.shield(layer.group_discard(events.RIG_ACTIVITY_GROUP, channel))
+            raise
+        except Exception:
+            log.exception("the sampler's wake-ups from workers failed; retrying in %.0f s", RESTART_DELAY_S)
             await asyncio.sleep(RESTART_DELAY_S)
 
 
@@ -75,9 +134,11 @@ def _maintenance() -> None:
 
 
 async def run(*, stop: asyncio.Event | None = None) -> None:
-    interval_s = settings.RIGDASH.sample_interval_s
+    conf = settings.RIGDASH
     redis_client = aioredis.Redis.from_url(settings.REDIS_URL)
     loops: dict[int, asyncio.Task[None]] = {}
+    wakes: dict[int, asyncio.Event] = {}
+    listener = asyncio.create_task(listen_for_turns(wakes))
     last_maintenance = 0.0
     stop = stop or asyncio.Event()
     try:
@@ -88,7 +149,15 @@ async def run(*, stop: asyncio.Event | None = None) -> None:
                 )()
             )
             for rig_id in wanted - loops.keys():
-                loops[rig_id] = asyncio.create_task(supervise(rig_id, redis_client, interval_s))
+                loops[rig_id] = asyncio.create_task(
+                    supervise(
+                        rig_id,
+                        redis_client,
+                        conf.sample_interval_s,
+                        idle_interval_s=conf.sample_idle_interval_s,
+                        wake=wakes.setdefault(rig_id, asyncio.Event()),
+                    )
+                )
             for rig_id in set(loops) - wanted:
                 loops.pop(rig_id).cancel()
             if time.monotonic() - last_maintenance > MAINTENANCE_EVERY_S:
@@ -100,7 +169,8 @@ async def run(*, stop: asyncio.Event | None = None) -> None:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), timeout=RIG_REFRESH_S)
     finally:
-        for task in loops.values():
+        tasks = [*loops.values(), listener]
+        for task in tasks:
             task.cancel()
-        await asyncio.gather(*loops.values(), return_exceptions=True)
+        await asyncio.gather(*tasks, return_exceptions=True)
         await redis_client.aclose()

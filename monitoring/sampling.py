@@ -294,6 +294,16 @@ class RigSampler:
         detail["roofline"] = {"ok": True, "bandwidth_gbs": self.bandwidth_gbs, "streams": streams}
 
 
+def is_idle(sample: Sample) -> bool:
+    """Nothing on the rig to watch: no busy slot (a client other than RigDash counts too), no request the backend
+    deferred, no turn of RigDash's waiting or running, no message in the rig's Celery queue. A sample whose queue
+    and turns could not be read is not idle: the sampler keeps its full pace until it can see them."""
+    series = sample.series
+    if "active_turns" not in series:
+        return False
+    return not any(series.get(name, 0.0) for name in ("active_turns", "queue_depth", "busy_slots", "deferred_requests"))
+
+
 def _active_turns(rig_id: int) -> list[dict[str, Any]]:
     rows = (
         Turn.objects.filter(session__rig_id=rig_id, status__in=Turn.ACTIVE)

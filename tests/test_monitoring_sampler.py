@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+import time
 from datetime import timedelta
 
 import httpx
@@ -14,12 +15,13 @@ from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.utils import timezone
 
-from inference.models import Rig
+from inference import events as inference_events
+from inference.models import Rig, Turn
 from monitoring import sampler, services
 from monitoring.collectors import Unavailable, nvml
 from monitoring.models import RigProfile, RigSample
-from monitoring.sampling import RigSampler
-from tests.conftest import free_port, session_cookie_for, wait_until
+from monitoring.sampling import RigSampler, Sample, is_idle
+from tests.conftest import free_port, llama_busy_slots, session_cookie_for, wait_until
 from tests.ollama_replay import ollama_fixture  # noqa: F401  (the ``ollama`` fixture)
 from tests.wsclient import MonitorSocket
 
@@ -174,8 +176,10 @@ def test_a_hung_rig_does_not_block_another_and_a_crash_is_restarted(rig, silent_
     monkeypatch.setattr(RigSampler, "take", take_crashing_once)
     monkeypatch.setattr(sampler, "RESTART_DELAY_S", 0.1)
     monkeypatch.setattr(
-        settings, "RIGDASH", type(settings.RIGDASH)(**{**vars(settings.RIGDASH), "sample_interval_s": 0.25})
-    )
+        settings,
+        "RIGDASH",
+        type(settings.RIGDASH)(**{**vars(settings.RIGDASH), "sample_interval_s": 0.25, "sample_idle_interval_s": 0.25}),
+    )  # the healthy rig is idle: at the full pace too
 
     async def run_for(seconds: float) -> None:
         stop = asyncio.Event()
@@ -248,3 +252,99 @@ def test_an_ollama_rig_is_sampled_from_ps_and_show(ollama):
     assert sample.series["weight_bytes"] == model["size_bytes"]
     assert sample.detail["placement"]["vram_fraction"] == 0.0
     assert "0% of the loaded models in VRAM" in sample.detail["placement"]["label"]
+
+
+def _sample(**series: float) -> Sample:
+    return Sample(ts=0.0, series=series, detail={})
+
+
+def test_a_rig_is_idle_only_when_nothing_on_it_moves():
+    assert is_idle(_sample(active_turns=0, queue_depth=0, busy_slots=0, deferred_requests=0))
+    assert is_idle(_sample(active_turns=0, queue_depth=0))  # an Ollama rig, or a backend that is down
+    for busy in ("active_turns", "queue_depth", "busy_slots", "deferred_requests"):
+        series = {"active_turns": 0.0, "queue_depth": 0.0, "busy_slots": 0.0, "deferred_requests": 0.0, busy: 1.0}
+        assert not is_idle(_sample(**series)), busy
+    assert not is_idle(_sample(busy_slots=0))  # the queue and turns could not be read: keep the full pace
+
+
+async def _idle_llama(llama_url: str) -> None:
+    """Another test's background generation may still hold a slot: this test needs the rig idle."""
+    await sync_to_async(wait_until)(lambda: llama_busy_slots(llama_url) == 0, timeout_s=60, what="llama-server idle")
+
+
+@pytest.mark.llama
+@pytest.mark.django_db(transaction=True)
+async def test_an_idle_rig_is_sampled_less_often_until_a_worker_says_a_turn_started(rig, llama_url):
+    """Real llama-server, database and channel layer: the wake-up goes through inference.events as a worker's does."""
+    await _idle_llama(llama_url)
+    client = aioredis.Redis.from_url(settings.REDIS_URL)
+    wakes: dict[int, asyncio.Event] = {}
+    subscribed = asyncio.Event()
+    listener = asyncio.create_task(sampler.listen_for_turns(wakes, subscribed))
+    await asyncio.wait_for(subscribed.wait(), timeout=10)
+    wake = wakes.setdefault(rig.pk, asyncio.Event())
+    loop = asyncio.create_task(sampler.rig_loop(rig.pk, client, interval_s=0.2, idle_interval_s=30.0, wake=wake))
+    try:
+
+        async def stored() -> int:
+            return await RigSample.objects.filter(rig=rig).acount()
+
+        deadline = time.monotonic() + 20
+        while await stored() < 1 and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        assert await stored() == 1
+        await asyncio.sleep(1.0)  # five ticks at the full pace
+        assert await stored() == 1, "an idle rig was sampled at the full pace"
+
+        woken_at = time.monotonic()
+        await inference_events.rig_turn_started(rig_id=rig.pk)
+        while await stored() < 2 and time.monotonic() - woken_at < 10:
+            await asyncio.sleep(0.02)
+        assert await stored() == 2, "the wake-up did not bring a sample"
+        assert time.monotonic() - woken_at < 5  # not the idle interval's 30 s
+    finally:
+        for task in (loop, listener):
+            task.cancel()
+        await asyncio.gather(loop, listener, return_exceptions=True)
+        await client.aclose()
+
+
+@pytest.mark.llama
+@pytest.mark.django_db(transaction=True)
+async def test_a_busy_rig_keeps_the_full_pace(rig, llama_url):
+    await _idle_llama(llama_url)
+    generation = _generate_in_background(llama_url, tokens=400)
+    await sync_to_async(wait_until)(lambda: llama_busy_slots(llama_url) > 0, timeout_s=30, what="a busy slot")
+    client = aioredis.Redis.from_url(settings.REDIS_URL)
+    try:
+        started = time.monotonic()
+        await sampler.rig_loop(rig.pk, client, interval_s=0.2, ticks=4, idle_interval_s=30.0, wake=asyncio.Event())
+        assert time.monotonic() - started < 10
+    finally:
+        await client.aclose()
+    stored = [s async for s in RigSample.objects.filter(rig=rig).order_by("ts")]
+    assert len(stored) == 4 and stored[0].series["busy_slots"] >= 1
+    await sync_to_async(generation.join)(60)
+
+
+@pytest.mark.llama
+@pytest.mark.django_db(transaction=True)
+async def test_the_worker_wakes_the_sampler_when_a_turn_starts(celery_worker, chat_session):
+    from inference import services as inference_services
+
+    wakes: dict[int, asyncio.Event] = {}
+    subscribed = asyncio.Event()
+    listener = asyncio.create_task(sampler.listen_for_turns(wakes, subscribed))
+    try:
+        await asyncio.wait_for(subscribed.wait(), timeout=10)
+        wake = wakes.setdefault(chat_session.rig_id, asyncio.Event())
+        turn = await sync_to_async(inference_services.turn_submit)(
+            session=chat_session, text="Say hi.", params={"max_tokens": 8, "temperature": 0}
+        )
+        await asyncio.wait_for(wake.wait(), timeout=30)
+    finally:
+        listener.cancel()
+        await asyncio.gather(listener, return_exceptions=True)
+    await sync_to_async(wait_until)(
+        lambda: Turn.objects.get(pk=turn.pk).status not in Turn.ACTIVE, timeout_s=60, what="the turn's end"
+    )
