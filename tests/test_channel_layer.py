@@ -130,6 +130,32 @@ async def test_one_failing_socket_does_not_stop_the_others(caplog: pytest.LogCap
         await layer.flush()
 
 
+async def test_the_reader_waits_for_messages_instead_of_polling_and_a_new_group_is_heard_at_once() -> None:
+    receiver = Receiver()
+    layer, _ = await _layer_with_group(receiver)
+    shard = layer._get_layer()._shards[0]  # channels_redis internals: the one connection and its subscription
+    reads = 0
+    get_message = shard._pubsub.get_message
+
+    async def counted(*args: Any, **kwargs: Any) -> Any:
+        nonlocal reads
+        reads += 1
+        return await get_message(*args, **kwargs)
+
+    shard._pubsub.get_message = counted
+    try:
+        await asyncio.sleep(1.0)
+        assert reads <= 1, f"{reads} reads in 1 s with nothing published: the reader polls"  # channels_redis: 10
+        late = await layer.new_channel()
+        await layer.group_add("late", late)  # while the reader waits in a read
+        started = time.monotonic()
+        await layer.group_send("late", {"type": "x.end"})
+        assert (await asyncio.wait_for(layer.receive(late), 10))["type"] == "x.end"
+        assert time.monotonic() - started < 1.0  # not after the read's wait ran out
+    finally:
+        await layer.flush()
+
+
 @pytest.mark.django_db(transaction=True)
 async def test_a_chat_socket_takes_tokens_directly_once_connected(owner: Any, chat_session: Any) -> None:
     from channels.layers import get_channel_layer
