@@ -21,8 +21,8 @@ The admin board (group ``board``, staff sockets only; inference/consumers_board.
 Per user (group ``user.<id>``, every socket of that user): ``user.revoked``: the user was deactivated or
 their rights changed; sockets re-check and close what they may no longer see.
 
-To the monitoring sampler (group ``rigs.activity``, no browser joins it): ``rig.turn_started``: a turn began on a
-rig; the sampler, which reads an idle rig less often, samples that rig at once (monitoring/sampler.py).
+To the monitoring sampler (group ``rigs.activity``, no browser joins it): ``rig.decoding``: a turn on a rig got its
+first token; the sampler, which reads an idle rig less often, samples that rig at once (monitoring/sampler.py).
 """
 
 from __future__ import annotations
@@ -159,8 +159,8 @@ def turns_queued_sync(turns: list[tuple[int, dict[str, Any]]]) -> None:
 RIG_ACTIVITY_GROUP = "rigs.activity"
 
 
-async def rig_turn_started(*, rig_id: int) -> None:
-    await _layer().group_send(RIG_ACTIVITY_GROUP, {"type": "rig.turn_started", "rig": rig_id})
+async def rig_decoding(*, rig_id: int) -> None:
+    await _layer().group_send(RIG_ACTIVITY_GROUP, {"type": "rig.decoding", "rig": rig_id})
 
 
 def rig_models_group(rig_id: int) -> str:

@@ -320,18 +320,24 @@ class TurnStream:
 
 
 async def _start_progress(state: TurnStream, messages: list[dict[str, str]]) -> None:
-    """The board's progress for this turn and the slot's context window for the live stats; then the monitoring
-    sampler hears that the rig is busy (it reads an idle rig less often)."""
+    """The board's progress for this turn, and the slot's context window for the live stats."""
     try:
         progress = await board.progress_start(state.turn, messages, state.redis)
     except Exception:  # the board is a view of the turn, never a reason to fail it
         log.exception("turn %s: board progress could not start", state.turn.pk)
-    else:
-        if progress.prompt_estimated and state.backend_prompt_tokens is not None:
-            progress.backend_prompt(state.backend_prompt_tokens)
-        state.progress, state.context_window = progress, progress.n_ctx
+        return
+    if progress.prompt_estimated and state.backend_prompt_tokens is not None:
+        progress.backend_prompt(state.backend_prompt_tokens)
+    state.progress, state.context_window = progress, progress.n_ctx
+
+
+async def _decoding(state: TurnStream) -> None:
+    """The first token is out: the turn is decoding, and the monitoring sampler, which reads an idle rig less often,
+    hears of it and samples the rig at once. Not sooner: a sample while the backend reads the prompt would take a
+    core from it, on the turn's time to first token."""
+    await db_async(_gated(services.turn_mark_decoding))(turn_id=state.turn.pk)
     try:
-        await events.rig_turn_started(rig_id=state.turn.session.rig_id)
+        await events.rig_decoding(rig_id=state.turn.session.rig_id)
     except Exception as exc:  # without it the sampler still finds the turn at its next idle tick
         log.warning("turn %s: could not wake the monitoring sampler: %r", state.turn.pk, exc)
 
@@ -446,7 +452,7 @@ async def _consume(state: TurnStream, queue: asyncio.Queue[Any], conf: RigDashCo
                 return cast(StreamChunk, item)  # stream_turn sends what is pending
         if first:
             await state.flush()  # the first token goes out at once
-            await db_async(_gated(services.turn_mark_decoding))(turn_id=state.turn.pk)
+            await _decoding(state)
         elif (due := state.flush_due()) is not None and now >= due - FLUSH_SLACK_S:
             await state.flush()
         elif not items:

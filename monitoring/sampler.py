@@ -2,9 +2,9 @@
 
 An idle rig (``sampling.is_idle``: no busy slot, no turn waiting or running, an empty queue) is sampled every
 RIGDASH_SAMPLE_IDLE_INTERVAL_S instead: with nothing moving, its dashboards lose nothing, and the sampler's
-reads and the dashboards' frames were most of RigDash's idle CPU (docs/benchmarks.md). A worker that starts a
-turn says so (``inference.events.rig_turn_started``), and the rig is sampled at once and at the full pace
-from then on, so a turn's start shows as soon as it would have at the full pace.
+reads and the dashboards' frames were most of RigDash's idle CPU (docs/benchmarks.md). A worker whose turn gets
+its first token says so (``inference.events.rig_decoding``), and the rig is sampled at once and at the full pace
+from then on. A turn whose prompt takes longer than the idle interval is seen at the next idle tick.
 
 A rig that is down only slows its own loop (each backend read has a sub-second timeout); a loop that
 crashes is logged and restarted. Every minute, raw samples are downsampled and old ones pruned.
@@ -102,7 +102,7 @@ async def supervise(
 
 
 async def listen_for_turns(wakes: dict[int, asyncio.Event], subscribed: asyncio.Event | None = None) -> None:
-    """Set a rig's wake event whenever a worker says a turn started on it (``inference.events.rig_turn_started``).
+    """Set a rig's wake event whenever a worker says a turn on it is decoding (``inference.events.rig_decoding``).
     Runs until cancelled; a failed read is retried, since the idle ticks still find every turn meanwhile."""
     layer = get_channel_layer()
     channel = await layer.new_channel("sampler.")
@@ -113,7 +113,7 @@ async def listen_for_turns(wakes: dict[int, asyncio.Event], subscribed: asyncio.
                 subscribed.set()
             while True:
                 message = await layer.receive(channel)
-                if message.get("type") == "rig.turn_started" and isinstance(message.get("rig"), int):
+                if message.get("type") == "rig.decoding" and isinstance(message.get("rig"), int):
                     wakes.setdefault(message["rig"], asyncio.Event()).set()
         except asyncio.CancelledError:
             with contextlib.suppress(Exception):

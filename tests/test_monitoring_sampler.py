@@ -274,7 +274,7 @@ async def _idle_llama(llama_url: str) -> None:
 
 @pytest.mark.llama
 @pytest.mark.django_db(transaction=True)
-async def test_an_idle_rig_is_sampled_less_often_until_a_worker_says_a_turn_started(rig, llama_url):
+async def test_an_idle_rig_is_sampled_less_often_until_a_worker_says_a_turn_is_decoding(rig, llama_url):
     """Real llama-server, database and channel layer: the wake-up goes through inference.events as a worker's does."""
     await _idle_llama(llama_url)
     client = aioredis.Redis.from_url(settings.REDIS_URL)
@@ -297,7 +297,7 @@ async def test_an_idle_rig_is_sampled_less_often_until_a_worker_says_a_turn_star
         assert await stored() == 1, "an idle rig was sampled at the full pace"
 
         woken_at = time.monotonic()
-        await inference_events.rig_turn_started(rig_id=rig.pk)
+        await inference_events.rig_decoding(rig_id=rig.pk)
         while await stored() < 2 and time.monotonic() - woken_at < 10:
             await asyncio.sleep(0.02)
         assert await stored() == 2, "the wake-up did not bring a sample"
@@ -329,7 +329,7 @@ async def test_a_busy_rig_keeps_the_full_pace(rig, llama_url):
 
 @pytest.mark.llama
 @pytest.mark.django_db(transaction=True)
-async def test_the_worker_wakes_the_sampler_when_a_turn_starts(celery_worker, chat_session):
+async def test_the_worker_wakes_the_sampler_once_its_turn_has_a_first_token(celery_worker, chat_session):
     from inference import services as inference_services
 
     wakes: dict[int, asyncio.Event] = {}
@@ -342,6 +342,9 @@ async def test_the_worker_wakes_the_sampler_when_a_turn_starts(celery_worker, ch
             session=chat_session, text="Say hi.", params={"max_tokens": 8, "temperature": 0}
         )
         await asyncio.wait_for(wake.wait(), timeout=30)
+        woken = await Turn.objects.aget(pk=turn.pk)
+        # Not while llama-server reads the prompt: the turn was marked decoding before the wake-up went out.
+        assert woken.status in (Turn.Status.DECODING, Turn.Status.DONE), woken.status
     finally:
         listener.cancel()
         await asyncio.gather(listener, return_exceptions=True)
