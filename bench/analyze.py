@@ -112,3 +112,18 @@ def pair_ratios(rigdash: Sequence[dict[str, Any]], direct: Sequence[dict[str, An
 
 def _r(value: float | None, digits: int = 3) -> float | None:
     return None if value is None else round(value, digits)
+
+
+def place_longtask(task: dict[str, Any], flushes: list[dict[str, Any]]) -> dict[str, Any]:
+    """A long task with where it fell in the browser's turn: how many of the turn's flushes had started before it,
+    and its start relative to the first and the last flush (seconds), to tell the turn's start, its streaming
+    and its end apart."""
+    starts = sorted(f["start"] for f in flushes if f.get("start") is not None)
+    if not starts:
+        return task
+    return {
+        **task,
+        "flushes_before": sum(1 for t in starts if t < task["start"]),
+        "from_first_flush_s": round(task["start"] - starts[0], 4),
+        "from_last_flush_s": round(task["start"] - starts[-1], 4),
+    }

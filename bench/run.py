@@ -258,7 +258,11 @@ class Bench:
         longtasks = []
         if page:
             window = (before[2] - time.monotonic() + time.time(), time.time())  # this round, on time.time()
-            longtasks = [t for t in page["longtasks"] if window[0] <= t["start"] <= window[1]]
+            longtasks = [
+                analyze.place_longtask(t, page["flushes"])
+                for t in page["longtasks"]
+                if window[0] <= t["start"] <= window[1]
+            ]
         tokens = sum(t.get("tokens_backend", 0) for t in turns)
         return {"turns": turns, "cost": delta, "tokens": tokens, "longtasks": longtasks}
 

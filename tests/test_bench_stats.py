@@ -161,3 +161,13 @@ def test_paired_figures_get_no_verdict_when_the_machine_drifted_between_runs():
     assert steady[key] == "ok" and drifted[key] == "-"
     assert steady["TTFT added by RigDash: paired p50 / p99 (ms)"] == "ok"  # 10 ms added
     assert steady["server CPU per token, web + worker + sampler (us; net of idle)"] == "MISS"  # 200 us per token
+
+
+def test_a_long_task_is_placed_among_its_turns_flushes():
+    flushes = [{"start": 10.0}, {"start": 10.5}, {"start": None}, {"start": 12.0}]
+    placed = analyze.place_longtask({"start": 11.0, "duration": 55}, flushes)
+    assert placed == {
+        "start": 11.0, "duration": 55, "flushes_before": 2, "from_first_flush_s": 1.0, "from_last_flush_s": -1.0,
+    }  # fmt: skip
+    assert analyze.place_longtask({"start": 9.0, "duration": 60}, flushes)["flushes_before"] == 0  # the turn's start
+    assert analyze.place_longtask({"start": 9.0, "duration": 60}, []) == {"start": 9.0, "duration": 60}
