@@ -69,10 +69,12 @@ async def rig_loop(
         await database_sync_to_async(services.sample_store)(rig_id=rig_id, sample=sample)
         await services.sample_publish(rig_id=rig_id, sample=sample)
         done += 1
-        idle = idle_interval_s is not None and idle_interval_s > interval_s and is_idle(sample)
-        next_at += idle_interval_s if idle and idle_interval_s is not None else interval_s
+        step = interval_s
+        if idle_interval_s is not None and idle_interval_s > interval_s and is_idle(sample):
+            step = idle_interval_s
+        next_at += step
         delay = max(0.0, next_at - time.monotonic())
-        if not (idle and wake is not None):
+        if step == interval_s or wake is None:
             await asyncio.sleep(delay)
             continue
         try:
