@@ -27,6 +27,25 @@ TEST_QUEUE = f"rig.test{os.getpid()}"
 LOG_DIR = Path(os.environ.get("RIGDASH_VAR_DIR", ROOT / "var" / "test")) / "log"
 
 
+@pytest.fixture(scope="session")
+def django_db_setup(django_db_setup: Any, django_db_blocker: Any) -> Iterator[None]:
+    """pytest-django's test database, and before it is dropped, the end of every other connection to it.
+
+    Threads of this process keep connections that outlive their tests: asgiref's one sync thread (where an async
+    test's ``sync_to_async`` calls run) and the runner's claim thread, which keeps its connection open by design.
+    Dropping the database failed with "being accessed by other users" and left it behind."""
+    yield
+    from django.db import connection
+
+    with django_db_blocker.unblock():
+        if connection.vendor == "postgresql":
+            with connection.cursor() as cursor:
+                cursor.execute(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                    " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+                )
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _clean_redis() -> None:
     """Tests use their own Redis database (REDIS_URL, db 14 in scripts/test): start it empty."""
