@@ -365,9 +365,8 @@ def turns_with_history(turn_ids: Sequence[int]) -> tuple[list[Turn], dict[int, l
         .order_by("created_at", "id")
     )
     by_session: dict[int, dict[int, Turn]] = {}
-    for (
-        row
-    ) in rows:  # a session holding two of the turns comes twice: kept once (a DISTINCT would compare every column)
+    # A session holding two of the turns comes twice: each row is kept once (a DISTINCT would compare every column).
+    for row in rows:
         by_session.setdefault(row.session_id, {}).setdefault(row.pk, row)
     wanted = set(turn_ids)
     turns = sorted(
