@@ -289,11 +289,12 @@ class Bench:
         )
         result.update(figures)
         if "ttft_parts_ms" in result and stored["started_at"] and ref.get("t_request"):
-            # send->backend request, split: web stores the turn / Celery hands it to a worker / worker starts
+            # send->backend request, split: the web stores the turn / it reaches the worker, which sends its request;
+            # and when the worker's claim came, from the request (after it for a ticketed turn, inference/tickets.py)
             result["ttft_parts_ms"] |= {
                 "submit": (stored["created_at"] - mine.t_send) * 1000,
-                "dispatch": (stored["started_at"] - stored["created_at"]) * 1000,
-                "setup": (ref["t_request"] - stored["started_at"]) * 1000,
+                "stored_to_request": (ref["t_request"] - stored["created_at"]) * 1000,
+                "claim_from_request": (stored["started_at"] - ref["t_request"]) * 1000,
             }
         result["watchers"] = len(others)
         result["watchers_identical_in_order"] = all(

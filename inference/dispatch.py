@@ -27,6 +27,7 @@ from django.utils import timezone
 
 from inference import events
 from inference.models import Rig, Turn
+from inference.tickets import StartTicket
 
 log = logging.getLogger(__name__)
 
@@ -118,7 +119,7 @@ def _rig_turns(rig_id: int) -> tuple[int, list[Waiting]]:
     return busy, waiting
 
 
-def rig_dispatch(*, rig_id: int, rig: Rig | None = None) -> list[int]:
+def rig_dispatch(*, rig_id: int, rig: Rig | None = None, tickets: Mapping[int, StartTicket] | None = None) -> list[int]:
     """Hand waiting turns to the rig's Celery queue while it has free slots, fairly; returns their ids.
 
     Inside a caller's transaction (a submit's) it joins it, without a savepoint: the turns stored and their
@@ -128,7 +129,9 @@ def rig_dispatch(*, rig_id: int, rig: Rig | None = None) -> list[int]:
 
     ``rig``: the rig as the caller read it in this transaction. It is read again, locked, where the database has
     row locks; on SQLite the transaction already holds the database's write lock, and the read would only cost
-    time."""
+    time.
+
+    ``tickets``: start tickets of turns stored in this transaction, by turn id; those handed out go in the task."""
     with transaction.atomic(savepoint=False):
         if rig is None or connection.features.has_select_for_update:
             rig = Rig.objects.select_for_update().filter(pk=rig_id).order_by().first()
@@ -153,16 +156,18 @@ def rig_dispatch(*, rig_id: int, rig: Rig | None = None) -> list[int]:
                 dispatched = [turn_id for turn_id in chosen if turn_id in marked]
             still_waiting = [item for item in order if item.turn_id not in dispatched]
         queue = rig.queue
-        transaction.on_commit(lambda: _send(dispatched, queue))
+        sent_tickets = [tickets[t] for t in dispatched if t in tickets] if tickets else []
+        transaction.on_commit(lambda: _send(dispatched, queue, sent_tickets))
         transaction.on_commit(
             lambda: announce_positions(rig_id=rig_id, waiting_order_now=still_waiting, just_dispatched=dispatched)
         )
     return dispatched
 
 
-def _send(turn_ids: list[int], queue: str) -> None:
+def _send(turn_ids: list[int], queue: str, tickets: Sequence[StartTicket] = ()) -> None:
     """One task for the turns handed out together: a Celery message costs about 2 ms to send and the worker
-    claims them together (16 messages took a third of a burst's dispatch, docs/benchmarks.md).
+    claims them together (16 messages took a third of a burst's dispatch, docs/benchmarks.md). Their start
+    tickets go with it (inference/tickets.py).
 
     When the message cannot be sent (the broker is down), the turns go back to waiting, so the next dispatch
     (after a turn ends, or beat's ``dispatch_all``) hands them out again instead of the 120 s resend; the error
@@ -174,7 +179,8 @@ def _send(turn_ids: list[int], queue: str) -> None:
     try:
         # Straight to the queue's list: through the default exchange, kombu has no binding to look up (0.5 ms
         # instead of 0.75 per message here, on every turn's way to its first token).
-        turns_run_task.apply_async(args=[turn_ids], queue=queue, exchange="", routing_key=queue)
+        kwargs = {"tickets": [ticket.as_message() for ticket in tickets]} if tickets else {}
+        turns_run_task.apply_async(args=[turn_ids], kwargs=kwargs, queue=queue, exchange="", routing_key=queue)
     except Exception:
         Turn.objects.filter(pk__in=turn_ids, status=Turn.Status.QUEUED).update(dispatched_at=None)
         raise

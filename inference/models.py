@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from django.conf import settings
 from django.contrib.auth.models import Group
 from django.core.validators import MaxValueValidator, MinValueValidator
@@ -101,11 +99,15 @@ class Turn(models.Model):
     def is_active(self) -> bool:
         return self.status in self.ACTIVE
 
-    def as_history_messages(self) -> list[dict[str, Any]]:
+    def as_history_messages(self) -> list[dict[str, str]]:
         """This turn as chat messages for the next prompt (a reply cut short still counts as said)."""
-        messages: list[dict[str, Any]] = [{"role": "user", "content": self.user_text}]
-        if self.reply_text:
-            messages.append({"role": "assistant", "content": self.reply_text})
+        return self.history_messages(self.user_text, self.reply_text)
+
+    @staticmethod
+    def history_messages(user_text: str, reply_text: str) -> list[dict[str, str]]:
+        messages = [{"role": "user", "content": user_text}]
+        if reply_text:
+            messages.append({"role": "assistant", "content": reply_text})
         return messages
 
 

@@ -21,7 +21,7 @@ import os
 import socket
 import threading
 import time
-from collections.abc import AsyncGenerator, Callable, Iterator
+from collections.abc import AsyncGenerator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, ParamSpec, TypeVar, cast
 
@@ -34,8 +34,9 @@ from redis.exceptions import RedisError
 from inference import board, dispatch, events, live, quotas, services
 from inference.backends import backend_for
 from inference.backends.base import BackendError, BackendStats, ChatRequest, StreamChunk
-from inference.models import Turn
+from inference.models import Rig, Turn
 from inference.selectors import turn_snapshot
+from inference.tickets import StartTicket, tickets_by_turn
 from rigdash.env import RigDashConfig
 
 log = logging.getLogger(__name__)
@@ -352,6 +353,44 @@ async def _pump(backend_iter: Any, queue: asyncio.Queue[Any]) -> None:
         await queue.put(exc)
 
 
+class _LateGate:
+    """The backend's read gate, bound to the turn's stream once it exists (a ticketed request goes out before the
+    turn is claimed); until then reads go through at once."""
+
+    def __init__(self) -> None:
+        self.gate: Callable[[], Awaitable[None]] | None = None
+
+    async def __call__(self) -> None:
+        if self.gate is not None:
+            await self.gate()
+
+
+@dataclass
+class OpenedStream:
+    """A backend request on its way: its chunks go into ``queue`` from the moment it is sent."""
+
+    backend_iter: AsyncGenerator[StreamChunk, None]
+    queue: asyncio.Queue[Any]
+    pump: asyncio.Task[None]
+    gate: _LateGate
+    t_request: float
+
+    async def close(self) -> None:
+        """Close the HTTP stream: the backend stops working on this request."""
+        self.pump.cancel()
+        await asyncio.gather(self.pump, return_exceptions=True)
+        await self.backend_iter.aclose()
+
+
+def open_stream(rig: Rig, request: ChatRequest) -> OpenedStream:
+    """Send the backend request (on the running loop) and start reading its stream."""
+    gate = _LateGate()
+    backend_iter = cast(AsyncGenerator[StreamChunk, None], backend_for(rig).stream_chat(request, read_gate=gate))
+    queue: asyncio.Queue[Any] = asyncio.Queue()
+    pump = asyncio.create_task(_pump(backend_iter, queue))
+    return OpenedStream(backend_iter=backend_iter, queue=queue, pump=pump, gate=gate, t_request=time.perf_counter())
+
+
 async def stream_turn(
     turn: Turn,
     request: ChatRequest,
@@ -359,30 +398,30 @@ async def stream_turn(
     *,
     context_quota: int | None = None,
     prompt_state: PromptState | None = None,
+    opened: OpenedStream | None = None,
 ) -> services.TurnOutcome:
-    """Stream one reply. The backend request goes out first; the board's progress reporter (which may need
-    the slot's context from the backend) starts beside it. ``prompt_state`` is settled before the first batch,
-    so a 'prompt' state that went out reaches the page before any token."""
+    """Stream one reply. The backend request goes out first (or went out already: ``opened``); the board's
+    progress reporter (which may need the slot's context from the backend) starts beside it. ``prompt_state`` is
+    settled before the first batch, so a 'prompt' state that went out reaches the page before any token."""
     conf = settings.RIGDASH
-    backend = backend_for(turn.session.rig)
+    if opened is None:
+        opened = open_stream(turn.session.rig, request)
     state = TurnStream(
         turn=turn,
         redis=redis_client,
-        meter=StreamMeter(t_request=time.perf_counter()),
+        meter=StreamMeter(t_request=opened.t_request),
         pace=_pace_for_loop(),
         context_quota=context_quota,
         prompt_state=prompt_state,
     )
+    opened.gate.gate = state.read_gate
     state.last_checkpoint = state.meter.t_request
-    queue: asyncio.Queue[Any] = asyncio.Queue()
-    backend_iter = cast(AsyncGenerator[StreamChunk, None], backend.stream_chat(request, read_gate=state.read_gate))
-    pump = asyncio.create_task(_pump(backend_iter, queue))
     reporter = asyncio.create_task(_start_progress(state, request.messages))
     final: StreamChunk | None = None
     status, error, finish_reason = Turn.Status.DONE, "", ""
     try:
         with state.pace.streaming_turn():
-            final = await _consume(state, queue, conf)
+            final = await _consume(state, opened.queue, conf)
         finish_reason = final.finish_reason or "stop"
     except TurnCancelled:
         status, finish_reason = Turn.Status.CANCELLED, "cancelled"
@@ -393,9 +432,7 @@ async def stream_turn(
     except BackendError as exc:
         status, finish_reason, error = Turn.Status.FAILED, exc.code, str(exc)
     finally:
-        pump.cancel()  # closes the HTTP stream: the backend stops decoding this reply
-        await asyncio.gather(pump, return_exceptions=True)
-        await backend_iter.aclose()
+        await opened.close()  # the backend stops decoding this reply
         await asyncio.gather(reporter, return_exceptions=True)
     if state.pending:
         await state.flush()
@@ -532,16 +569,33 @@ class PromptState:
         await asyncio.gather(self._task, return_exceptions=True)
 
 
+def _chat_request(model: str, messages: list[dict[str, str]], max_tokens: int, params: dict[str, Any]) -> ChatRequest:
+    return ChatRequest(
+        model=model,
+        messages=messages,
+        max_tokens=max_tokens,
+        temperature=params.get("temperature"),
+        top_p=params.get("top_p"),
+        seed=params.get("seed"),
+    )
+
+
 async def run_claimed_turn(
-    turn: Turn, messages: list[dict[str, str]], budget: quotas.TurnBudget | quotas.QuotaExceeded
+    turn: Turn,
+    messages: list[dict[str, str]],
+    budget: quotas.TurnBudget | services.InvalidInput,
+    opened: OpenedStream | None = None,
 ) -> None:
-    """Send the backend request first; everything else about the start happens while the prompt is read."""
-    params = turn.params or {}
+    """Send the backend request first (unless it went out before the claim: ``opened``); everything else about
+    the start happens while the prompt is read. ``budget``: the reply's token cap, or why the turn cannot run (a
+    quota leaves it no tokens): it then ends as failed with that reason."""
     rig_id = turn.session.rig_id
     prompt_state = PromptState(turn, settings.RIGDASH.flush_interval_ms / 1000)
     started_row = asyncio.create_task(db_async(board.publish_turn, thread_sensitive=False)(turn.pk))  # the board
-    if isinstance(budget, quotas.QuotaExceeded):
+    if isinstance(budget, services.InvalidInput):
         exc = budget
+        if opened is not None:
+            await opened.close()
         outcome = services.TurnOutcome(
             status=Turn.Status.FAILED,
             reply_text="",
@@ -550,16 +604,14 @@ async def run_claimed_turn(
             error=exc.message,
         )
     else:
-        request = ChatRequest(
-            model=turn.session.model_name,
-            messages=messages,
-            max_tokens=budget.max_tokens,
-            temperature=params.get("temperature"),
-            top_p=params.get("top_p"),
-            seed=params.get("seed"),
-        )
+        request = _chat_request(turn.session.model_name, messages, budget.max_tokens, turn.params or {})
         outcome = await stream_turn(
-            turn, request, _redis_for_loop(), context_quota=budget.context_limit, prompt_state=prompt_state
+            turn,
+            request,
+            _redis_for_loop(),
+            context_quota=budget.context_limit,
+            prompt_state=prompt_state,
+            opened=opened,
         )
     await prompt_state.settle()
     await started_row  # the board's "started" row goes out before the end
@@ -575,18 +627,93 @@ async def run_claimed_turn(
     await db_async(live.forget)(turn.pk)
 
 
+# Where each rig's requests go, as this process last read it from the database: a ticketed turn's request goes
+# there before its claim reads the rig again (a ticket never says where to connect). Kind and base URL by rig id.
+_rigs_seen: dict[int, tuple[str, str]] = {}
+
+
+async def run_ticketed_turn(
+    ticket: StartTicket, seen: tuple[str, str], claim: concurrent.futures.Future[services.ClaimedTurn | None]
+) -> None:
+    """Send a ticketed turn's backend request, then wait for its claim (running beside it on the claim thread).
+    Not claimed (cancelled, or another delivery's): the request is closed and nothing of it was published. The rig
+    moved since this process last saw it: the request is closed and sent again where the rig is now. The claim's
+    read of the turn says otherwise than the ticket (a bug, or a message changed on its way): the turn fails."""
+    kind, base_url = seen
+    request = _chat_request(ticket.model, ticket.messages, ticket.max_tokens, ticket.params)
+    opened = open_stream(Rig(pk=ticket.rig_id, kind=kind, base_url=base_url), request)
+    try:
+        claimed = await asyncio.wrap_future(claim)
+    except BaseException:
+        await opened.close()
+        raise
+    if claimed is None:
+        await opened.close()
+        return
+    turn = claimed.turn
+    budget: quotas.TurnBudget | services.InvalidInput = claimed.budget
+    if not _ticket_agrees(ticket, turn):
+        log.error("turn %s: its start ticket does not match the stored turn; not run", turn.pk)
+        budget = services.InvalidInput("ticket_mismatch", "This turn could not start (its task did not match it).")
+    elif _where(turn.session.rig) == seen:
+        await run_claimed_turn(turn, claimed.messages, budget, opened=opened)
+        return
+    await opened.close()
+    await run_claimed_turn(turn, claimed.messages, budget)
+
+
+def _ticket_agrees(ticket: StartTicket, turn: Turn) -> bool:
+    """What the claim read of the turn is what its ticket says (its earlier conversation is not read again)."""
+    said = ticket.messages[-1]
+    return (
+        turn.session.model_name == ticket.model
+        and said == {"role": "user", "content": turn.user_text}
+        and (turn.params or {}) == ticket.params
+        and turn.session.rig_id == ticket.rig_id
+    )
+
+
+def _where(rig: Rig) -> tuple[str, str]:
+    return rig.kind, rig.base_url
+
+
 def turn_run(turn_id: int) -> str:
     """Claim and run a turn once. Returns what happened (a second delivery of the task is a no-op)."""
     return turns_run([turn_id])[turn_id]
 
 
-def turns_run(turn_ids: list[int]) -> dict[int, str]:
+def turns_run(turn_ids: list[int], tickets: Any = None) -> dict[int, str]:
     """Claim the turns a dispatch handed out together and run them at once on this process's loop; for each:
-    "ran", or "not-claimed" when it was not waiting any more (a second delivery is a no-op)."""
+    "ran", or "not-claimed" when it was not waiting any more (a second delivery is a no-op).
+
+    ``tickets``: the message's start tickets (inference/tickets.py). A ticketed turn on a rig this process knows
+    has its backend request sent before the claim, which runs beside it; the rest start once claimed."""
     from inference import aio
 
-    started = _claim_thread().submit(_claim, turn_ids).result()
-    runs = [aio.start(run_claimed_turn(c.turn, c.messages, c.budget)) for c in started.values() if c is not None]
+    ticketed = tickets_by_turn(tickets, turn_ids)
+    early: dict[int, tuple[concurrent.futures.Future[services.ClaimedTurn | None], concurrent.futures.Future[None]]]
+    early = {}
+    for turn_id, ticket in ticketed.items():
+        if (seen := _rigs_seen.get(ticket.rig_id)) is not None:
+            claim: concurrent.futures.Future[services.ClaimedTurn | None] = concurrent.futures.Future()
+            early[turn_id] = claim, aio.start(run_ticketed_turn(ticket, seen, claim))
+    try:
+        started = _claim_thread().submit(_claim, turn_ids, ticketed).result()
+    except BaseException as exc:
+        for claim, _ in early.values():
+            claim.set_exception(exc)
+        raise
+    for claimed in started.values():
+        if claimed is not None:
+            _rigs_seen[claimed.turn.session.rig_id] = _where(claimed.turn.session.rig)
+    for turn_id, (claim, _) in early.items():
+        claim.set_result(started[turn_id])
+    runs = [run for _, run in early.values()]
+    runs += [
+        aio.start(run_claimed_turn(c.turn, c.messages, c.budget))
+        for turn_id, c in started.items()
+        if c is not None and turn_id not in early
+    ]
     for run in runs:
         run.result()  # a run that breaks before the end is reaped later
     return {turn_id: "not-claimed" if started[turn_id] is None else "ran" for turn_id in turn_ids}
@@ -608,9 +735,9 @@ def _claim_thread() -> concurrent.futures.ThreadPoolExecutor:
         return _claims[1]
 
 
-def _claim(turn_ids: list[int]) -> dict[int, services.ClaimedTurn | None]:
+def _claim(turn_ids: list[int], tickets: dict[int, StartTicket]) -> dict[int, services.ClaimedTurn | None]:
     close_old_connections()  # as Celery and Channels do around a unit of work: drop a connection past its age
     try:
-        return _gated(services.turns_start)(turn_ids=turn_ids, worker=WORKER_ID)
+        return _gated(services.turns_start)(turn_ids=turn_ids, worker=WORKER_ID, tickets=tickets)
     finally:
         close_old_connections()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -20,6 +20,7 @@ from inference import dispatch, events, live, selectors
 from inference.backends import backend_for
 from inference.backends.base import BackendError, ModelInfo
 from inference.models import ChatSession, Rig, Turn
+from inference.tickets import StartTicket
 
 if TYPE_CHECKING:
     from inference.quotas import Limits, QuotaExceeded, TurnBudget
@@ -106,8 +107,11 @@ def session_create(*, owner: User, rig: Rig, model_name: str) -> ChatSession:
 def turn_submit(*, session: ChatSession, text: Any, params: Any = None) -> Turn:
     """Store a new turn and dispatch it in the same transaction; its Celery task goes once that is committed."""
     with transaction.atomic():
-        turn = _turn_store(session=session, text=text, params=params)
-        _turns_stored([turn])
+        lock_rows(ChatSession.objects.filter(pk=session.pk))  # one submit at a time per session
+        busy, conversations = _sessions_read({session.pk})
+        limits: dict[int, Limits] = {}
+        turn = _turn_store(session=session, text=text, params=params, busy=busy, limits=limits)
+        _turns_stored([turn], conversations=conversations, limits=limits)
     return turn
 
 
@@ -136,11 +140,7 @@ def turn_submit_many(requests: Sequence[SubmitRequest]) -> list[Turn | InvalidIn
             # Read and locked at once (one submit at a time per session): _turn_store need not lock them again.
             for found in locking(selectors.session_list_for(user).filter(pk__in=asked).order_by()):
                 sessions[(user.pk, found.pk)] = found
-        busy = set(
-            Turn.objects.filter(session_id__in={s.pk for s in sessions.values()}, status__in=Turn.ACTIVE)
-            .order_by()
-            .values_list("session_id", flat=True)
-        )
+        busy, conversations = _sessions_read({s.pk for s in sessions.values()})
         limits: dict[int, Limits] = {}
         for request in requests:
             # No savepoint per request: _turn_store refuses a turn before it writes anything, so a refusal leaves
@@ -150,14 +150,28 @@ def turn_submit_many(requests: Sequence[SubmitRequest]) -> list[Turn | InvalidIn
                 if session is None:
                     raise Http404("No such chat session")  # another user's looks exactly like a missing one
                 results.append(
-                    _turn_store(
-                        session=session, text=request.text, params=request.params, busy=busy, limits=limits, locked=True
-                    )
+                    _turn_store(session=session, text=request.text, params=request.params, busy=busy, limits=limits)
                 )
             except (InvalidInput, Http404) as exc:
                 results.append(exc)
-        _turns_stored([r for r in results if isinstance(r, Turn)])
+        _turns_stored([r for r in results if isinstance(r, Turn)], conversations=conversations, limits=limits)
     return results
+
+
+def _sessions_read(session_ids: set[int]) -> tuple[set[int], dict[int, list[dict[str, str]]]]:
+    """The sessions with a turn waiting or running, and each session's conversation so far, in one query. A
+    session takes one turn at a time, so a new turn's conversation is what was said before it, and the worker
+    would read the same (``turns_with_history``): it goes in the turn's start ticket."""
+    busy: set[int] = set()
+    conversations: dict[int, list[dict[str, str]]] = {session_id: [] for session_id in session_ids}
+    rows = Turn.objects.filter(session_id__in=session_ids).order_by("created_at", "id")
+    for session_id, status, user_text, reply_text in rows.values_list(
+        "session_id", "status", "user_text", "reply_text"
+    ):
+        if status in Turn.ACTIVE:
+            busy.add(session_id)
+        conversations[session_id].extend(Turn.history_messages(user_text, reply_text))
+    return busy, conversations
 
 
 def locking(queryset: QuerySet[M]) -> QuerySet[M]:
@@ -173,18 +187,10 @@ def lock_rows(queryset: QuerySet[Any]) -> None:
         list(locking(queryset).values_list("pk", flat=True))
 
 
-def _turn_store(
-    *,
-    session: ChatSession,
-    text: Any,
-    params: Any,
-    busy: set[int] | None = None,
-    limits: dict[int, Limits] | None = None,
-    locked: bool = False,
-) -> Turn:
-    """Check and store one turn; call inside a transaction (it locks the session's row). ``busy``: the sessions
-    known to have a turn waiting or running (updated here); ``limits``: owners' limits already read; ``locked``:
-    the caller read the session's row with ``locking``.
+def _turn_store(*, session: ChatSession, text: Any, params: Any, busy: set[int], limits: dict[int, Limits]) -> Turn:
+    """Check and store one turn; call inside a transaction, with the session's row read with ``locking`` (one
+    submit at a time per session). ``busy``: the sessions known to have a turn waiting or running (updated here);
+    ``limits``: owners' limits read so far in this transaction (updated here).
 
     Every check comes before the first write, so a refusal (InvalidInput) leaves nothing behind and a burst's
     other turns commit without a savepoint around each (``turn_submit_many``)."""
@@ -198,25 +204,27 @@ def _turn_store(
         raise InvalidInput("rig_disabled", f"rig {session.rig.name} is disabled")
     from inference import quotas  # it imports this module
 
-    if not locked:
-        lock_rows(ChatSession.objects.filter(pk=session.pk))  # one submit at a time per session
-    in_progress = session.pk in busy if busy is not None else session.turns.filter(status__in=Turn.ACTIVE).exists()
-    if in_progress:
+    if session.pk in busy:
         raise InvalidInput("turn_in_progress", "Wait for the current reply to finish (or stop it) first.")
     quotas.quota_check_submit(session=session, text=text, params=clean_params, known=limits)
     turn = Turn.objects.create(session=session, user_text=text, params=clean_params)
     if not session.title:
         session.title = text.strip()[:80]
         ChatSession.objects.filter(pk=session.pk).update(title=session.title)
-    if busy is not None:
-        busy.add(session.pk)
+    busy.add(session.pk)
     turn.session = session
     return turn
 
 
-def _turns_stored(turns: Sequence[Turn]) -> None:
+def _turns_stored(
+    turns: Sequence[Turn],
+    *,
+    conversations: Mapping[int, list[dict[str, str]]] | None = None,
+    limits: Mapping[int, Limits] | None = None,
+) -> None:
     """Inside the submit's transaction: hand the turns to their rigs' fair queues, in the same commit. After it:
-    tell the pages, send the Celery tasks, show the turns on the board, in that order."""
+    tell the pages, send the Celery tasks, show the turns on the board, in that order. ``conversations`` (by
+    session) and ``limits`` (by owner), as this transaction read them, make the turns' start tickets."""
     if not turns:
         return
     from inference import board  # it imports this module
@@ -227,10 +235,36 @@ def _turns_stored(turns: Sequence[Turn]) -> None:
     queued = [(turn.session_id, selectors.turn_snapshot(turn, just_stored=True)) for turn in turns]
     transaction.on_commit(lambda: events.turns_queued_sync(queued), robust=True)  # a view: never stops the tasks
     # The turns wait in their rig's fair queue; dispatch hands them to Celery while a slot is free.
+    tickets = _start_tickets(turns, conversations or {}, limits or {})
     for rig in {turn.session.rig_id: turn.session.rig for turn in turns}.values():
-        dispatch.rig_dispatch(rig_id=rig.pk, rig=rig)
+        dispatch.rig_dispatch(rig_id=rig.pk, rig=rig, tickets=tickets)
     turn_ids = [turn.pk for turn in turns]
     transaction.on_commit(lambda: board.publish_turns(turn_ids), robust=True)
+
+
+def _start_tickets(
+    turns: Sequence[Turn], conversations: Mapping[int, list[dict[str, str]]], limits: Mapping[int, Limits]
+) -> dict[int, StartTicket]:
+    """Start tickets (inference/tickets.py) for turns just stored, where this transaction read their conversation
+    and their owner's limits, and the owner has no daily allowance (its reservation needs the owner's row lock
+    at the start)."""
+    from inference import quotas  # it imports this module
+
+    tickets: dict[int, StartTicket] = {}
+    for turn in turns:
+        mine = limits.get(turn.session.owner_id)
+        if mine is None or mine.max_output_tokens_per_day is not None or turn.session_id not in conversations:
+            continue
+        tickets[turn.pk] = StartTicket(
+            turn_id=turn.pk,
+            rig_id=turn.session.rig_id,
+            model=turn.session.model_name,
+            messages=[*conversations[turn.session_id], {"role": "user", "content": turn.user_text}],
+            params=turn.params,
+            max_tokens=quotas.reply_cap(turn, mine),
+            context_limit=mine.max_context_tokens,
+        )
+    return tickets
 
 
 def turn_cancel(*, turn: Turn) -> Turn:
@@ -261,12 +295,57 @@ class ClaimedTurn:
     budget: TurnBudget | QuotaExceeded  # its reserved token cap, or the quota that leaves it none
 
 
-def turns_start(*, turn_ids: Sequence[int], worker: str) -> dict[int, ClaimedTurn | None]:
+def turns_start(
+    *, turn_ids: Sequence[int], worker: str, tickets: Mapping[int, StartTicket] | None = None
+) -> dict[int, ClaimedTurn | None]:
     """Claim queued turns for this worker and reserve each reply's token cap; for each id its ``ClaimedTurn``,
     or None if it was not waiting any more (another delivery of its task claimed it, or it was cancelled). A
-    turn that a quota leaves no tokens is claimed all the same and ends as failed with that reason.
+    turn that a quota leaves no tokens is claimed all the same and ends as failed with that reason. A ticketed
+    turn (``tickets``, by turn id) is claimed with its ticket's cap and conversation (``_turns_claim_ticketed``)."""
+    tickets = tickets or {}
+    started: dict[int, ClaimedTurn | None] = dict.fromkeys(turn_ids)
+    if ticketed := [t for t in turn_ids if t in tickets]:
+        started.update(_turns_claim_ticketed(tickets=[tickets[t] for t in ticketed], worker=worker))
+    if rest := [t for t in turn_ids if t not in tickets]:
+        started.update(_turns_start_from_read(turn_ids=rest, worker=worker))
+    return started
 
-    This is on every turn's time to first token, so it takes as few round trips as it can: one read for the
+
+def _turn_claim_values(worker: str) -> dict[str, Any]:
+    now = timezone.now()
+    return {"status": Turn.Status.PROMPT, "worker": worker, "started_at": now, "heartbeat_at": now}
+
+
+def _turns_claim_ticketed(*, tickets: Sequence[StartTicket], worker: str) -> dict[int, ClaimedTurn | None]:
+    """Claim ticketed turns: one conditional UPDATE per distinct cap, then one read of what this claim got, with
+    sessions and rigs. The worker's request already went out (runner.run_ticketed_turn), so neither is on the
+    turn's time to first token."""
+    from inference import quotas  # it imports this module
+
+    claim = _turn_claim_values(worker)
+    waiting = Turn.objects.filter(status=Turn.Status.QUEUED, cancel_requested=False)
+    by_cap: dict[int, list[int]] = {}
+    for ticket in tickets:
+        by_cap.setdefault(ticket.max_tokens, []).append(ticket.turn_id)
+    claimed_any = False
+    for cap, ids in by_cap.items():
+        claimed_any = bool(waiting.filter(pk__in=ids).update(token_cap=cap, **claim)) or claimed_any
+    started: dict[int, ClaimedTurn | None] = {ticket.turn_id: None for ticket in tickets}
+    if not claimed_any:
+        return started
+    by_id = {ticket.turn_id: ticket for ticket in tickets}
+    mine = Turn.objects.filter(pk__in=list(by_id), worker=worker, started_at=claim["started_at"])
+    for turn in mine.select_related("session", "session__rig"):
+        ticket = by_id[turn.pk]
+        budget = quotas.TurnBudget(max_tokens=ticket.max_tokens, context_limit=ticket.context_limit)
+        started[turn.pk] = ClaimedTurn(turn=turn, messages=ticket.messages, budget=budget)
+    return started
+
+
+def _turns_start_from_read(*, turn_ids: Sequence[int], worker: str) -> dict[int, ClaimedTurn | None]:
+    """Claim turns without tickets: read them, their conversations and their owners' limits, then claim.
+
+    This is on these turns' time to first token, so it takes as few round trips as it can: one read for the
     turns with their sessions, rigs and earlier turns; one per owner for their limits; then one conditional
     UPDATE per distinct token cap that claims the turns and reserves their caps at once (it needs no
     transaction of its own: what it claimed is what it updated). A turn whose owner has a daily allowance is
@@ -279,8 +358,8 @@ def turns_start(*, turn_ids: Sequence[int], worker: str) -> dict[int, ClaimedTur
     turns, history = turns_with_history(turn_ids)
     turns = [turn for turn in turns if turn.status == Turn.Status.QUEUED and not turn.cancel_requested]
     limits = {owner_id: quotas.limits_for(owner_id) for owner_id in {turn.session.owner_id for turn in turns}}
-    now = timezone.now()
-    claim = {"status": Turn.Status.PROMPT, "worker": worker, "started_at": now, "heartbeat_at": now}
+    claim = _turn_claim_values(worker)
+    now = claim["started_at"]
     waiting = Turn.objects.filter(status=Turn.Status.QUEUED, cancel_requested=False)
     budgets: dict[int, TurnBudget | QuotaExceeded] = {}
     by_cap: dict[int, list[Turn]] = {}

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from celery import shared_task
 
 from inference import dispatch, model_admin, runner, services
@@ -13,8 +15,8 @@ def turn_run_task(turn_id: int) -> str:
 
 
 @shared_task(name="inference.turns_run")
-def turns_run_task(turn_ids: list[int]) -> dict[int, str]:
-    return runner.turns_run(turn_ids)
+def turns_run_task(turn_ids: list[int], tickets: list[dict[str, Any]] | None = None) -> dict[int, str]:
+    return runner.turns_run(turn_ids, tickets=tickets)
 
 
 @shared_task(name="inference.turn_reap_stale")

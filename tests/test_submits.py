@@ -199,7 +199,8 @@ def test_a_lone_turns_way_to_its_backend_request_takes_few_queries(monkeypatch, 
     assert isinstance(turn, Turn) and len(sent_at) == 1
     before_send = [q["sql"] for q in queries.captured_queries[: sent_at[0]]]
     assert not [sql for sql in before_send if "SAVEPOINT" in sql]
-    # BEGIN; the session read with its row lock; its running turns; the owner's limits (none: no lock on the owner);
+    # BEGIN; the session read with its row lock; its turns (any running? and the conversation for the start ticket);
+    # the owner's limits (none: no lock on the owner);
     # the INSERT; the rig's row lock (on SQLite, which has no row locks, the rig read with the session is reused);
     # the rig's turns; the dispatch's UPDATE; COMMIT. It was 17 before.
     assert len(before_send) == (9 if connection.features.has_select_for_update else 8), "\n".join(before_send)
@@ -212,7 +213,8 @@ def test_a_lone_turns_way_to_its_backend_request_takes_few_queries(monkeypatch, 
         {"role": "assistant", "content": "earlier"},
         {"role": "user", "content": "hi"},
     ]
-    # the turn with its session, rig and history; the owner's limits; the claim with its token cap. It was 7.
+    # Without its ticket (a turn that waited for a slot): the turn with its session, rig and history; the owner's
+    # limits; the claim with its token cap. It was 7. With it, the request goes first (tests/test_tickets.py).
     assert len(queries.captured_queries) == 3, "\n".join(q["sql"] for q in queries.captured_queries)
     assert Turn.objects.get(pk=turn.pk).token_cap == settings.RIGDASH.max_reply_tokens
     assert services.turns_start(turn_ids=[turn.pk], worker="w2") == {turn.pk: None}  # a second delivery

@@ -1,0 +1,229 @@
+"""Start tickets (inference/tickets.py): a turn stored and handed out by one submit carries what its backend request
+needs in its Celery message; the worker sends the request before its claim, and the claim still decides.
+
+The worker here is the test calling the runner (the rigs' Celery queues have no worker, except where a test runs
+one); the backend is the real llama-server.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from typing import Any
+
+import pytest
+import redis
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+
+from inference import live, runner, services
+from inference.models import Quota, Rig, Turn
+from inference.tickets import StartTicket, ticket_from_message, tickets_by_turn
+from tests.adminkit import make_session, make_user, quiet
+from tests.conftest import llama_busy_slots, wait_until
+
+
+def _task_kwargs(queue: str) -> list[dict[str, Any]]:
+    """The kwargs of each Celery message waiting on a queue (read back from the real broker list), oldest first."""
+    broker = redis.Redis.from_url(_broker_url())
+    return [json.loads(base64.b64decode(json.loads(raw)["body"]))[1] for raw in reversed(broker.lrange(queue, 0, -1))]
+
+
+def _broker_url() -> str:
+    from django.conf import settings
+
+    return str(settings.CELERY_BROKER_URL)
+
+
+def _submit(owner: Any, session: Any, text: str, params: Any = None) -> Turn:
+    [turn] = services.turn_submit_many(
+        [services.SubmitRequest(user=owner, session_id=session.pk, text=text, params=params)]
+    )
+    assert isinstance(turn, Turn), turn
+    return turn
+
+
+def _handed_out(
+    monkeypatch: Any, rig: Any, owner: Any, model_name: str, text: str, max_tokens: int
+) -> tuple[Turn, list[Any]]:
+    """A turn submitted on the rig (pointed at a queue no worker reads) and the tickets of its Celery message, as
+    the worker would get them; this process counts as having run on the rig before."""
+    quiet(rig)
+    turn = _submit(owner, make_session(owner, rig, model_name), text, {"max_tokens": max_tokens})
+    [kwargs] = _task_kwargs(rig.queue)
+    redis.Redis.from_url(_broker_url()).delete(rig.queue)
+    monkeypatch.setitem(runner._rigs_seen, rig.pk, (rig.kind, rig.base_url))
+    return turn, kwargs["tickets"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_submit_hands_its_turn_out_with_a_ticket_that_matches_what_the_worker_would_read(settings):
+    owner = make_user("owner")
+    rig = Rig.objects.create(name="r", kind=Rig.Kind.LLAMACPP, base_url="http://127.0.0.1:9", queue="rig.t", slots=1)
+    redis.Redis.from_url(_broker_url()).delete(rig.queue)
+    session = make_session(owner, rig, "m")
+    Turn.objects.create(session=session, user_text="before", reply_text="earlier", status=Turn.Status.DONE)
+    Turn.objects.create(session=session, user_text="cut", reply_text="", status=Turn.Status.CANCELLED)
+    Quota.objects.create(user=owner, max_tokens_per_reply=40, max_context_tokens=900)
+    turn = _submit(owner, session, "hi", {"temperature": 0.5})
+    [kwargs] = _task_kwargs(rig.queue)
+    [raw] = kwargs["tickets"]
+    ticket = ticket_from_message(raw)
+    _, history = services.turns_with_history([turn.pk])
+    assert ticket == StartTicket(
+        turn_id=turn.pk,
+        rig_id=rig.pk,
+        model="m",
+        messages=history[turn.pk],
+        params={"temperature": 0.5},
+        max_tokens=40,  # the owner's per-reply limit, under the server's cap
+        context_limit=900,
+    )
+    assert "base_url" not in json.dumps(raw) and "127.0.0.1" not in json.dumps(raw)  # never where to connect
+
+    # A turn that waits for a slot is handed out later, by a dispatch that read nothing of it: no ticket.
+    other = make_session(owner, rig, "m")
+    waiting = _submit(owner, other, "later")
+    assert Turn.objects.get(pk=waiting.pk).dispatched_at is None
+    Turn.objects.filter(pk=turn.pk).update(status=Turn.Status.DONE)
+    from inference import dispatch
+
+    assert dispatch.rig_dispatch(rig_id=rig.pk) == [waiting.pk]
+    assert _task_kwargs(rig.queue)[1] == {}
+    redis.Redis.from_url(_broker_url()).delete(rig.queue)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_owner_with_a_daily_allowance_gets_no_ticket_and_the_start_reserves_from_it(settings):
+    """Each start reserves from a daily allowance under the owner's row lock, so such a turn starts from a fresh
+    read (its cap depends on what the others reserved meanwhile)."""
+    owner = make_user("owner")
+    rig = Rig.objects.create(name="r", kind=Rig.Kind.LLAMACPP, base_url="http://127.0.0.1:9", queue="rig.t", slots=2)
+    redis.Redis.from_url(_broker_url()).delete(rig.queue)
+    Quota.objects.create(user=owner, max_output_tokens_per_day=30)
+    turn = _submit(owner, make_session(owner, rig, "m"), "hi")
+    assert _task_kwargs(rig.queue) == [{}]
+    claimed = services.turns_start(turn_ids=[turn.pk], worker="w1")[turn.pk]
+    assert claimed is not None and Turn.objects.get(pk=turn.pk).token_cap == 30
+    # Another user's turn, through the single submit the HTTP API uses, has its ticket.
+    other = make_user("other")
+    theirs = services.turn_submit(session=make_session(other, rig, "m"), text="hello")
+    assert [t["turn_id"] for t in _task_kwargs(rig.queue)[1]["tickets"]] == [theirs.pk]
+    redis.Redis.from_url(_broker_url()).delete(rig.queue)
+
+
+def test_a_ticket_that_is_not_one_is_ignored():
+    good = StartTicket(
+        turn_id=1,
+        rig_id=2,
+        model="m",
+        messages=[{"role": "user", "content": "x"}],
+        params={},
+        max_tokens=5,
+        context_limit=None,
+    ).as_message()
+    assert ticket_from_message(good) is not None
+    bad = [
+        None,
+        "ticket",
+        {**good, "turn_id": "1"},
+        {**good, "turn_id": True},
+        {**good, "max_tokens": 0},
+        {**good, "messages": []},
+        {**good, "messages": [{"role": "user"}]},
+        {**good, "messages": [{"role": "user", "content": 3}]},
+        {**good, "messages": [{"role": "user", "content": "x", "extra": "y"}]},
+        {**good, "context_limit": "900"},
+        {**good, "unknown": 1},
+        {k: v for k, v in good.items() if k != "model"},
+    ]
+    assert [ticket_from_message(raw) for raw in bad] == [None] * len(bad)
+    assert tickets_by_turn([good, {**good, "turn_id": 7}], [1]) == {1: ticket_from_message(good)}
+    assert tickets_by_turn("not a list", [1]) == {}
+
+
+@pytest.mark.llama
+@pytest.mark.django_db(transaction=True)
+def test_a_ticketed_turns_request_reaches_the_backend_before_its_claim(rig, model_name, owner, monkeypatch):
+    """The claim is held until llama-server reports the request in a slot: with the request sent after the claim,
+    the wait would time out. The claim itself is two statements (the UPDATE, then the read of what it got) and
+    the turn runs to its end with the ticket's cap."""
+    turn, tickets = _handed_out(monkeypatch, rig, owner, model_name, "Count from one to fifty, in words.", 4)
+    real_claim = services._turns_claim_ticketed
+    statements: list[int] = []
+
+    def claim_once_the_backend_has_it(**kwargs: Any) -> Any:
+        wait_until(lambda: llama_busy_slots(rig.base_url) > 0, timeout_s=10, what="the request in a slot")
+        with CaptureQueriesContext(connection) as queries:
+            result = real_claim(**kwargs)
+        statements.append(len(queries.captured_queries))
+        return result
+
+    monkeypatch.setattr(services, "_turns_claim_ticketed", claim_once_the_backend_has_it)
+    assert runner.turns_run([turn.pk], tickets=tickets) == {turn.pk: "ran"}
+    assert statements == [2]
+    done = Turn.objects.get(pk=turn.pk)
+    assert (done.status, done.token_cap, done.worker) == (Turn.Status.DONE, 4, runner.WORKER_ID)
+    assert done.reply_text and done.output_tokens == 4
+    assert runner.turns_run([turn.pk], tickets=tickets) == {turn.pk: "not-claimed"}  # delivered twice
+
+
+@pytest.mark.llama
+@pytest.mark.django_db(transaction=True)
+def test_a_ticketed_turn_cancelled_before_its_claim_has_its_request_closed_and_publishes_nothing(
+    rig, model_name, owner, monkeypatch
+):
+    turn, tickets = _handed_out(monkeypatch, rig, owner, model_name, "Count to a hundred.", 200)
+    real_claim = services._turns_claim_ticketed
+
+    def cancel_then_claim(**kwargs: Any) -> Any:
+        wait_until(lambda: llama_busy_slots(rig.base_url) > 0, timeout_s=10, what="the request in a slot")
+        services.turn_cancel(turn=Turn.objects.get(pk=turn.pk))  # the user pressed Stop while it was handed out
+        return real_claim(**kwargs)
+
+    monkeypatch.setattr(services, "_turns_claim_ticketed", cancel_then_claim)
+    assert runner.turns_run([turn.pk], tickets=tickets) == {turn.pk: "not-claimed"}
+    assert Turn.objects.get(pk=turn.pk).status == Turn.Status.CANCELLED
+    assert live.snapshot(turn.pk).seq == 0  # no batch of its reached the live list (or its page)
+    wait_until(lambda: llama_busy_slots(rig.base_url) == 0, timeout_s=10, what="llama-server to drop the request")
+
+
+@pytest.mark.llama
+@pytest.mark.django_db(transaction=True)
+def test_a_ticketed_turn_on_a_rig_that_moved_is_sent_again_where_the_rig_is_now(rig, model_name, owner, monkeypatch):
+    """The process last saw the rig elsewhere (an admin changed its address since): the early request fails or
+    goes to the wrong place, and the claim's read of the rig sends it again to the right one."""
+    turn, tickets = _handed_out(monkeypatch, rig, owner, model_name, "Count from one to fifty, in words.", 3)
+    monkeypatch.setitem(runner._rigs_seen, rig.pk, (rig.kind, "http://127.0.0.1:9"))  # nothing listens there
+    assert runner.turns_run([turn.pk], tickets=tickets) == {turn.pk: "ran"}
+    done = Turn.objects.get(pk=turn.pk)
+    assert (done.status, done.output_tokens) == (Turn.Status.DONE, 3), (done.status, done.error)
+    assert runner._rigs_seen[rig.pk] == (rig.kind, rig.base_url)
+
+
+@pytest.mark.llama
+@pytest.mark.django_db(transaction=True)
+def test_a_ticket_is_not_needed_a_turn_without_one_or_with_a_broken_one_starts_from_a_read(
+    rig, model_name, owner, monkeypatch
+):
+    turn, _ = _handed_out(monkeypatch, rig, owner, model_name, "Count from one to fifty, in words.", 2)
+    assert runner.turns_run([turn.pk], tickets=[{"turn_id": turn.pk, "model": 5}]) == {turn.pk: "ran"}
+    done = Turn.objects.get(pk=turn.pk)
+    assert (done.status, done.token_cap, done.output_tokens) == (Turn.Status.DONE, 2, 2)
+
+
+@pytest.mark.llama
+@pytest.mark.django_db(transaction=True)
+def test_a_ticket_that_says_otherwise_than_the_stored_turn_fails_it_instead_of_running_another_prompt(
+    rig, model_name, owner, monkeypatch
+):
+    """A message changed on its way through the broker (or a bug in building tickets): the claim's read of the turn
+    disagrees with the ticket, the early request is closed, and the turn fails saying so; no text is stored."""
+    turn, [forged] = _handed_out(monkeypatch, rig, owner, model_name, "Say hello.", 8)
+    forged["messages"][-1]["content"] = "Write a poem about something else."
+    assert runner.turns_run([turn.pk], tickets=[forged]) == {turn.pk: "ran"}
+    failed = Turn.objects.get(pk=turn.pk)
+    assert (failed.status, failed.finish_reason, failed.reply_text) == (Turn.Status.FAILED, "ticket_mismatch", "")
+    assert "did not match" in failed.error
+    assert live.snapshot(turn.pk).seq == 0
+    redis.Redis.from_url(_broker_url()).delete(rig.queue)
