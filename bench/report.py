@@ -276,9 +276,9 @@ def table_rows(agg: dict[str, Any]) -> list[list[str]]:
             add(label, "  RigDash TTFT = send->backend request + backend + first token->client (p50 ms)",
                 f"{stats.fmt(p['to_backend'], 1)} + {stats.fmt(p['backend'], 1)} + {stats.fmt(p['to_client'], 1)}",
                 "", None)  # fmt: skip
+            claim = "-" if p["claim_from_request"] is None else f"{p['claim_from_request']:+.1f}"
             add(label, "  send->backend request = web stores turn + stored->request (p50 ms); claim, from request",
-                f"{stats.fmt(p['submit'], 1)} + {stats.fmt(p['stored_to_request'], 1)}; "
-                "-" if p["claim_from_request"] is None else f"{p['claim_from_request']:+.1f}", "", None)  # fmt: skip
+                f"{stats.fmt(p['submit'], 1)} + {stats.fmt(p['stored_to_request'], 1)}; {claim}", "", None)  # fmt: skip
         if a["display_lag_ms"]["n"]:
             growth = [g for g in a.get("long_growth") or [] if g]
             ok = _lag_ok(a["display_lag_ms"])

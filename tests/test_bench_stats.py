@@ -171,3 +171,15 @@ def test_a_long_task_is_placed_among_its_turns_flushes():
     }  # fmt: skip
     assert analyze.place_longtask({"start": 9.0, "duration": 60}, flushes)["flushes_before"] == 0  # the turn's start
     assert analyze.place_longtask({"start": 9.0, "duration": 60}, []) == {"start": 9.0, "duration": 60}
+
+
+def test_the_split_of_send_to_request_shows_both_parts_and_the_claims_side_of_the_request():
+    """A ticketed turn's claim runs beside its request (inference/tickets.py), so it may come before or after it."""
+    agg = _agg([1.0, 1.0])
+    parts = {"to_backend": 12.0, "backend": 100.0, "to_client": 2.0, "submit": 3.0, "stored_to_request": 9.0}
+    agg["level1"]["ttft_parts_ms_p50"] = parts | {"claim_from_request": -1.25}
+    rows = {row[1]: row[2] for row in report.table_rows(agg)}
+    key = "  send->backend request = web stores turn + stored->request (p50 ms); claim, from request"
+    assert rows[key] == "3.0 + 9.0; -1.2"
+    agg["level1"]["ttft_parts_ms_p50"] = parts | {"claim_from_request": None}
+    assert {row[1]: row[2] for row in report.table_rows(agg)}[key] == "3.0 + 9.0; -"
