@@ -588,7 +588,7 @@ async def run_claimed_turn(
 ) -> None:
     """Send the backend request first (unless it went out before the claim: ``opened``); everything else about
     the start happens while the prompt is read. ``budget``: the reply's token cap, or why the turn cannot run (a
-    quota leaves it no tokens): it then ends as failed with that reason."""
+    quota leaves it no tokens; its start ticket disagrees with it): it then ends as failed with that reason."""
     rig_id = turn.session.rig_id
     prompt_state = PromptState(turn, settings.RIGDASH.flush_interval_ms / 1000)
     started_row = asyncio.create_task(db_async(board.publish_turn, thread_sensitive=False)(turn.pk))  # the board
@@ -637,8 +637,7 @@ async def run_ticketed_turn(
 ) -> None:
     """Send a ticketed turn's backend request, then wait for its claim (running beside it on the claim thread).
     Not claimed (cancelled, or another delivery's): the request is closed and nothing of it was published. The rig
-    moved since this process last saw it: the request is closed and sent again where the rig is now. The claim's
-    read of the turn says otherwise than the ticket (a bug, or a message changed on its way): the turn fails."""
+    moved since this process last saw it: the request is closed and sent again where the rig is now."""
     kind, base_url = seen
     request = _chat_request(ticket.model, ticket.messages, ticket.max_tokens, ticket.params)
     opened = open_stream(Rig(pk=ticket.rig_id, kind=kind, base_url=base_url), request)
@@ -647,30 +646,11 @@ async def run_ticketed_turn(
     except BaseException:
         await opened.close()
         raise
-    if claimed is None:
+    keep = claimed is not None and _where(claimed.turn.session.rig) == seen
+    if not keep:
         await opened.close()
-        return
-    turn = claimed.turn
-    budget: quotas.TurnBudget | services.InvalidInput = claimed.budget
-    if not _ticket_agrees(ticket, turn):
-        log.error("turn %s: its start ticket does not match the stored turn; not run", turn.pk)
-        budget = services.InvalidInput("ticket_mismatch", "This turn could not start (its task did not match it).")
-    elif _where(turn.session.rig) == seen:
-        await run_claimed_turn(turn, claimed.messages, budget, opened=opened)
-        return
-    await opened.close()
-    await run_claimed_turn(turn, claimed.messages, budget)
-
-
-def _ticket_agrees(ticket: StartTicket, turn: Turn) -> bool:
-    """What the claim read of the turn is what its ticket says (its earlier conversation is not read again)."""
-    said = ticket.messages[-1]
-    return (
-        turn.session.model_name == ticket.model
-        and said == {"role": "user", "content": turn.user_text}
-        and (turn.params or {}) == ticket.params
-        and turn.session.rig_id == ticket.rig_id
-    )
+    if claimed is not None:
+        await run_claimed_turn(claimed.turn, claimed.messages, claimed.budget, opened=opened if keep else None)
 
 
 def _where(rig: Rig) -> tuple[str, str]:

@@ -20,7 +20,7 @@ from inference import dispatch, events, live, selectors
 from inference.backends import backend_for
 from inference.backends.base import BackendError, ModelInfo
 from inference.models import ChatSession, Rig, Turn
-from inference.tickets import StartTicket
+from inference.tickets import StartTicket, ticket_agrees
 
 if TYPE_CHECKING:
     from inference.quotas import Limits, QuotaExceeded, TurnBudget
@@ -292,7 +292,7 @@ class ClaimedTurn:
 
     turn: Turn  # with its session and rig
     messages: list[dict[str, str]]  # its conversation up to and including its user message
-    budget: TurnBudget | QuotaExceeded  # its reserved token cap, or the quota that leaves it none
+    budget: TurnBudget | InvalidInput  # its reserved token cap, or why it cannot run (a quota that leaves it none)
 
 
 def turns_start(
@@ -319,7 +319,8 @@ def _turn_claim_values(worker: str) -> dict[str, Any]:
 def _turns_claim_ticketed(*, tickets: Sequence[StartTicket], worker: str) -> dict[int, ClaimedTurn | None]:
     """Claim ticketed turns: one conditional UPDATE per distinct cap, then one read of what this claim got, with
     sessions and rigs. The worker's request already went out (runner.run_ticketed_turn), so neither is on the
-    turn's time to first token."""
+    turn's time to first token. A turn whose ticket says otherwise than that read (a bug, or a message changed
+    on its way) is claimed and fails, rather than run a prompt it was not given."""
     from inference import quotas  # it imports this module
 
     claim = _turn_claim_values(worker)
@@ -337,7 +338,12 @@ def _turns_claim_ticketed(*, tickets: Sequence[StartTicket], worker: str) -> dic
     mine = Turn.objects.filter(pk__in=list(by_id), worker=worker, started_at=claim["started_at"])
     for turn in mine.select_related("session", "session__rig"):
         ticket = by_id[turn.pk]
-        budget = quotas.TurnBudget(max_tokens=ticket.max_tokens, context_limit=ticket.context_limit)
+        budget: TurnBudget | InvalidInput = quotas.TurnBudget(
+            max_tokens=ticket.max_tokens, context_limit=ticket.context_limit
+        )
+        if not ticket_agrees(ticket, turn):
+            log.error("turn %s: its start ticket does not match the stored turn; not run", turn.pk)
+            budget = InvalidInput("ticket_mismatch", "This turn could not start (its task did not match it).")
         started[turn.pk] = ClaimedTurn(turn=turn, messages=ticket.messages, budget=budget)
     return started
 

@@ -19,7 +19,10 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from inference.models import Turn
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +69,18 @@ def _is_message(message: Any) -> bool:
         isinstance(message, Mapping)
         and set(message) == {"role", "content"}
         and all(isinstance(v, str) for v in message.values())
+    )
+
+
+def ticket_agrees(ticket: StartTicket, turn: Turn) -> bool:
+    """The claim's read of the turn (with its session) says what the ticket says; the earlier conversation is not
+    read again, and the rig's address never came from the ticket."""
+    return (
+        turn.pk == ticket.turn_id
+        and turn.session.rig_id == ticket.rig_id
+        and turn.session.model_name == ticket.model
+        and ticket.messages[-1] == {"role": "user", "content": turn.user_text}
+        and (turn.params or {}) == ticket.params
     )
 
 

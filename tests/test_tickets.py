@@ -214,13 +214,16 @@ def test_a_ticket_is_not_needed_a_turn_without_one_or_with_a_broken_one_starts_f
 
 @pytest.mark.llama
 @pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("early", [True, False], ids=["request-before-claim", "rig-not-seen-yet"])
 def test_a_ticket_that_says_otherwise_than_the_stored_turn_fails_it_instead_of_running_another_prompt(
-    rig, model_name, owner, monkeypatch
+    rig, model_name, owner, monkeypatch, early
 ):
     """A message changed on its way through the broker (or a bug in building tickets): the claim's read of the turn
-    disagrees with the ticket, the early request is closed, and the turn fails saying so; no text is stored."""
+    disagrees with the ticket, any early request is closed, and the turn fails saying so; no text is stored."""
     turn, [forged] = _handed_out(monkeypatch, rig, owner, model_name, "Say hello.", 8)
     forged["messages"][-1]["content"] = "Write a poem about something else."
+    if not early:
+        monkeypatch.delitem(runner._rigs_seen, rig.pk)
     assert runner.turns_run([turn.pk], tickets=[forged]) == {turn.pk: "ran"}
     failed = Turn.objects.get(pk=turn.pk)
     assert (failed.status, failed.finish_reason, failed.reply_text) == (Turn.Status.FAILED, "ticket_mismatch", "")
