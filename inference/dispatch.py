@@ -172,7 +172,7 @@ def _send(turn_ids: list[int], queue: str, tickets: Sequence[StartTicket] = ()) 
     When the message cannot be sent (the broker is down), the turns go back to waiting, so the next dispatch
     (after a turn ends, or beat's ``dispatch_all``) hands them out again instead of the 120 s resend; the error
     still reaches the caller."""
-    from inference.tasks import turns_run_task  # tasks import the runner, which imports this module
+    from inference.tasks import turns_run_task  # tasks import starts, which imports this module
 
     if not turn_ids:
         return

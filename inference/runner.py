@@ -1,4 +1,5 @@
-"""Run one chat turn: stream it from the backend, coalesce tokens, publish batches, store the end.
+"""Stream one chat turn from the backend, coalesce tokens, publish batches, store the end (its start, the claim and
+the request, is inference/starts.py).
 
 The contract (docs/streaming.md): a token is published at once when the last batch went out at least one
 interval ago (so the first one always is); otherwise it goes in the batch due one interval after the last one:
@@ -13,12 +14,9 @@ the turn is claimed, at its first token, at checkpoints every few seconds, and o
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import contextlib
 import functools
 import logging
-import os
-import socket
 import threading
 import time
 from collections.abc import AsyncGenerator, Awaitable, Callable, Iterator
@@ -28,15 +26,13 @@ from typing import Any, ParamSpec, TypeVar, cast
 import redis.asyncio as aioredis
 from channels.db import database_sync_to_async as db_async
 from django.conf import settings
-from django.db import close_old_connections, connection
+from django.db import connection
 from redis.exceptions import RedisError
 
-from inference import board, dispatch, events, live, quotas, services
+from inference import board, events, live, quotas, services
 from inference.backends import backend_for
 from inference.backends.base import BackendError, BackendStats, ChatRequest, StreamChunk
 from inference.models import Rig, Turn
-from inference.selectors import turn_snapshot
-from inference.tickets import StartTicket, tickets_by_turn
 from rigdash.env import RigDashConfig
 
 log = logging.getLogger(__name__)
@@ -46,7 +42,6 @@ CANCEL_CHECK_S = 0.1  # a Stop is seen within this (plus one flush); reading the
 # that read and flush share one wake-up (see TurnStream.read_gate).
 FLUSH_SLACK_S = 0.002
 REDIS_RETRY_S = 0.25  # while Redis is unreachable, a flush is tried this often
-WORKER_ID = f"{socket.gethostname()}:{os.getpid()}"
 
 
 class TurnCancelled(Exception):
@@ -336,7 +331,7 @@ async def _decoding(state: TurnStream) -> None:
     """The first token is out: the turn is decoding, and the monitoring sampler, which reads an idle rig less often,
     hears of it and samples the rig at once. Not sooner: a sample while the backend reads the prompt would take a
     core from it, on the turn's time to first token."""
-    await db_async(_gated(services.turn_mark_decoding))(turn_id=state.turn.pk)
+    await db_async(gated(services.turn_mark_decoding))(turn_id=state.turn.pk)
     try:
         await events.rig_decoding(rig_id=state.turn.session.rig_id)
     except Exception as exc:  # without it the sampler still finds the turn at its next idle tick
@@ -502,13 +497,13 @@ async def _consume(state: TurnStream, queue: asyncio.Queue[Any], conf: RigDashCo
             raise TurnTimeout(f"The backend sent nothing for {limit:g} s while waiting for {phase}.")
         if now - state.last_checkpoint >= conf.checkpoint_interval_s:
             state.last_checkpoint = now
-            await db_async(_gated(services.turn_checkpoint))(turn_id=state.turn.pk, reply_text=state.text)
+            await db_async(gated(services.turn_checkpoint))(turn_id=state.turn.pk, reply_text=state.text)
 
 
 _redis_clients: dict[int, aioredis.Redis] = {}
 
 
-def _redis_for_loop() -> aioredis.Redis:
+def redis_for_loop() -> aioredis.Redis:
     loop_id = id(asyncio.get_running_loop())
     if loop_id not in _redis_clients:
         _redis_clients[loop_id] = aioredis.Redis.from_url(settings.REDIS_URL)
@@ -532,7 +527,7 @@ P = ParamSpec("P")
 R = TypeVar("R")
 
 
-def _gated(fn: Callable[P, R]) -> Callable[P, R]:
+def gated(fn: Callable[P, R]) -> Callable[P, R]:
     """``fn``, run under this process's write gate (see ``_gate``)."""
 
     @functools.wraps(fn)
@@ -567,157 +562,3 @@ class PromptState:
         if not self._sending:
             self._task.cancel()
         await asyncio.gather(self._task, return_exceptions=True)
-
-
-def _chat_request(model: str, messages: list[dict[str, str]], max_tokens: int, params: dict[str, Any]) -> ChatRequest:
-    return ChatRequest(
-        model=model,
-        messages=messages,
-        max_tokens=max_tokens,
-        temperature=params.get("temperature"),
-        top_p=params.get("top_p"),
-        seed=params.get("seed"),
-    )
-
-
-async def run_claimed_turn(
-    turn: Turn,
-    messages: list[dict[str, str]],
-    budget: quotas.TurnBudget | services.InvalidInput,
-    opened: OpenedStream | None = None,
-) -> None:
-    """Send the backend request first (unless it went out before the claim: ``opened``); everything else about
-    the start happens while the prompt is read. ``budget``: the reply's token cap, or why the turn cannot run (a
-    quota leaves it no tokens; its start ticket disagrees with it): it then ends as failed with that reason."""
-    rig_id = turn.session.rig_id
-    prompt_state = PromptState(turn, settings.RIGDASH.flush_interval_ms / 1000)
-    started_row = asyncio.create_task(db_async(board.publish_turn, thread_sensitive=False)(turn.pk))  # the board
-    if isinstance(budget, services.InvalidInput):
-        exc = budget
-        if opened is not None:
-            await opened.close()
-        outcome = services.TurnOutcome(
-            status=Turn.Status.FAILED,
-            reply_text="",
-            finish_reason=exc.code,
-            stats={"output_events": 0},
-            error=exc.message,
-        )
-    else:
-        request = _chat_request(turn.session.model_name, messages, budget.max_tokens, turn.params or {})
-        outcome = await stream_turn(
-            turn,
-            request,
-            _redis_for_loop(),
-            context_quota=budget.context_limit,
-            prompt_state=prompt_state,
-            opened=opened,
-        )
-    await prompt_state.settle()
-    await started_row  # the board's "started" row goes out before the end
-    stored = await db_async(_gated(services.turn_finish))(turn=turn, outcome=outcome)
-    if not stored:
-        log.warning("turn %s had already ended when its worker finished", turn.pk)
-        return
-    await db_async(turn.refresh_from_db)()
-    # The board hears of the end and the next waiting turn gets the slot before the page hears of it.
-    await db_async(_gated(dispatch.turn_released))(turn_id=turn.pk, rig_id=rig_id)
-    snapshot = await db_async(turn_snapshot)(turn)
-    await events.turn_end(session_id=turn.session_id, turn=snapshot, seq=outcome.stats["output_events"])
-    await db_async(live.forget)(turn.pk)
-
-
-# Where each rig's requests go, as this process last read it from the database: a ticketed turn's request goes
-# there before its claim reads the rig again (a ticket never says where to connect). Kind and base URL by rig id.
-_rigs_seen: dict[int, tuple[str, str]] = {}
-
-
-async def run_ticketed_turn(
-    ticket: StartTicket, seen: tuple[str, str], claim: concurrent.futures.Future[services.ClaimedTurn | None]
-) -> None:
-    """Send a ticketed turn's backend request, then wait for its claim (running beside it on the claim thread).
-    Not claimed (cancelled, or another delivery's): the request is closed and nothing of it was published. The rig
-    moved since this process last saw it: the request is closed and sent again where the rig is now."""
-    kind, base_url = seen
-    request = _chat_request(ticket.model, ticket.messages, ticket.max_tokens, ticket.params)
-    opened = open_stream(Rig(pk=ticket.rig_id, kind=kind, base_url=base_url), request)
-    try:
-        claimed = await asyncio.wrap_future(claim)
-    except BaseException:
-        await opened.close()
-        raise
-    keep = claimed is not None and _where(claimed.turn.session.rig) == seen
-    if not keep:
-        await opened.close()
-    if claimed is not None:
-        await run_claimed_turn(claimed.turn, claimed.messages, claimed.budget, opened=opened if keep else None)
-
-
-def _where(rig: Rig) -> tuple[str, str]:
-    return rig.kind, rig.base_url
-
-
-def turn_run(turn_id: int) -> str:
-    """Claim and run a turn once. Returns what happened (a second delivery of the task is a no-op)."""
-    return turns_run([turn_id])[turn_id]
-
-
-def turns_run(turn_ids: list[int], tickets: Any = None) -> dict[int, str]:
-    """Claim the turns a dispatch handed out together and run them at once on this process's loop; for each:
-    "ran", or "not-claimed" when it was not waiting any more (a second delivery is a no-op).
-
-    ``tickets``: the message's start tickets (inference/tickets.py). A ticketed turn on a rig this process knows
-    has its backend request sent before the claim, which runs beside it; the rest start once claimed."""
-    from inference import aio
-
-    ticketed = tickets_by_turn(tickets, turn_ids)
-    early: dict[int, tuple[concurrent.futures.Future[services.ClaimedTurn | None], concurrent.futures.Future[None]]]
-    early = {}
-    for turn_id, ticket in ticketed.items():
-        if (seen := _rigs_seen.get(ticket.rig_id)) is not None:
-            claim: concurrent.futures.Future[services.ClaimedTurn | None] = concurrent.futures.Future()
-            early[turn_id] = claim, aio.start(run_ticketed_turn(ticket, seen, claim))
-    try:
-        started = _claim_thread().submit(_claim, turn_ids, ticketed).result()
-    except BaseException as exc:
-        for claim, _ in early.values():
-            claim.set_exception(exc)
-        raise
-    for claimed in started.values():
-        if claimed is not None:
-            _rigs_seen[claimed.turn.session.rig_id] = _where(claimed.turn.session.rig)
-    for turn_id, (claim, _) in early.items():
-        claim.set_result(started[turn_id])
-    runs = [run for _, run in early.values()]
-    runs += [
-        aio.start(run_claimed_turn(c.turn, c.messages, c.budget))
-        for turn_id, c in started.items()
-        if c is not None and turn_id not in early
-    ]
-    for run in runs:
-        run.result()  # a run that breaks before the end is reaped later
-    return {turn_id: "not-claimed" if started[turn_id] is None else "ran" for turn_id in turn_ids}
-
-
-_claims: tuple[int, concurrent.futures.ThreadPoolExecutor] | None = None
-_claims_lock = threading.Lock()
-
-
-def _claim_thread() -> concurrent.futures.ThreadPoolExecutor:
-    """The one thread of this process that claims turns. Its database connection stays open between turns; a task
-    thread's was new at nearly every turn, since Celery's thread pool hands each task to the next of its threads,
-    and opening one cost 0.6 ms on SQLite and 6 ms on PostgreSQL here, on every turn's time to first token
-    (docs/benchmarks.md). Made again after a fork (a prefork pool's children)."""
-    global _claims
-    with _claims_lock:
-        if _claims is None or _claims[0] != os.getpid():
-            _claims = os.getpid(), concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="rigdash-claim")
-        return _claims[1]
-
-
-def _claim(turn_ids: list[int], tickets: dict[int, StartTicket]) -> dict[int, services.ClaimedTurn | None]:
-    close_old_connections()  # as Celery and Channels do around a unit of work: drop a connection past its age
-    try:
-        return _gated(services.turns_start)(turn_ids=turn_ids, worker=WORKER_ID, tickets=tickets)
-    finally:
-        close_old_connections()

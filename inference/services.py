@@ -318,7 +318,7 @@ def _turn_claim_values(worker: str) -> dict[str, Any]:
 
 def _turns_claim_ticketed(*, tickets: Sequence[StartTicket], worker: str) -> dict[int, ClaimedTurn | None]:
     """Claim ticketed turns: one conditional UPDATE per distinct cap, then one read of what this claim got, with
-    sessions and rigs. The worker's request already went out (runner.run_ticketed_turn), so neither is on the
+    sessions and rigs. The worker's request already went out (starts.run_ticketed_turn), so neither is on the
     turn's time to first token. A turn whose ticket says otherwise than that read (a bug, or a message changed
     on its way) is claimed and fails, rather than run a prompt it was not given."""
     from inference import quotas  # it imports this module

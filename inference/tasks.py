@@ -6,17 +6,17 @@ from typing import Any
 
 from celery import shared_task
 
-from inference import dispatch, model_admin, runner, services
+from inference import dispatch, model_admin, services, starts
 
 
 @shared_task(name="inference.turn_run")
 def turn_run_task(turn_id: int) -> str:
-    return runner.turn_run(turn_id)
+    return starts.turn_run(turn_id)
 
 
 @shared_task(name="inference.turns_run")
 def turns_run_task(turn_ids: list[int], tickets: list[dict[str, Any]] | None = None) -> dict[int, str]:
-    return runner.turns_run(turn_ids, tickets=tickets)
+    return starts.turns_run(turn_ids, tickets=tickets)
 
 
 @shared_task(name="inference.turn_reap_stale")

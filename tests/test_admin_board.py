@@ -10,7 +10,7 @@ import pytest
 from asgiref.sync import sync_to_async
 from django.test import Client
 
-from inference import board, runner, services
+from inference import board, services, starts
 from inference.models import AuditLog, Turn
 from tests.adminkit import make_session, quiet
 from tests.conftest import llama_busy_slots, session_cookie_for
@@ -109,7 +109,7 @@ async def test_admin_cancels_a_waiting_turn_and_no_later_delivery_runs_it(owner,
     assert row["turn"]["id"] == turn.pk
     await chat.close()
     await sock.close()
-    assert await sync_to_async(runner.turn_run)(turn.pk) == "not-claimed"  # the DB flag, not a memory revoke
+    assert await sync_to_async(starts.turn_run)(turn.pk) == "not-claimed"  # the DB flag, not a memory revoke
     entry = await AuditLog.objects.aget()
     assert (entry.actor_name, entry.action, entry.target) == ("admin", "turn.cancel", f"turn:{turn.pk}")
     assert entry.detail == {"owner": "owner", "session": session.pk, "status_before": "queued"}

@@ -11,7 +11,7 @@ import pytest
 from django.db import connection
 from django.test import Client
 
-from inference import dispatch, events, runner, services
+from inference import dispatch, events, services, starts
 from inference.dispatch import Waiting, fair_order
 from inference.models import Turn
 from tests.adminkit import make_session, make_user
@@ -85,8 +85,8 @@ def test_a_task_delivered_for_a_waiting_turn_runs_it_once_and_lost_tasks_are_res
     Turn.objects.filter(pk=turn.pk).update(dispatched_at=old - timedelta(minutes=10))
     assert dispatch.dispatch_resend_stale(older_than_s=120) == [turn.pk]
     assert dispatch.dispatch_resend_stale(older_than_s=120) == []  # resent once, not every pass
-    assert runner.turn_run(turn.pk) == "ran"
-    assert runner.turn_run(turn.pk) == "not-claimed"
+    assert starts.turn_run(turn.pk) == "ran"
+    assert starts.turn_run(turn.pk) == "not-claimed"
 
 
 @pytest.mark.llama

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from inference import live, runner, services
+from inference import live, services, starts
 from inference.models import ChatSession, Rig, Turn
 from rigdash.launcher import ROOT
 
@@ -21,7 +21,7 @@ def test_backend_hung_before_first_token_fails_the_turn_after_the_timeout(owner,
     rig = Rig.objects.create(name="hung", kind="llamacpp", base_url=silent_server, queue="rig.hung")
     session = ChatSession.objects.create(owner=owner, rig=rig, model_name="m")
     turn = Turn.objects.create(session=session, user_text="hello")
-    assert runner.turn_run(turn.pk) == "ran"
+    assert starts.turn_run(turn.pk) == "ran"
     turn.refresh_from_db()
     assert turn.status == Turn.Status.FAILED
     assert turn.finish_reason == "timeout"

@@ -10,7 +10,7 @@ from django.core.exceptions import ValidationError
 from django.test import Client
 from django.utils import timezone
 
-from inference import quotas, runner, services
+from inference import quotas, services, starts
 from inference.forms import QuotaForm
 from inference.models import AuditLog, Quota, Turn
 from inference.quotas import Limits, limits_merge
@@ -212,19 +212,19 @@ def test_running_turn_is_capped_by_the_per_reply_limit_and_todays_allowance(owne
     session = make_session(owner, rig, model_name)
     story = "Write a long story about a lighthouse."
     turn = Turn.objects.create(session=session, user_text=story, params={"temperature": 0.7, "seed": 1})
-    assert runner.turn_run(turn.pk) == "ran"
+    assert starts.turn_run(turn.pk) == "ran"
     turn.refresh_from_db()
     assert (turn.status, turn.finish_reason, turn.token_cap) == (Turn.Status.DONE, "length", 12)
     assert turn.output_tokens == 12 == turn.stats["backend_timings"]["predicted_n"]
     # 12 used + 983 from an earlier turn today: 5 tokens are left, so the next reply gets 5.
     _done_turn(session, output_tokens=983, started_at=timezone.now())
     second = Turn.objects.create(session=session, user_text=story, params={"temperature": 0.7, "seed": 2})
-    assert runner.turn_run(second.pk) == "ran"
+    assert starts.turn_run(second.pk) == "ran"
     second.refresh_from_db()
     assert (second.finish_reason, second.token_cap, second.output_tokens) == ("length", 5, 5)
     # Nothing left: a turn that waited while the allowance ran out fails before reaching the backend.
     third = Turn.objects.create(session=session, user_text=story)
-    assert runner.turn_run(third.pk) == "ran"
+    assert starts.turn_run(third.pk) == "ran"
     third.refresh_from_db()
     assert (third.status, third.finish_reason) == (Turn.Status.FAILED, "quota_output_tokens_per_day")
     assert "resets at 00:00 UTC" in third.error and third.reply_text == ""
@@ -237,7 +237,7 @@ def test_backend_prompt_count_over_the_context_limit_stops_the_turn(owner, rig, 
     Quota.objects.create(user=owner, max_context_tokens=20)
     session = make_session(owner, rig, model_name)
     turn = Turn.objects.create(session=session, user_text="hi", params={"max_tokens": 200})
-    assert runner.turn_run(turn.pk) == "ran"
+    assert starts.turn_run(turn.pk) == "ran"
     turn.refresh_from_db()
     assert (turn.status, turn.finish_reason) == (Turn.Status.FAILED, "quota_context_tokens")
     assert "the backend's count" in turn.error and "limit is 20 tokens" in turn.error

@@ -7,7 +7,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 from django.db import connection
 
-from inference import runner
+from inference import starts
 from inference.models import Turn
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.llama]
@@ -15,7 +15,7 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.llama]
 
 def _run(turn_id: int) -> str:
     try:
-        return runner.turn_run(turn_id)
+        return starts.turn_run(turn_id)
     finally:
         connection.close()
 
@@ -29,7 +29,7 @@ def test_task_delivered_twice_at_once_runs_the_turn_once(chat_session):
     turn.refresh_from_db()
     assert turn.status == Turn.Status.DONE
     assert turn.reply_text
-    assert runner.turn_run(turn.pk) == "not-claimed"  # a late redelivery after the end
+    assert starts.turn_run(turn.pk) == "not-claimed"  # a late redelivery after the end
     turn.refresh_from_db()
     assert turn.status == Turn.Status.DONE
 
@@ -39,6 +39,6 @@ def test_cancelled_queued_turn_is_never_run(chat_session):
 
     turn = Turn.objects.create(session=chat_session, user_text="Say yes.")
     services.turn_cancel(turn=turn)
-    assert runner.turn_run(turn.pk) == "not-claimed"
+    assert starts.turn_run(turn.pk) == "not-claimed"
     turn.refresh_from_db()
     assert (turn.status, turn.finish_reason, turn.reply_text) == (Turn.Status.CANCELLED, "cancelled", "")

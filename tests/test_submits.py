@@ -17,7 +17,7 @@ import redis
 from asgiref.sync import sync_to_async
 from django.http import Http404
 
-from inference import runner, services, submits
+from inference import services, starts, submits
 from inference.models import ChatSession, Rig, Turn
 from tests.adminkit import make_session, make_user
 
@@ -99,7 +99,7 @@ async def test_a_failing_store_fails_every_submit_of_its_batch_and_the_next_batc
 @pytest.mark.django_db(transaction=True)
 def test_turns_handed_out_together_go_in_one_task_and_the_worker_runs_them_together(rig, model_name, owner, settings):
     """A burst's dispatch sends one Celery message for all its turns (read back from the real broker list), and
-    runner.turns_run claims and runs them at once against the real llama-server; a second delivery is a no-op."""
+    starts.turns_run claims and runs them at once against the real llama-server; a second delivery is a no-op."""
     rig.slots, rig.queue = 3, f"rig.nobody-listens.{rig.pk}"
     rig.save()
     broker = redis.Redis.from_url(settings.CELERY_BROKER_URL)
@@ -116,11 +116,11 @@ def test_turns_handed_out_together_go_in_one_task_and_the_worker_runs_them_toget
     assert messages[0]["headers"]["task"] == "inference.turns_run"
     assert json.loads(base64.b64decode(messages[0]["body"]))[0] == [ids]
     Turn.objects.filter(pk__in=ids).update(params={"max_tokens": 4})
-    assert runner.turns_run(ids) == dict.fromkeys(ids, "ran")
+    assert starts.turns_run(ids) == dict.fromkeys(ids, "ran")
     done = list(Turn.objects.filter(pk__in=ids).values_list("status", "worker", "token_cap"))
     assert {status for status, _, _ in done} == {Turn.Status.DONE}
     assert len({worker for _, worker, _ in done}) == 1 and all(cap == 4 for _, _, cap in done)
-    assert runner.turns_run(ids) == dict.fromkeys(ids, "not-claimed")
+    assert starts.turns_run(ids) == dict.fromkeys(ids, "not-claimed")
     broker.delete(rig.queue)
 
 
@@ -291,7 +291,7 @@ def test_claims_from_different_task_threads_go_through_one_thread_with_its_conne
     monkeypatch.setattr(services, "turns_start", spying_start)
     results: list[dict[int, str]] = []
     for _ in range(2):  # no such turn: each task claims nothing, after reading
-        task_thread = threading.Thread(target=lambda: results.append(runner.turns_run([987654])))
+        task_thread = threading.Thread(target=lambda: results.append(starts.turns_run([987654])))
         task_thread.start()
         task_thread.join(timeout=30)
     assert results == [{987654: "not-claimed"}] * 2

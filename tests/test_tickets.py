@@ -16,7 +16,7 @@ import redis
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from inference import live, runner, services
+from inference import live, services, starts
 from inference.models import Quota, Rig, Turn
 from inference.tickets import StartTicket, ticket_from_message, tickets_by_turn
 from tests.adminkit import make_session, make_user, quiet
@@ -52,7 +52,7 @@ def _handed_out(
     turn = _submit(owner, make_session(owner, rig, model_name), text, {"max_tokens": max_tokens})
     [kwargs] = _task_kwargs(rig.queue)
     redis.Redis.from_url(_broker_url()).delete(rig.queue)
-    monkeypatch.setitem(runner._rigs_seen, rig.pk, (rig.kind, rig.base_url))
+    monkeypatch.setitem(starts._rigs_seen, rig.pk, (rig.kind, rig.base_url))
     return turn, kwargs["tickets"]
 
 
@@ -160,12 +160,12 @@ def test_a_ticketed_turns_request_reaches_the_backend_before_its_claim(rig, mode
         return result
 
     monkeypatch.setattr(services, "_turns_claim_ticketed", claim_once_the_backend_has_it)
-    assert runner.turns_run([turn.pk], tickets=tickets) == {turn.pk: "ran"}
+    assert starts.turns_run([turn.pk], tickets=tickets) == {turn.pk: "ran"}
     assert statements == [2]
     done = Turn.objects.get(pk=turn.pk)
-    assert (done.status, done.token_cap, done.worker) == (Turn.Status.DONE, 4, runner.WORKER_ID)
+    assert (done.status, done.token_cap, done.worker) == (Turn.Status.DONE, 4, starts.WORKER_ID)
     assert done.reply_text and done.output_tokens == 4
-    assert runner.turns_run([turn.pk], tickets=tickets) == {turn.pk: "not-claimed"}  # delivered twice
+    assert starts.turns_run([turn.pk], tickets=tickets) == {turn.pk: "not-claimed"}  # delivered twice
 
 
 @pytest.mark.llama
@@ -182,7 +182,7 @@ def test_a_ticketed_turn_cancelled_before_its_claim_has_its_request_closed_and_p
         return real_claim(**kwargs)
 
     monkeypatch.setattr(services, "_turns_claim_ticketed", cancel_then_claim)
-    assert runner.turns_run([turn.pk], tickets=tickets) == {turn.pk: "not-claimed"}
+    assert starts.turns_run([turn.pk], tickets=tickets) == {turn.pk: "not-claimed"}
     assert Turn.objects.get(pk=turn.pk).status == Turn.Status.CANCELLED
     assert live.snapshot(turn.pk).seq == 0  # no batch of its reached the live list (or its page)
     wait_until(lambda: llama_busy_slots(rig.base_url) == 0, timeout_s=10, what="llama-server to drop the request")
@@ -194,11 +194,11 @@ def test_a_ticketed_turn_on_a_rig_that_moved_is_sent_again_where_the_rig_is_now(
     """The process last saw the rig elsewhere (an admin changed its address since): the early request fails or
     goes to the wrong place, and the claim's read of the rig sends it again to the right one."""
     turn, tickets = _handed_out(monkeypatch, rig, owner, model_name, "Count from one to fifty, in words.", 3)
-    monkeypatch.setitem(runner._rigs_seen, rig.pk, (rig.kind, "http://127.0.0.1:9"))  # nothing listens there
-    assert runner.turns_run([turn.pk], tickets=tickets) == {turn.pk: "ran"}
+    monkeypatch.setitem(starts._rigs_seen, rig.pk, (rig.kind, "http://127.0.0.1:9"))  # nothing listens there
+    assert starts.turns_run([turn.pk], tickets=tickets) == {turn.pk: "ran"}
     done = Turn.objects.get(pk=turn.pk)
     assert (done.status, done.output_tokens) == (Turn.Status.DONE, 3), (done.status, done.error)
-    assert runner._rigs_seen[rig.pk] == (rig.kind, rig.base_url)
+    assert starts._rigs_seen[rig.pk] == (rig.kind, rig.base_url)
 
 
 @pytest.mark.llama
@@ -207,7 +207,7 @@ def test_a_ticket_is_not_needed_a_turn_without_one_or_with_a_broken_one_starts_f
     rig, model_name, owner, monkeypatch
 ):
     turn, _ = _handed_out(monkeypatch, rig, owner, model_name, "Count from one to fifty, in words.", 2)
-    assert runner.turns_run([turn.pk], tickets=[{"turn_id": turn.pk, "model": 5}]) == {turn.pk: "ran"}
+    assert starts.turns_run([turn.pk], tickets=[{"turn_id": turn.pk, "model": 5}]) == {turn.pk: "ran"}
     done = Turn.objects.get(pk=turn.pk)
     assert (done.status, done.token_cap, done.output_tokens) == (Turn.Status.DONE, 2, 2)
 
@@ -223,8 +223,8 @@ def test_a_ticket_that_says_otherwise_than_the_stored_turn_fails_it_instead_of_r
     turn, [forged] = _handed_out(monkeypatch, rig, owner, model_name, "Say hello.", 8)
     forged["messages"][-1]["content"] = "Write a poem about something else."
     if not early:
-        monkeypatch.delitem(runner._rigs_seen, rig.pk)
-    assert runner.turns_run([turn.pk], tickets=[forged]) == {turn.pk: "ran"}
+        monkeypatch.delitem(starts._rigs_seen, rig.pk)
+    assert starts.turns_run([turn.pk], tickets=[forged]) == {turn.pk: "ran"}
     failed = Turn.objects.get(pk=turn.pk)
     assert (failed.status, failed.finish_reason, failed.reply_text) == (Turn.Status.FAILED, "ticket_mismatch", "")
     assert "did not match" in failed.error
