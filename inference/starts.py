@@ -24,6 +24,7 @@ from inference.tickets import StartTicket, tickets_by_turn
 
 log = logging.getLogger(__name__)
 WORKER_ID = f"{socket.gethostname()}:{os.getpid()}"
+Claim = concurrent.futures.Future[services.ClaimedTurn | None]  # a turn's claim: what it got, or None (not claimed)
 
 
 def _chat_request(model: str, messages: list[dict[str, str]], max_tokens: int, params: dict[str, Any]) -> ChatRequest:
@@ -89,9 +90,7 @@ async def run_claimed_turn(
 _rigs_seen: dict[int, tuple[str, str]] = {}
 
 
-async def run_ticketed_turn(
-    ticket: StartTicket, seen: tuple[str, str], claim: concurrent.futures.Future[services.ClaimedTurn | None]
-) -> None:
+async def run_ticketed_turn(ticket: StartTicket, seen: tuple[str, str], claim: Claim) -> None:
     """Send a ticketed turn's backend request, then wait for its claim (running beside it on the claim thread).
     Not claimed (cancelled, or another delivery's): the request is closed and nothing of it was published. The rig
     moved since this process last saw it: the request is closed and sent again where the rig is now."""
@@ -128,11 +127,10 @@ def turns_run(turn_ids: list[int], tickets: Any = None) -> dict[int, str]:
     from inference import aio
 
     ticketed = tickets_by_turn(tickets, turn_ids)
-    early: dict[int, tuple[concurrent.futures.Future[services.ClaimedTurn | None], concurrent.futures.Future[None]]]
-    early = {}
+    early: dict[int, tuple[Claim, concurrent.futures.Future[None]]] = {}
     for turn_id, ticket in ticketed.items():
         if (seen := _rigs_seen.get(ticket.rig_id)) is not None:
-            claim: concurrent.futures.Future[services.ClaimedTurn | None] = concurrent.futures.Future()
+            claim: Claim = concurrent.futures.Future()
             early[turn_id] = claim, aio.start(run_ticketed_turn(ticket, seen, claim))
     try:
         started = _claim_thread().submit(_claim, turn_ids, ticketed).result()

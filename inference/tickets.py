@@ -59,7 +59,9 @@ def ticket_from_message(raw: Any) -> StartTicket | None:
     except TypeError:
         valid = False
     if not valid:
-        log.warning("a start ticket that is not one was ignored: %.200r", raw)
+        # Not its text: a ticket holds a conversation, which has no place in a log.
+        turn = raw.get("turn_id") if isinstance(raw, Mapping) else None
+        log.warning("a start ticket that is not one was ignored (a %s, turn %.20r)", type(raw).__name__, turn)
         return None
     return ticket
 
