@@ -46,12 +46,11 @@ def ticket_from_message(raw: Any) -> StartTicket | None:
     try:
         ticket = StartTicket(**raw)
         valid = (
-            all(isinstance(v, int) and not isinstance(v, bool) for v in (ticket.turn_id, ticket.rig_id))
+            all(_is_int(v) for v in (ticket.turn_id, ticket.rig_id, ticket.max_tokens))
             and isinstance(ticket.model, str)
             and isinstance(ticket.params, dict)
-            and isinstance(ticket.max_tokens, int)
             and ticket.max_tokens > 0
-            and (ticket.context_limit is None or isinstance(ticket.context_limit, int))
+            and (ticket.context_limit is None or _is_int(ticket.context_limit))
             and isinstance(ticket.messages, list)
             and all(_is_message(m) for m in ticket.messages)
             and bool(ticket.messages)
@@ -64,6 +63,10 @@ def ticket_from_message(raw: Any) -> StartTicket | None:
         log.warning("a start ticket that is not one was ignored (a %s, turn %.20r)", type(raw).__name__, turn)
         return None
     return ticket
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)  # JSON's true is not a count
 
 
 def _is_message(message: Any) -> bool:

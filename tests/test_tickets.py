@@ -129,6 +129,8 @@ def test_a_ticket_that_is_not_one_is_ignored():
         {**good, "turn_id": "1"},
         {**good, "turn_id": True},
         {**good, "max_tokens": 0},
+        {**good, "max_tokens": True},
+        {**good, "context_limit": False},
         {**good, "messages": []},
         {**good, "messages": [{"role": "user"}]},
         {**good, "messages": [{"role": "user", "content": 3}]},
