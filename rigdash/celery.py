@@ -6,7 +6,8 @@ import os
 from typing import Any
 
 from celery import Celery
-from celery.signals import worker_init
+from celery.signals import task_postrun, task_prerun, worker_init
+from django.db import close_old_connections
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "rigdash.settings")
 
@@ -31,3 +32,11 @@ def preload_before_fork(**_: Any) -> None:
     from inference.backends import llamacpp
 
     llamacpp.tls_context()
+
+
+@task_prerun.connect
+@task_postrun.connect
+def close_stale_connections(**_: Any) -> None:
+    """Around each task, close this thread's database connections that are past CONN_MAX_AGE or broken, as Django
+    does around a request. Celery's fix-up would close them all (settings.CELERY_DB_REUSE_MAX says why not)."""
+    close_old_connections()

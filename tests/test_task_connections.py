@@ -1,0 +1,52 @@
+"""A Celery task thread keeps its database connection between tasks, and still drops one past its age.
+
+Celery's Django fix-up (the real one, as the worker installs it at start) listens to ``task_prerun`` and
+``task_postrun``. The worker sends those in the task's thread; here the test sends them by hand in its own thread,
+around a real statement on the test database, because the test worker runs with CONN_MAX_AGE=0 (so that the test
+database can be dropped) and would close every connection anyway.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import pytest
+from celery.fixups.django import DjangoWorkerFixup
+from celery.signals import task_postrun, task_prerun
+from django.db import connection
+
+from inference.models import Rig
+from inference.tasks import dispatch_all_task
+from rigdash.celery import app
+
+
+@pytest.fixture
+def worker_fixup() -> Iterator[DjangoWorkerFixup]:
+    fixup = DjangoWorkerFixup(app).install()
+    try:
+        yield fixup
+    finally:
+        task_prerun.disconnect(fixup.on_task_prerun)
+        task_postrun.disconnect(fixup.on_task_postrun)
+
+
+def _run_task_body() -> None:
+    task_prerun.send(sender=dispatch_all_task, task_id="t", task=dispatch_all_task, args=(), kwargs={})
+    Rig.objects.count()  # the task's statement
+    task_postrun.send(sender=dispatch_all_task, task_id="t", task=dispatch_all_task, args=(), kwargs={}, retval=None)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_task_thread_reuses_its_connection_until_it_is_too_old(worker_fixup, monkeypatch):
+    monkeypatch.setitem(connection.settings_dict, "CONN_MAX_AGE", 60)
+    connection.close()
+    connection.ensure_connection()
+    first = connection.connection
+    for _ in range(5):  # the beat's dispatch every 5 s, for 25 s
+        _run_task_body()
+    assert connection.connection is first, "a task closed its thread's connection"
+
+    connection.close_at = time.monotonic() - 1  # past CONN_MAX_AGE
+    task_prerun.send(sender=dispatch_all_task, task_id="t", task=dispatch_all_task, args=(), kwargs={})
+    assert connection.connection is None, "a connection past its age outlived a task"
