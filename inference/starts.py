@@ -159,10 +159,11 @@ _claims_lock = threading.Lock()
 
 
 def _claim_thread() -> concurrent.futures.ThreadPoolExecutor:
-    """The one thread of this process that claims turns. Its database connection stays open between turns; a task
-    thread's was new at nearly every turn, since Celery's thread pool hands each task to the next of its threads,
-    and opening one cost 0.6 ms on SQLite and 6 ms on PostgreSQL here, on every turn's time to first token
-    (docs/benchmarks.md). Made again after a fork (a prefork pool's children)."""
+    """The one thread of this process that claims turns. Its database connection stays open between turns. A task
+    thread's was new at nearly every turn: Celery's Django fix-up closed it around every task (since mended in
+    rigdash.celery), and a pool of 16 threads would still open 16. Opening one cost 0.6 ms on SQLite and 6 ms on
+    PostgreSQL here, on a turn's time to first token (docs/benchmarks.md). Made again after a fork (a prefork
+    pool's children)."""
     global _claims
     with _claims_lock:
         if _claims is None or _claims[0] != os.getpid():

@@ -274,9 +274,10 @@ def test_a_turn_whose_task_cannot_be_sent_goes_back_to_waiting_and_is_handed_out
 
 @pytest.mark.django_db(transaction=True)
 def test_claims_from_different_task_threads_go_through_one_thread_with_its_connection_kept(monkeypatch):
-    """Celery's thread pool hands each task to the next of its threads, whose database connection was new at
-    nearly every turn (6 ms on PostgreSQL here, on the time to first token). The runner claims on its one claim
-    thread instead: two tasks on two threads claim on the same thread, and the second finds its connection open."""
+    """A task thread's database connection was new at nearly every turn (6 ms on PostgreSQL here, on the time to
+    first token): Celery's fix-up closed it around each task, and each of the pool's threads has its own. The runner
+    claims on its one claim thread instead: two tasks on two threads claim on the same thread, and the second finds
+    its connection open."""
     import threading
 
     from django.db import connection
