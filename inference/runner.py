@@ -377,10 +377,13 @@ class OpenedStream:
         await self.backend_iter.aclose()
 
 
-def open_stream(rig: Rig, request: ChatRequest) -> OpenedStream:
-    """Send the backend request (on the running loop) and start reading its stream."""
+def open_stream(rig: Rig, request: ChatRequest, *, on_sent: Callable[[], None] | None = None) -> OpenedStream:
+    """Send the backend request (on the running loop) and start reading its stream. ``on_sent``: called once the
+    request is written (the backend plug-in's ``stream_chat``)."""
     gate = _LateGate()
-    backend_iter = cast(AsyncGenerator[StreamChunk, None], backend_for(rig).stream_chat(request, read_gate=gate))
+    backend_iter = cast(
+        AsyncGenerator[StreamChunk, None], backend_for(rig).stream_chat(request, read_gate=gate, on_sent=on_sent)
+    )
     queue: asyncio.Queue[Any] = asyncio.Queue()
     pump = asyncio.create_task(_pump(backend_iter, queue))
     return OpenedStream(backend_iter=backend_iter, queue=queue, pump=pump, gate=gate, t_request=time.perf_counter())

@@ -25,6 +25,7 @@ from inference.tickets import StartTicket, tickets_by_turn
 log = logging.getLogger(__name__)
 WORKER_ID = f"{socket.gethostname()}:{os.getpid()}"
 Claim = concurrent.futures.Future[services.ClaimedTurn | None]  # a turn's claim: what it got, or None (not claimed)
+SENT_WAIT_S = 1.0  # the longest a claim waits for its ticketed requests to be written (a rig that does not answer)
 
 
 def _chat_request(model: str, messages: list[dict[str, str]], max_tokens: int, params: dict[str, Any]) -> ChatRequest:
@@ -90,13 +91,26 @@ async def run_claimed_turn(
 _rigs_seen: dict[int, tuple[str, str]] = {}
 
 
-async def run_ticketed_turn(ticket: StartTicket, seen: tuple[str, str], claim: Claim) -> None:
-    """Send a ticketed turn's backend request, then wait for its claim (running beside it on the claim thread).
-    Not claimed (cancelled, or another delivery's): the request is closed and nothing of it was published. The rig
-    moved since this process last saw it: the request is closed and sent again where the rig is now."""
+async def run_ticketed_turn(
+    ticket: StartTicket, seen: tuple[str, str], claim: Claim, sent: concurrent.futures.Future[None] | None = None
+) -> None:
+    """Send a ticketed turn's backend request, then wait for its claim (on the claim thread). ``sent`` is set once
+    the request is written, or could not be. Not claimed (cancelled, or another delivery's): the request is closed
+    and nothing of it was published. The rig moved since this process last saw it: the request is closed and sent
+    again where the rig is now."""
+
+    def mark_sent(*_: Any) -> None:
+        if sent is not None and not sent.done():
+            sent.set_result(None)
+
     kind, base_url = seen
     request = _chat_request(ticket.model, ticket.messages, ticket.max_tokens, ticket.params)
-    opened = runner.open_stream(Rig(pk=ticket.rig_id, kind=kind, base_url=base_url), request)
+    try:
+        opened = runner.open_stream(Rig(pk=ticket.rig_id, kind=kind, base_url=base_url), request, on_sent=mark_sent)
+    except BaseException:
+        mark_sent()
+        raise
+    opened.pump.add_done_callback(mark_sent)  # the request failed before it was written
     try:
         claimed = await asyncio.wrap_future(claim)
     except BaseException:
@@ -128,10 +142,16 @@ def turns_run(turn_ids: list[int], tickets: Any = None) -> dict[int, str]:
 
     ticketed = tickets_by_turn(tickets, turn_ids)
     early: dict[int, tuple[Claim, concurrent.futures.Future[None]]] = {}
+    sent: list[concurrent.futures.Future[None]] = []
     for turn_id, ticket in ticketed.items():
         if (seen := _rigs_seen.get(ticket.rig_id)) is not None:
             claim: Claim = concurrent.futures.Future()
-            early[turn_id] = claim, aio.start(run_ticketed_turn(ticket, seen, claim))
+            sent.append(concurrent.futures.Future())
+            early[turn_id] = claim, aio.start(run_ticketed_turn(ticket, seen, claim, sent[-1]))
+    # The claim waits until those requests are written: begun at once, its ORM work held the GIL while the loop
+    # connected and wrote, and the request went out 2-13 ms after the claim began (docs/benchmarks.md). The
+    # claim still ends long before a first token, which the backend sends after reading the whole prompt.
+    concurrent.futures.wait(sent, timeout=SENT_WAIT_S)
     try:
         started = _claim_thread().submit(_claim, turn_ids, ticketed).result()
     except BaseException as exc:

@@ -81,6 +81,20 @@ def test_list_models_names_the_served_model(target):
     assert all(m.size_bytes is None or m.size_bytes > 0 for m in models)
 
 
+def test_on_sent_is_called_once_before_the_first_chunk(target):
+    """The worker's claim waits for it (inference/starts.py); a plug-in that never called it would hold every
+    claim for SENT_WAIT_S."""
+    request = ChatRequest(model=target.model, messages=[{"role": "user", "content": "Hi."}], max_tokens=4)
+    events: list[str] = []
+
+    async def collect() -> None:
+        async for _chunk in target.backend.stream_chat(request, on_sent=lambda: events.append("sent")):
+            events.append("chunk")
+
+    asyncio.run(collect())
+    assert events.count("sent") == 1 and events[0] == "sent" and "chunk" in events, events
+
+
 def test_stream_is_text_chunks_then_one_final_chunk_with_stats(target):
     request = ChatRequest(
         model=target.model, messages=[{"role": "user", "content": "Name three colours."}], max_tokens=16, temperature=0

@@ -7,8 +7,10 @@ one); the backend is the real llama-server.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
+import time
 from typing import Any
 
 import pytest
@@ -168,6 +170,50 @@ def test_a_ticketed_turns_request_reaches_the_backend_before_its_claim(rig, mode
     assert (done.status, done.token_cap, done.worker) == (Turn.Status.DONE, 4, starts.WORKER_ID)
     assert done.reply_text and done.output_tokens == 4
     assert starts.turns_run([turn.pk], tickets=tickets) == {turn.pk: "not-claimed"}  # delivered twice
+
+
+@pytest.mark.llama
+@pytest.mark.django_db(transaction=True)
+def test_a_ticketed_turns_claim_waits_until_its_request_is_written(rig, model_name, owner, monkeypatch):
+    """Begun at once, the claim's ORM work held the GIL while the loop connected and wrote the request. Here the
+    backend's word that the request is written is held back 0.2 s: the claim begins after it, and the turn runs."""
+    turn, tickets = _handed_out(monkeypatch, rig, owner, model_name, "Count from one to fifty, in words.", 30)
+    real_open, real_claim = starts.runner.open_stream, services._turns_claim_ticketed
+    said_at: list[float] = []
+    claimed_at: list[float] = []
+
+    def open_with_late_word(rig: Any, request: Any, *, on_sent: Any = None) -> Any:
+        def late() -> None:
+            said_at.append(time.monotonic())
+            on_sent()
+
+        loop = asyncio.get_running_loop()
+        return real_open(rig, request, on_sent=lambda: loop.call_later(0.2, late))
+
+    def claim(**kwargs: Any) -> Any:
+        claimed_at.append(time.monotonic())
+        return real_claim(**kwargs)
+
+    monkeypatch.setattr(starts.runner, "open_stream", open_with_late_word)
+    monkeypatch.setattr(services, "_turns_claim_ticketed", claim)
+    assert starts.turns_run([turn.pk], tickets=tickets) == {turn.pk: "ran"}
+    assert len(said_at) == 1 and claimed_at[0] >= said_at[0], "the claim began before the request was written"
+    done = Turn.objects.get(pk=turn.pk)
+    assert (done.status, done.output_tokens) == (Turn.Status.DONE, 30), (done.status, done.error)
+
+
+@pytest.mark.llama
+@pytest.mark.django_db(transaction=True)
+def test_a_ticketed_request_that_cannot_be_sent_does_not_hold_its_claim(rig, model_name, owner, monkeypatch):
+    """Nothing listens where this process last saw the rig: the request fails at once, and the claim goes ahead
+    then rather than after ``SENT_WAIT_S`` (the bound for a rig that does not answer at all)."""
+    turn, tickets = _handed_out(monkeypatch, rig, owner, model_name, "Count from one to fifty, in words.", 2)
+    monkeypatch.setitem(starts._rigs_seen, rig.pk, (rig.kind, "http://127.0.0.1:9"))
+    monkeypatch.setattr(starts, "SENT_WAIT_S", 5.0)
+    began = time.monotonic()
+    assert starts.turns_run([turn.pk], tickets=tickets) == {turn.pk: "ran"}  # sent again where the rig is
+    assert time.monotonic() - began < 5.0
+    assert Turn.objects.get(pk=turn.pk).output_tokens == 2
 
 
 @pytest.mark.llama

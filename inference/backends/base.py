@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 ReadGate = Callable[[], Awaitable[None]]
+OnSent = Callable[[], None]
 
 
 class BackendError(Exception):
@@ -149,13 +150,18 @@ class Backend(ABC):
     async def list_models(self) -> list[ModelInfo]: ...
 
     @abstractmethod
-    def stream_chat(self, request: ChatRequest, *, read_gate: ReadGate | None = None) -> AsyncIterator[StreamChunk]:
+    def stream_chat(
+        self, request: ChatRequest, *, read_gate: ReadGate | None = None, on_sent: OnSent | None = None
+    ) -> AsyncIterator[StreamChunk]:
         """Stream one reply. The last chunk carries ``finish_reason`` and the backend's final ``stats``; earlier
         chunks may carry running stats (llama.cpp sends its timings with every token).
 
         ``read_gate``: after a read from the server that brought text, a plug-in that reads the socket itself may
         await it before reading again, reading nothing meanwhile. The caller returns when it could publish the
-        next batch, so tokens wait in the kernel's buffer instead of waking the process one by one."""
+        next batch, so tokens wait in the kernel's buffer instead of waking the process one by one.
+
+        ``on_sent``: called once the request is written to the server, before the wait for its answer (which may
+        last the whole prompt). A plug-in that cannot see its client's write calls it as the request starts."""
 
     # Optional capabilities: a backend that cannot answer raises BackendNotSupported.
     async def model_architecture(self, model: str) -> ModelArchitecture:

@@ -28,6 +28,7 @@ from inference.backends.base import (
     Health,
     ModelArchitecture,
     ModelInfo,
+    OnSent,
     ReadGate,
     StreamChunk,
 )
@@ -150,7 +151,7 @@ class LlamaCppBackend(Backend):
         return payload
 
     async def stream_chat(
-        self, request: ChatRequest, *, read_gate: ReadGate | None = None
+        self, request: ChatRequest, *, read_gate: ReadGate | None = None, on_sent: OnSent | None = None
     ) -> AsyncIterator[StreamChunk]:
         # The stream is read with the lean client in sse.py (httpx's line iterator was the worker's largest
         # cost per token). No read timeout here: the turn runner enforces first-token and stall timeouts.
@@ -161,6 +162,7 @@ class LlamaCppBackend(Backend):
                 self._payload(request),
                 connect_timeout_s=self.timeout_s,
                 tls=tls_context(),
+                on_sent=on_sent,
             )
         except (OSError, TimeoutError, sse.ProtocolError) as exc:
             raise BackendUnavailable(f"llama-server at {self.base_url} is unreachable: {exc!r}") from exc

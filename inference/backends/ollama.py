@@ -30,6 +30,7 @@ from inference.backends.base import (
     ModelArchitecture,
     ModelInfo,
     ModelNotFound,
+    OnSent,
     PullProgress,
     ReadGate,
     StreamChunk,
@@ -135,11 +136,14 @@ class OllamaBackend(Backend):
         return options
 
     async def stream_chat(
-        self, request: ChatRequest, *, read_gate: ReadGate | None = None
+        self, request: ChatRequest, *, read_gate: ReadGate | None = None, on_sent: OnSent | None = None
     ) -> AsyncIterator[StreamChunk]:
-        # read_gate is not used: the ollama client reads the stream itself.
+        # read_gate is not used: the ollama client reads the stream itself. Nor can on_sent see its write: it is
+        # called as the request starts.
         # No read timeout here: the turn runner enforces first-token and stall timeouts itself.
         client = self._client(read_timeout=None)
+        if on_sent is not None:
+            on_sent()
         try:
             async with client:
                 parts = await client.chat(

@@ -18,7 +18,7 @@ import asyncio
 import contextlib
 import json
 import ssl
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any, cast
 from urllib.parse import urlsplit
@@ -247,14 +247,18 @@ async def post_json_stream(
     connect_timeout_s: float,
     tls: ssl.SSLContext | None = None,
     accept: str = "text/event-stream",
+    on_sent: Callable[[], None] | None = None,
 ) -> SSEResponse:
     """POST ``payload`` as JSON to ``base_url + path`` and return once the response head has arrived.
 
     ``connect_timeout_s`` bounds the connect and the send, not the wait for the head (llama-server sends it
-    once the prompt is processed). Raises OSError, TimeoutError or ProtocolError.
+    once the prompt is processed). ``on_sent`` is called once the request is written, before that wait. Raises
+    OSError, TimeoutError or ProtocolError.
     """
     body = json.dumps(payload, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
-    return await _open("POST", base_url, path, body, accept=accept, connect_timeout_s=connect_timeout_s, tls=tls)
+    return await _open(
+        "POST", base_url, path, body, accept=accept, connect_timeout_s=connect_timeout_s, tls=tls, on_sent=on_sent
+    )
 
 
 async def get(
@@ -279,6 +283,7 @@ async def _open(
     accept: str,
     connect_timeout_s: float,
     tls: ssl.SSLContext | None,
+    on_sent: Callable[[], None] | None = None,
 ) -> SSEResponse:
     url = urlsplit(base_url)
     if url.scheme not in ("http", "https") or not url.hostname:
@@ -304,6 +309,8 @@ async def _open(
         async with asyncio.timeout(connect_timeout_s):
             writer.write(request)
             await writer.drain()
+        if on_sent is not None:
+            on_sent()
         # No limit on the wait for the head: llama-server answers once the prompt is processed, which can
         # take long; the caller's first-token timeout covers it.
         buffer = bytearray()
