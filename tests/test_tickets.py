@@ -176,8 +176,11 @@ def test_a_ticketed_turns_request_reaches_the_backend_before_its_claim(rig, mode
 @pytest.mark.django_db(transaction=True)
 def test_a_ticketed_turns_claim_waits_until_its_request_is_written(rig, model_name, owner, monkeypatch):
     """Begun at once, the claim's ORM work held the GIL while the loop connected and wrote the request. Here the
-    backend's word that the request is written is held back 0.2 s: the claim begins after it, and the turn runs."""
-    turn, tickets = _handed_out(monkeypatch, rig, owner, model_name, "Count from one to fifty, in words.", 30)
+    backend's word that the request is written is held back 0.1 s: the claim begins after it, and the turn runs. (The
+    reply is long enough that its end, which also releases the claim, comes later.)"""
+    turn, tickets = _handed_out(
+        monkeypatch, rig, owner, model_name, "Write a long story about a lighthouse keeper.", 120
+    )
     real_open, real_claim = starts.runner.open_stream, services._turns_claim_ticketed
     said_at: list[float] = []
     claimed_at: list[float] = []
@@ -188,7 +191,7 @@ def test_a_ticketed_turns_claim_waits_until_its_request_is_written(rig, model_na
             on_sent()
 
         loop = asyncio.get_running_loop()
-        return real_open(rig, request, on_sent=lambda: loop.call_later(0.2, late))
+        return real_open(rig, request, on_sent=lambda: loop.call_later(0.1, late))
 
     def claim(**kwargs: Any) -> Any:
         claimed_at.append(time.monotonic())
@@ -199,7 +202,7 @@ def test_a_ticketed_turns_claim_waits_until_its_request_is_written(rig, model_na
     assert starts.turns_run([turn.pk], tickets=tickets) == {turn.pk: "ran"}
     assert len(said_at) == 1 and claimed_at[0] >= said_at[0], "the claim began before the request was written"
     done = Turn.objects.get(pk=turn.pk)
-    assert (done.status, done.output_tokens) == (Turn.Status.DONE, 30), (done.status, done.error)
+    assert (done.status, done.output_tokens) == (Turn.Status.DONE, 120), (done.status, done.error)
 
 
 @pytest.mark.llama
