@@ -131,6 +131,8 @@ CHANNEL_LAYERS = {
 }
 
 CELERY_BROKER_URL = env_str("CELERY_BROKER_URL", REDIS_URL)
+# kombu's Redis transport, with one client object per channel, not one per command (rigdash/broker.py).
+CELERY_BROKER_TRANSPORT = "rigdash.broker:Transport" if CELERY_BROKER_URL.startswith("redis://") else None
 CELERY_TASK_IGNORE_RESULT = True
 CELERY_TASK_ACKS_LATE = True  # a turn's task survives a worker lost before it claimed the turn
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
