@@ -2,10 +2,10 @@
 
 kombu's Redis channel builds a new redis-py client object for each command it sends outside its consumer loop
 (``Channel.conn_or_acquire``): every publish, queue length and ack. redis-py 6 fills its response-callback tables
-for each new client, about 300 us of CPU here, half of what an ``apply_async`` costs, and a submit pays it on the
-way to the turn's first token (docs/benchmarks.md). A client object holds no connection of its own: it takes one
-from the channel's pool for each command and gives it back, and redis-py documents it as safe to share between
-threads (pipelines, which are not, are still made per use). So the channel keeps one.
+for each new client: 63-301 us of CPU per ``apply_async`` here (of 624-944 us; ``python -m bench.publish``), which
+a submit pays on the way to the turn's first token (docs/benchmarks.md). A client object holds no connection of
+its own: it takes one from the channel's pool for each command and gives it back, and redis-py documents it as safe
+to share between threads (pipelines, which are not, are still made per use). So the channel keeps one.
 
 Used for ``redis://`` brokers (settings.CELERY_BROKER_TRANSPORT); any other URL gets kombu's own transport.
 """
