@@ -13,7 +13,7 @@ from collections.abc import Iterator
 
 import pytest
 from celery.fixups.django import DjangoWorkerFixup
-from celery.signals import task_postrun, task_prerun
+from celery.signals import beat_embedded_init, task_postrun, task_prerun, worker_process_init
 from django.db import connection
 
 from inference.models import Rig
@@ -26,9 +26,11 @@ def worker_fixup() -> Iterator[DjangoWorkerFixup]:
     fixup = DjangoWorkerFixup(app).install()
     try:
         yield fixup
-    finally:
+    finally:  # everything install() connected: this process is no worker
         task_prerun.disconnect(fixup.on_task_prerun)
         task_postrun.disconnect(fixup.on_task_postrun)
+        beat_embedded_init.disconnect(fixup.close_database)
+        worker_process_init.disconnect(fixup.on_worker_process_init)
 
 
 def _run_task_body() -> None:
