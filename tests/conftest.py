@@ -34,12 +34,15 @@ def django_db_setup(django_db_setup: Any, django_db_blocker: Any) -> Iterator[No
     Threads of this process keep connections that outlive their tests: asgiref's one sync thread (where an async
     test's ``sync_to_async`` calls run) and the worker's claim thread (inference/starts.py), which keeps its
     connection open by design.
-    Dropping the database failed with "being accessed by other users" and left it behind."""
+    Dropping the database failed with "being accessed by other users" and left it behind.
+
+    pytest-django sets up the test database only when a collected test asks for one. Without it the connection
+    still names the real database (a RigDash running on this machine), whose connections this must not end."""
     yield
     from django.db import connection
 
     with django_db_blocker.unblock():
-        if connection.vendor == "postgresql":
+        if connection.vendor == "postgresql" and connection.settings_dict["NAME"].startswith("test_"):
             with connection.cursor() as cursor:
                 cursor.execute(
                     "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
