@@ -31,7 +31,7 @@ from redis.exceptions import RedisError
 
 from inference import board, events, live, quotas, services
 from inference.backends import backend_for
-from inference.backends.base import BackendError, BackendStats, ChatRequest, StreamChunk
+from inference.backends.base import BackendError, BackendStats, ChatRequest, OnSent, StreamChunk
 from inference.models import Rig, Turn
 from rigdash.env import RigDashConfig
 
@@ -377,7 +377,7 @@ class OpenedStream:
         await self.backend_iter.aclose()
 
 
-def open_stream(rig: Rig, request: ChatRequest, *, on_sent: Callable[[], None] | None = None) -> OpenedStream:
+def open_stream(rig: Rig, request: ChatRequest, *, on_sent: OnSent | None = None) -> OpenedStream:
     """Send the backend request (on the running loop) and start reading its stream. ``on_sent``: called once the
     request is written (the backend plug-in's ``stream_chat``)."""
     gate = _LateGate()

@@ -92,7 +92,7 @@ _rigs_seen: dict[int, tuple[str, str]] = {}
 
 
 async def run_ticketed_turn(
-    ticket: StartTicket, seen: tuple[str, str], claim: Claim, sent: concurrent.futures.Future[None] | None = None
+    ticket: StartTicket, seen: tuple[str, str], claim: Claim, sent: concurrent.futures.Future[None]
 ) -> None:
     """Send a ticketed turn's backend request, then wait for its claim (on the claim thread). ``sent`` is set once
     the request is written, or could not be. Not claimed (cancelled, or another delivery's): the request is closed
@@ -100,7 +100,7 @@ async def run_ticketed_turn(
     again where the rig is now."""
 
     def mark_sent(*_: Any) -> None:
-        if sent is not None and not sent.done():
+        if not sent.done():
             sent.set_result(None)
 
     kind, base_url = seen
