@@ -13,6 +13,7 @@ import json
 import time
 from typing import Any
 
+import httpx
 import pytest
 import redis
 from django.db import connection
@@ -146,6 +147,11 @@ def test_a_ticket_that_is_not_one_is_ignored():
     assert tickets_by_turn("not a list", [1]) == {}
 
 
+def _slot_tasks(llama_url: str) -> dict[int, Any]:
+    """Each slot's last task id (llama-server's /slots; absent until a slot has had one)."""
+    return {slot["id"]: slot.get("id_task") for slot in httpx.get(f"{llama_url}/slots").json()}
+
+
 @pytest.mark.llama
 @pytest.mark.django_db(transaction=True)
 def test_a_ticketed_turns_request_reaches_the_backend_before_its_claim(rig, model_name, owner, monkeypatch):
@@ -155,9 +161,15 @@ def test_a_ticketed_turns_request_reaches_the_backend_before_its_claim(rig, mode
     turn, tickets = _handed_out(monkeypatch, rig, owner, model_name, "Count from one to fifty, in words.", 4)
     real_claim = services._turns_claim_ticketed
     statements: list[int] = []
+    tasks_before = _slot_tasks(rig.base_url)
+
+    def the_backend_has_it() -> bool:
+        # A slot busy with it, or a slot that has taken a new task since: four tokens take this llama-server
+        # under 0.1 s on a fast machine, which a poll of busy slots alone can miss (it failed so once).
+        return llama_busy_slots(rig.base_url) > 0 or _slot_tasks(rig.base_url) != tasks_before
 
     def claim_once_the_backend_has_it(**kwargs: Any) -> Any:
-        wait_until(lambda: llama_busy_slots(rig.base_url) > 0, timeout_s=10, what="the request in a slot")
+        wait_until(the_backend_has_it, timeout_s=10, what="the request in a slot")
         with CaptureQueriesContext(connection) as queries:
             result = real_claim(**kwargs)
         statements.append(len(queries.captured_queries))
