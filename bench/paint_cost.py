@@ -17,8 +17,8 @@ page shows it at most once per animation frame:
 For each it reports the CPU seconds of Chromium's whole process tree per wall second, the frames the page
 rendered per second, and the CPU per rendered frame. A batch every 10 ms (RigDash's shortest flush
 interval, a turn streaming alone) means a frame at every vsync, 60 a second; every 33 ms, about 30. The
-pages run one after another in the same browser, each round in the order text, rigdash; each figure is the
-median over the rounds. Nothing leaves the machine: the pages are set with ``set_content``.
+pages run one after another in the same browser, each round in the order above; each figure is the median
+over the rounds. Nothing leaves the machine: the pages are set with ``set_content``.
 """
 
 from __future__ import annotations
@@ -33,8 +33,8 @@ from pathlib import Path
 import psutil
 
 from bench.browser import CHROMIUM, INIT_SCRIPT, LAUNCH_ARGS
+from rigdash.launcher import ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
 SCRIPTS = [
     ROOT / "static/vendor/marked.min.js",
     ROOT / "static/vendor/purify.min.js",
@@ -52,17 +52,25 @@ setInterval(() => {
 }, __INTERVAL__);
 </script></body></html>"""
 
-RIGDASH_PAGE = """<!doctype html><html><body style="font:15px/1.5 system-ui;max-width:900px">
-<div id="reply" class="reply markdown"></div><script>__SCRIPTS__</script><script>
+# RigDash's renderer on #reply, counting its flushes; a paragraph every 40 words. ``__SETUP__`` and ``__BATCH__``:
+# what else the page sets up, and does for each batch.
+RENDERER_SCRIPT = """<script>__SCRIPTS__</script><script>
 window.rdFrames = 0; let text = "", n = 0;
 const renderer = new RigDashMarkdown.ReplyRenderer(document.getElementById("reply"));
 const flush = renderer.flush.bind(renderer);
 renderer.flush = () => { flush(); window.rdFrames++; };
+__SETUP__
 setInterval(() => {
   text += (n % 40 === 39 ? "word" + n + ".\\n\\n" : "word" + n + " "); n++;
   renderer.set(text);
+  __BATCH__
 }, __INTERVAL__);
-</script></body></html>"""
+</script>"""
+
+RIGDASH_PAGE = """<!doctype html><html><body style="font:15px/1.5 system-ui;max-width:900px">
+<div id="reply" class="reply markdown"></div>__RENDERER__</body></html>""".replace(
+    "__RENDERER__", RENDERER_SCRIPT.replace("__SETUP__", "").replace("__BATCH__", "")
+)
 
 
 # The chat page's layout (templates/base.html, templates/inference/chat.html) with app.css, and what chat.js does
@@ -79,19 +87,17 @@ CHAT_PAGE = """<!doctype html><html><head><style>__CSS__</style></head><body>
 <meter class="ctx-gauge" id="gauge" min="0" max="1" high="0.9"></meter></li></ol>
 <form class="composer"><textarea rows="3"></textarea><div class="actions"><button type="submit" disabled>Send</button>
 <button type="button">Stop</button></div></form></section></div></main>
-<script>__SCRIPTS__</script><script>
-window.rdFrames = 0; let text = "", n = 0;
-const renderer = new RigDashMarkdown.ReplyRenderer(document.getElementById("reply"));
-const flush = renderer.flush.bind(renderer);
-renderer.flush = () => { flush(); window.rdFrames++; };
-const stats = document.getElementById("stats"), gauge = document.getElementById("gauge");
-setInterval(() => {
-  text += (n % 40 === 39 ? "word" + n + ".\\n\\n" : "word" + n + " "); n++;
-  renderer.set(text);
-  stats.textContent = "decoding · TTFT 95 ms · " + n + " tokens · " + (140 + (n % 7) / 10).toFixed(1) + " tok/s";
-  gauge.value = Math.min(1, (200 + n) / 8192);
-}, __INTERVAL__);
-</script></body></html>"""
+__RENDERER__</body></html>""".replace(
+    "__RENDERER__",
+    RENDERER_SCRIPT.replace(
+        "__SETUP__", 'const stats = document.getElementById("stats"), gauge = document.getElementById("gauge");'
+    ).replace(
+        "__BATCH__",
+        'stats.textContent = "decoding · TTFT 95 ms · " + n + " tokens · "'
+        ' + (140 + (n % 7) / 10).toFixed(1) + " tok/s";\n'
+        "  gauge.value = Math.min(1, (200 + n) / 8192);",
+    ),
+)
 
 
 def _tree_cpu(root: psutil.Process) -> dict[int, float]:
