@@ -147,9 +147,11 @@ def test_a_ticket_that_is_not_one_is_ignored():
     assert tickets_by_turn("not a list", [1]) == {}
 
 
-def _slot_tasks(llama_url: str) -> dict[int, Any]:
-    """Each slot's last task id (llama-server's /slots; absent until a slot has had one)."""
-    return {slot["id"]: slot.get("id_task") for slot in httpx.get(f"{llama_url}/slots").json()}
+def _slots(llama_url: str) -> tuple[bool, dict[int, Any]]:
+    """From one read of llama-server's /slots: whether a slot is busy, and each slot's last task id (absent until
+    the slot has had one)."""
+    slots = httpx.get(f"{llama_url}/slots").json()
+    return any(slot.get("is_processing") for slot in slots), {slot["id"]: slot.get("id_task") for slot in slots}
 
 
 @pytest.mark.llama
@@ -161,12 +163,13 @@ def test_a_ticketed_turns_request_reaches_the_backend_before_its_claim(rig, mode
     turn, tickets = _handed_out(monkeypatch, rig, owner, model_name, "Count from one to fifty, in words.", 4)
     real_claim = services._turns_claim_ticketed
     statements: list[int] = []
-    tasks_before = _slot_tasks(rig.base_url)
+    _, tasks_before = _slots(rig.base_url)
 
     def the_backend_has_it() -> bool:
         # A slot busy with it, or a slot that has taken a new task since: four tokens take this llama-server
         # under 0.1 s on a fast machine, which a poll of busy slots alone can miss (it failed so once).
-        return llama_busy_slots(rig.base_url) > 0 or _slot_tasks(rig.base_url) != tasks_before
+        busy, tasks = _slots(rig.base_url)
+        return busy or tasks != tasks_before
 
     def claim_once_the_backend_has_it(**kwargs: Any) -> Any:
         wait_until(the_backend_has_it, timeout_s=10, what="the request in a slot")
