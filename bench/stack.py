@@ -20,7 +20,16 @@ from typing import Any
 import psutil
 
 from bench import stats
-from rigdash.launcher import ROOT, Stack, free_port, llama_server_command, port_open, start_private_redis, wait_http
+from rigdash.launcher import (
+    ROOT,
+    Stack,
+    free_port,
+    llama_server_command,
+    port_open,
+    start_private_redis,
+    wait_http,
+    worker_command,
+)
 
 PYTHON = sys.executable
 LLAMA_QUEUE = "rig.bench-llama"
@@ -101,25 +110,12 @@ class BenchStack:
         ).pid
         worker = self.stack.start(
             "worker",
-            [
-                PYTHON,
-                "-m",
-                "celery",
-                "-A",
-                "rigdash",
-                "worker",
-                "-B",
-                "-s",
-                str(self.var_dir / "celerybeat-schedule"),
-                "-Q",
-                f"{LLAMA_QUEUE},{SYNTH_QUEUE},{self.env['RIGDASH_DEFAULT_QUEUE']}",
-                "-c",
-                str(self.worker_concurrency),
-                "-l",
-                "INFO",
-                "-n",
-                f"bench{os.getpid()}@%h",
-            ],
+            worker_command(
+                queues=[LLAMA_QUEUE, SYNTH_QUEUE, self.env["RIGDASH_DEFAULT_QUEUE"]],
+                concurrency=self.worker_concurrency,
+                name=f"bench{os.getpid()}@%h",
+                beat_schedule=self.var_dir / "celerybeat-schedule",
+            ),
             env=self.env,
             log_path=self.log_dir / "worker.log",
         )

@@ -1,7 +1,7 @@
 from __future__ import annotations
 
 from django.apps import AppConfig
-from django.db.models.signals import post_save
+from django.db.models.signals import post_delete, post_save
 
 
 class InferenceConfig(AppConfig):
@@ -11,6 +11,9 @@ class InferenceConfig(AppConfig):
     def ready(self) -> None:
         from django.contrib.auth.models import User
 
-        from inference.signals import user_saved
+        from inference.models import Rig
+        from inference.signals import rig_changed, user_saved
 
         post_save.connect(user_saved, sender=User, dispatch_uid="inference.user_saved")
+        post_save.connect(rig_changed, sender=Rig, dispatch_uid="inference.rig_saved")
+        post_delete.connect(rig_changed, sender=Rig, dispatch_uid="inference.rig_deleted")

@@ -163,6 +163,11 @@ async def rig_decoding(*, rig_id: int) -> None:
     await _layer().group_send(RIG_ACTIVITY_GROUP, {"type": "rig.decoding", "rig": rig_id})
 
 
+def rigs_changed_sync() -> None:
+    """A rig was saved or deleted: the sampler reads its list of rigs again (monitoring.sampler.run)."""
+    _send_sync((RIG_ACTIVITY_GROUP, {"type": "rigs.changed"}))
+
+
 def rig_models_group(rig_id: int) -> str:
     return f"rig.{rig_id}.models"
 

@@ -1,4 +1,8 @@
-"""A user saved without rights they may have had (Django admin, shell, our users page): tell their sockets."""
+"""Model signals that tell running processes about a change made anywhere (Django admin, shell, our own pages).
+
+A user saved without rights they may have had: their sockets re-check them. A rig saved or deleted: the sampler
+reads its list of rigs again.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +12,7 @@ from django.contrib.auth.models import User
 from django.db import transaction
 
 from inference import events
+from inference.models import Rig
 
 
 def user_saved(sender: type[User], instance: User, created: bool, **kwargs: Any) -> None:
@@ -19,3 +24,8 @@ def user_saved(sender: type[User], instance: User, created: bool, **kwargs: Any)
     user_id = instance.pk
     # Their sockets re-check is_active / is_staff in the database, so only after the change is committed.
     transaction.on_commit(lambda: events.user_revoked_sync(user_id=user_id))
+
+
+def rig_changed(sender: type[Rig], instance: Rig, **kwargs: Any) -> None:
+    # robust: the rig is saved whatever Redis does; the sampler's periodic refresh then finds the change.
+    transaction.on_commit(events.rigs_changed_sync, robust=True)

@@ -6,6 +6,10 @@ reads and the dashboards' frames were most of RigDash's idle CPU (docs/benchmark
 its first token says so (``inference.events.rig_decoding``), and the rig is sampled at once and at the full pace
 from then on. A turn whose prompt takes longer than the idle interval is seen at the next idle tick.
 
+A tick reads the backend and the host from the event loop, then makes one hop to the database's thread for the
+rig's queue and turns and the sample's store. A rig saved or deleted through the ORM is picked up at once
+(``inference.events.rigs_changed_sync``); the list of rigs is also read every RIG_REFRESH_S.
+
 A rig that is down only slows its own loop (each backend read has a sub-second timeout); a loop that
 crashes is logged and restarted. Every minute, raw samples are downsampled and old ones pruned.
 """
@@ -19,7 +23,6 @@ import time
 from datetime import timedelta
 from urllib.parse import urlparse
 
-import redis.asyncio as aioredis
 from channels.db import database_sync_to_async
 from channels.layers import get_channel_layer
 from django.conf import settings
@@ -27,12 +30,15 @@ from django.conf import settings
 from inference import events
 from inference.models import Rig
 from monitoring import services
-from monitoring.sampling import LOOPBACK, RigSampler, is_idle
+from monitoring.sampling import LOOPBACK, RigSampler, Sample, is_idle
 
 log = logging.getLogger(__name__)
 RESTART_DELAY_S = 2.0
 MAINTENANCE_EVERY_S = 60.0
-RIG_REFRESH_S = 2.0  # how soon a new or disabled rig is noticed
+# How soon a rig changed without a signal (a queryset update, another database client) is noticed. A rig saved or
+# deleted through the ORM is noticed at once (inference.events.rigs_changed_sync); reading the list every 2 s was
+# a tenth of the sampler's idle CPU (docs/benchmarks.md).
+RIG_REFRESH_S = 30.0
 
 
 def _rig_setup(rig_id: int) -> RigSampler | None:
@@ -46,9 +52,15 @@ def _rig_setup(rig_id: int) -> RigSampler | None:
     return RigSampler(rig=rig, kv_cache_type=profile.kv_cache_type, bandwidth_gbs=profile.bandwidth_gbs)
 
 
+def _complete_and_store(sampler: RigSampler, rig_id: int, sample: Sample) -> Sample:
+    """The database's part of a tick, in one thread hop: the rig's queue and turns, then the store."""
+    sampler.complete(sample)
+    services.sample_store(rig_id=rig_id, sample=sample)
+    return sample
+
+
 async def rig_loop(
     rig_id: int,
-    redis_client: aioredis.Redis,
     interval_s: float,
     ticks: int | None = None,
     *,
@@ -65,8 +77,7 @@ async def rig_loop(
     while ticks is None or done < ticks:
         if wake is not None:
             wake.clear()  # a wake-up from here on is about this sample or later: it is not lost
-        sample = await sampler.take(redis_client)
-        await database_sync_to_async(services.sample_store)(rig_id=rig_id, sample=sample)
+        sample = await database_sync_to_async(_complete_and_store)(sampler, rig_id, await sampler.read())
         await services.sample_publish(rig_id=rig_id, sample=sample)
         done += 1
         step = interval_s
@@ -86,7 +97,6 @@ async def rig_loop(
 
 async def supervise(
     rig_id: int,
-    redis_client: aioredis.Redis,
     interval_s: float,
     *,
     idle_interval_s: float | None = None,
@@ -94,7 +104,7 @@ async def supervise(
 ) -> None:
     while True:
         try:
-            await rig_loop(rig_id, redis_client, interval_s, idle_interval_s=idle_interval_s, wake=wake)
+            await rig_loop(rig_id, interval_s, idle_interval_s=idle_interval_s, wake=wake)
             return
         except asyncio.CancelledError:
             raise
@@ -103,9 +113,14 @@ async def supervise(
             await asyncio.sleep(RESTART_DELAY_S)
 
 
-async def listen_for_turns(wakes: dict[int, asyncio.Event], subscribed: asyncio.Event | None = None) -> None:
-    """Set a rig's wake event whenever a worker says a turn on it is decoding (``inference.events.rig_decoding``).
-    Runs until cancelled; a failed read is retried, since the idle ticks still find every turn meanwhile."""
+async def listen(
+    wakes: dict[int, asyncio.Event],
+    rigs_changed: asyncio.Event | None = None,
+    subscribed: asyncio.Event | None = None,
+) -> None:
+    """Set a rig's wake event whenever a worker says a turn on it is decoding (``inference.events.rig_decoding``),
+    and ``rigs_changed`` when a rig was saved or deleted (``inference.events.rigs_changed_sync``). Runs until
+    cancelled; a failed read is retried, since the idle ticks and the rig list's refresh find everything meanwhile."""
     layer = get_channel_layer()
     channel = await layer.new_channel("sampler.")
     while True:
@@ -117,12 +132,14 @@ async def listen_for_turns(wakes: dict[int, asyncio.Event], subscribed: asyncio.
                 message = await layer.receive(channel)
                 if message.get("type") == "rig.decoding" and isinstance(message.get("rig"), int):
                     wakes.setdefault(message["rig"], asyncio.Event()).set()
+                elif message.get("type") == "rigs.changed" and rigs_changed is not None:
+                    rigs_changed.set()
         except asyncio.CancelledError:
             with contextlib.suppress(Exception):
                 await asyncio.shield(layer.group_discard(events.RIG_ACTIVITY_GROUP, channel))
             raise
         except Exception:
-            log.exception("the sampler's wake-ups from workers failed; retrying in %.0f s", RESTART_DELAY_S)
+            log.exception("the sampler's wake-ups failed; retrying in %.0f s", RESTART_DELAY_S)
             await asyncio.sleep(RESTART_DELAY_S)
 
 
@@ -137,14 +154,15 @@ def _maintenance() -> None:
 
 async def run(*, stop: asyncio.Event | None = None) -> None:
     conf = settings.RIGDASH
-    redis_client = aioredis.Redis.from_url(settings.REDIS_URL)
     loops: dict[int, asyncio.Task[None]] = {}
     wakes: dict[int, asyncio.Event] = {}
-    listener = asyncio.create_task(listen_for_turns(wakes))
+    rigs_changed = asyncio.Event()
+    listener = asyncio.create_task(listen(wakes, rigs_changed))
     last_maintenance = 0.0
     stop = stop or asyncio.Event()
     try:
         while not stop.is_set():
+            rigs_changed.clear()  # a change from here on brings another refresh
             wanted = set(
                 await database_sync_to_async(
                     lambda: list(Rig.objects.filter(enabled=True).values_list("pk", flat=True))
@@ -154,7 +172,6 @@ async def run(*, stop: asyncio.Event | None = None) -> None:
                 loops[rig_id] = asyncio.create_task(
                     supervise(
                         rig_id,
-                        redis_client,
                         conf.sample_interval_s,
                         idle_interval_s=conf.sample_idle_interval_s,
                         wake=wakes.setdefault(rig_id, asyncio.Event()),
@@ -168,11 +185,19 @@ async def run(*, stop: asyncio.Event | None = None) -> None:
                     await database_sync_to_async(_maintenance)()
                 except Exception:
                     log.exception("sample downsampling/pruning failed")
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), timeout=RIG_REFRESH_S)
+            await _first_of(stop, rigs_changed, timeout_s=RIG_REFRESH_S)
     finally:
         tasks = [*loops.values(), listener]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-        await redis_client.aclose()
+
+
+async def _first_of(*flags: asyncio.Event, timeout_s: float) -> None:
+    """Return when any of ``flags`` is set, or after ``timeout_s``."""
+    waiters = [asyncio.create_task(flag.wait()) for flag in flags]
+    try:
+        await asyncio.wait(waiters, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for waiter in waiters:
+            waiter.cancel()

@@ -11,7 +11,6 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlparse
 
-import redis.asyncio as aioredis
 from channels.db import database_sync_to_async
 
 from inference import live
@@ -49,16 +48,29 @@ class RigSampler:
     metrics: dict[str, float] = field(default_factory=dict)
     metrics_at: float = 0.0
 
-    async def take(self, redis_client: aioredis.Redis) -> Sample:
+    async def take(self) -> Sample:
+        """One sample, stored nowhere: ``read`` here, then ``complete`` in the database's thread."""
+        sample = await self.read()
+        await database_sync_to_async(self.complete)(sample)
+        return sample
+
+    async def read(self) -> Sample:
+        """What the backend and the host say: everything but RigDash's own queue and turns."""
         now = time.time()
         series: dict[str, float] = {}
         detail: dict[str, Any] = {"sources": {}, "rig": self.rig.name, "kind": self.rig.kind}
         await self._backend(now, series, detail)
         self._kv(series, detail)
         self._memory(series, detail)
-        await self._queue_and_turns(redis_client, series, detail)
-        self._roofline(series, detail)
         return Sample(ts=now, series=series, detail=detail)
+
+    def complete(self, sample: Sample) -> Sample:
+        """Add the rig's queue and turns, then the roofline (which, for Ollama, needs the turns' rates). Blocking:
+        call it where the database may be used, in the same hop as the sample's store (``sampler.rig_loop``): one
+        thread hop a tick instead of one for the turns and one for the store (docs/benchmarks.md)."""
+        self._queue_and_turns(sample.series, sample.detail)
+        self._roofline(sample.series, sample.detail)
+        return sample
 
     async def _backend(self, now: float, series: dict[str, float], detail: dict[str, Any]) -> None:
         if self.rig.kind == Rig.Kind.OLLAMA:
@@ -254,19 +266,18 @@ class RigSampler:
             return {"vram_fraction": 0.0, "spill": False, "label": "CPU only: weights and KV cache in system RAM"}
         return {"vram_fraction": None, "spill": None, "label": "GPU present: layer split not reported by llama-server"}
 
-    async def _queue_and_turns(
-        self, redis_client: aioredis.Redis, series: dict[str, float], detail: dict[str, Any]
-    ) -> None:
+    def _queue_and_turns(self, series: dict[str, float], detail: dict[str, Any]) -> None:
         try:
+            redis_client = live.sync_client()
             # Celery's Redis transport keeps a queue's messages in one list, and a message sent with a priority in a
             # list of its own (``<queue>\x06\x16<p>``); RigDash sends none (inference.dispatch), so one LLEN a tick.
-            series["queue_depth"] = float(await redis_client.llen(self.rig.queue))  # type: ignore[misc]
-            turns = await database_sync_to_async(_active_turns)(self.rig.pk)
+            series["queue_depth"] = float(redis_client.llen(self.rig.queue))  # type: ignore[arg-type]
+            turns = _active_turns(self.rig.pk)
             if turns:
-                async with redis_client.pipeline(transaction=False) as pipe:
+                with redis_client.pipeline(transaction=False) as pipe:
                     for turn in turns:
                         pipe.lindex(live.live_key(turn["id"]), -1)
-                    latest = await pipe.execute()
+                    latest = pipe.execute()
                 for turn, raw in zip(turns, latest, strict=True):
                     turn["live"] = live.latest_stats(raw) or {}
             detail["turns"] = turns

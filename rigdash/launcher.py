@@ -96,6 +96,22 @@ def llama_server_command(*, port: int, slots: int, ctx: int, extra: Sequence[str
     ]  # fmt: skip
 
 
+def worker_command(*, queues: Sequence[str], concurrency: int, name: str, beat_schedule: Path | None) -> list[str]:
+    """The Celery worker as RigDash runs it (scripts/run and the benchmark), with the beat embedded when
+    ``beat_schedule`` is given.
+
+    Without heartbeat, gossip and mingle: they exist for event monitors (Flower, ``celery events``) and for workers
+    that watch one another, and RigDash uses none of them (its health check pings through the control mailbox,
+    which stays). The heartbeat published an event every 2 s and gossip woke the worker to read each one, the
+    worker's own among them: most of an idle worker's Redis traffic (docs/benchmarks.md).
+    """
+    beat = ["-B", "-s", str(beat_schedule)] if beat_schedule is not None else []
+    return [
+        PYTHON, "-m", "celery", "-A", "rigdash", "worker", *beat, "-Q", ",".join(queues), "-c", str(concurrency),
+        "-l", "INFO", "-n", name, "--without-heartbeat", "--without-gossip", "--without-mingle",
+    ]  # fmt: skip
+
+
 @dataclass
 class Stack:
     """Processes started together and stopped together (SIGTERM, then SIGKILL after a grace period)."""
@@ -231,8 +247,8 @@ def run() -> int:
         )  # fmt: skip
         stack.start(
             "worker",
-            [PYTHON, "-m", "celery", "-A", "rigdash", "worker", "-B", "-s", str(var_dir / "celerybeat-schedule"),
-             "-Q", "rig.embedded,rigdash.default", "-c", str(slots), "-l", "INFO", "-n", "rigdash@%h"],
+            worker_command(queues=["rig.embedded", "rigdash.default"], concurrency=slots, name="rigdash@%h",
+                           beat_schedule=var_dir / "celerybeat-schedule"),
             env=env, log_path=var_dir / "log" / "worker.log",
         )  # fmt: skip
         stack.start(

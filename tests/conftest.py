@@ -21,7 +21,7 @@ import pytest
 import redis
 from django.conf import settings
 
-from rigdash.launcher import ROOT, Stack, free_port, llama_server_command, wait_http
+from rigdash.launcher import ROOT, Stack, free_port, llama_server_command, wait_http, worker_command
 
 TEST_QUEUE = f"rig.test{os.getpid()}"
 LOG_DIR = Path(os.environ.get("RIGDASH_VAR_DIR", ROOT / "var" / "test")) / "log"
@@ -108,8 +108,7 @@ def celery_worker(stack: Stack, service_env: dict[str, str], llama_url: str) -> 
     name = f"test{os.getpid()}@localhost"
     stack.start(
         "worker",
-        [sys.executable, "-m", "celery", "-A", "rigdash", "worker", "-Q", f"{TEST_QUEUE},rigdash.default",
-         "-c", "2", "-l", "INFO", "-n", name, "--without-gossip", "--without-mingle"],
+        worker_command(queues=[TEST_QUEUE, "rigdash.default"], concurrency=2, name=name, beat_schedule=None),
         env=service_env,
         log_path=LOG_DIR / "worker.log",
     )  # fmt: skip

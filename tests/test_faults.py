@@ -12,7 +12,7 @@ import pytest
 
 from inference import live, services, starts
 from inference.models import ChatSession, Rig, Turn
-from rigdash.launcher import ROOT
+from rigdash.launcher import ROOT, worker_command
 
 
 @pytest.mark.django_db(transaction=True)
@@ -120,8 +120,9 @@ class PrivateRedisWorker:
         self.redis_proc = self._redis("redis")
         self.processes.start(
             "worker",
-            [sys.executable, "-m", "celery", "-A", "rigdash", "worker", "-Q", self.queue, "-c", "1", "-l", "INFO",
-             "-n", f"restart{self.port}@localhost", "--without-gossip", "--without-mingle"],
+            worker_command(
+                queues=[self.queue], concurrency=1, name=f"restart{self.port}@localhost", beat_schedule=None
+            ),
             env=self.env, log_path=self.tmp_path / "worker.log",
         )  # fmt: skip
 

@@ -10,9 +10,9 @@ from datetime import timedelta
 
 import httpx
 import pytest
-import redis.asyncio as aioredis
 from asgiref.sync import sync_to_async
 from django.conf import settings
+from django.db import transaction
 from django.utils import timezone
 
 from inference import events as inference_events
@@ -47,15 +47,11 @@ def _decoded(llama_url: str) -> int:
 
 
 async def _take(rig: Rig, ticks: int = 1, pause_s: float = 0.5) -> list:
-    client = aioredis.Redis.from_url(settings.REDIS_URL)
     state = RigSampler(rig=rig, bandwidth_gbs=25.0)
     samples = []
-    try:
-        for _ in range(ticks):
-            samples.append(await state.take(client))
-            await asyncio.sleep(pause_s)
-    finally:
-        await client.aclose()
+    for _ in range(ticks):
+        samples.append(await state.take())
+        await asyncio.sleep(pause_s)
     return samples
 
 
@@ -147,11 +143,7 @@ async def test_samples_are_stored_and_pushed_live_through_the_channel_layer(rig,
     await RigProfile.objects.acreate(rig=rig, bandwidth_gbs=20.0, bandwidth_source="setting")
     sock = MonitorSocket(f"/ws/monitoring/rigs/{rig.pk}/", await sync_to_async(session_cookie_for)(owner))
     assert (await sock.connect())[0]
-    client = aioredis.Redis.from_url(settings.REDIS_URL)
-    try:
-        await sampler.rig_loop(rig.pk, client, interval_s=0.2, ticks=3)
-    finally:
-        await client.aclose()
+    await sampler.rig_loop(rig.pk, interval_s=0.2, ticks=3)
     frames = [await sock.recv() for _ in range(3)]
     await sock.close()
     assert [f["type"] for f in frames] == ["rig.sample"] * 3
@@ -164,16 +156,16 @@ async def test_samples_are_stored_and_pushed_live_through_the_channel_layer(rig,
 @pytest.mark.django_db(transaction=True)
 def test_a_hung_rig_does_not_block_another_and_a_crash_is_restarted(rig, silent_server, monkeypatch, caplog):
     hung = Rig.objects.create(name="hung", kind="llamacpp", base_url=silent_server, queue="q.h")
-    original = RigSampler.take
+    original = RigSampler.read
     crashed = []
 
-    async def take_crashing_once(self, redis_client):
+    async def read_crashing_once(self):
         if self.rig.pk == rig.pk and not crashed:
             crashed.append(1)
             raise RuntimeError("collector bug")
-        return await original(self, redis_client)
+        return await original(self)
 
-    monkeypatch.setattr(RigSampler, "take", take_crashing_once)
+    monkeypatch.setattr(RigSampler, "read", read_crashing_once)
     monkeypatch.setattr(sampler, "RESTART_DELAY_S", 0.1)
     monkeypatch.setattr(
         settings,
@@ -195,6 +187,56 @@ def test_a_hung_rig_does_not_block_another_and_a_crash_is_restarted(rig, silent_
     assert good >= 5, f"the healthy rig got only {good} samples in 3 s at 4 Hz"
     hung_samples = list(RigSample.objects.filter(rig=hung))
     assert hung_samples and not hung_samples[-1].detail["sources"]["backend"]["ok"]
+
+
+@pytest.mark.llama
+@pytest.mark.django_db(transaction=True)
+def test_a_rig_saved_while_the_sampler_runs_is_picked_up_at_once(rig, llama_url, monkeypatch):
+    """The sampler reads its list of rigs only every RIG_REFRESH_S (30 s); a rig saved through the ORM reaches it
+    through the channel layer (inference.signals, inference.events.rigs_changed_sync), added or disabled."""
+    assert sampler.RIG_REFRESH_S >= 30
+    monkeypatch.setattr(
+        settings,
+        "RIGDASH",
+        type(settings.RIGDASH)(**{**vars(settings.RIGDASH), "sample_interval_s": 0.25, "sample_idle_interval_s": 0.25}),
+    )
+
+    def add_rig() -> Rig:
+        with transaction.atomic():  # the announcement goes out once both rows are committed
+            late = Rig.objects.create(name="late", kind="llamacpp", base_url=llama_url, queue="q.late")
+            RigProfile.objects.create(rig=late, bandwidth_gbs=20.0, bandwidth_source="setting")
+        return late
+
+    def disable(late: Rig) -> None:
+        late.enabled = False
+        late.save()
+
+    async def scenario() -> tuple[float, int]:
+        stop = asyncio.Event()
+        task = asyncio.create_task(sampler.run(stop=stop))
+        try:
+            deadline = time.monotonic() + 20
+            while not await RigSample.objects.filter(rig=rig).aexists() and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+            await asyncio.sleep(0.5)  # the first list is read and the listener subscribed
+            added_at = time.monotonic()
+            late = await sync_to_async(add_rig)()
+            while not await RigSample.objects.filter(rig=late).aexists() and time.monotonic() - added_at < 20:
+                await asyncio.sleep(0.05)
+            took = time.monotonic() - added_at
+            await sync_to_async(disable)(late)
+            await asyncio.sleep(0.5)  # the change reaches the sampler, which cancels the rig's loop
+            before = await RigSample.objects.filter(rig=late).acount()
+            await asyncio.sleep(1.5)  # six ticks at 4 Hz
+            after = await RigSample.objects.filter(rig=late).acount()
+            return took, after - before
+        finally:
+            stop.set()
+            await task
+
+    took, after_disabled = asyncio.run(scenario())
+    assert took < 5, f"the new rig's first sample came {took:.1f} s after it was saved"
+    assert after_disabled == 0, f"a disabled rig got {after_disabled} samples"
 
 
 @pytest.mark.django_db
@@ -277,13 +319,12 @@ async def _idle_llama(llama_url: str) -> None:
 async def test_an_idle_rig_is_sampled_less_often_until_a_worker_says_a_turn_is_decoding(rig, llama_url):
     """Real llama-server, database and channel layer: the wake-up goes through inference.events as a worker's does."""
     await _idle_llama(llama_url)
-    client = aioredis.Redis.from_url(settings.REDIS_URL)
     wakes: dict[int, asyncio.Event] = {}
     subscribed = asyncio.Event()
-    listener = asyncio.create_task(sampler.listen_for_turns(wakes, subscribed))
+    listener = asyncio.create_task(sampler.listen(wakes, subscribed=subscribed))
     await asyncio.wait_for(subscribed.wait(), timeout=10)
     wake = wakes.setdefault(rig.pk, asyncio.Event())
-    loop = asyncio.create_task(sampler.rig_loop(rig.pk, client, interval_s=0.2, idle_interval_s=30.0, wake=wake))
+    loop = asyncio.create_task(sampler.rig_loop(rig.pk, interval_s=0.2, idle_interval_s=30.0, wake=wake))
     try:
 
         async def stored() -> int:
@@ -306,7 +347,6 @@ async def test_an_idle_rig_is_sampled_less_often_until_a_worker_says_a_turn_is_d
         for task in (loop, listener):
             task.cancel()
         await asyncio.gather(loop, listener, return_exceptions=True)
-        await client.aclose()
 
 
 @pytest.mark.llama
@@ -315,13 +355,9 @@ async def test_a_busy_rig_keeps_the_full_pace(rig, llama_url):
     await _idle_llama(llama_url)
     generation = _generate_in_background(llama_url, tokens=400)
     await sync_to_async(wait_until)(lambda: llama_busy_slots(llama_url) > 0, timeout_s=30, what="a busy slot")
-    client = aioredis.Redis.from_url(settings.REDIS_URL)
-    try:
-        started = time.monotonic()
-        await sampler.rig_loop(rig.pk, client, interval_s=0.2, ticks=4, idle_interval_s=30.0, wake=asyncio.Event())
-        assert time.monotonic() - started < 10
-    finally:
-        await client.aclose()
+    started = time.monotonic()
+    await sampler.rig_loop(rig.pk, interval_s=0.2, ticks=4, idle_interval_s=30.0, wake=asyncio.Event())
+    assert time.monotonic() - started < 10
     stored = [s async for s in RigSample.objects.filter(rig=rig).order_by("ts")]
     assert len(stored) == 4 and stored[0].series["busy_slots"] >= 1
     await sync_to_async(generation.join)(60)
@@ -334,7 +370,7 @@ async def test_the_worker_wakes_the_sampler_once_its_turn_has_a_first_token(cele
 
     wakes: dict[int, asyncio.Event] = {}
     subscribed = asyncio.Event()
-    listener = asyncio.create_task(sampler.listen_for_turns(wakes, subscribed))
+    listener = asyncio.create_task(sampler.listen(wakes, subscribed=subscribed))
     try:
         await asyncio.wait_for(subscribed.wait(), timeout=10)
         wake = wakes.setdefault(chat_session.rig_id, asyncio.Event())
