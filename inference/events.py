@@ -108,7 +108,7 @@ def _sync_redis(url: str) -> redis.Redis:
     return redis.Redis.from_url(url, socket_timeout=5, health_check_interval=30)
 
 
-def _send_sync(*messages: tuple[str, dict[str, Any]]) -> None:
+def send_sync(*messages: tuple[str, dict[str, Any]]) -> None:
     """``group_send`` from synchronous code (services, views, tasks), in order, in one pipelined round trip.
 
     The PUBLISHes go out from the calling thread. ``async_to_sync(group_send)`` hopped to the event loop and
@@ -148,12 +148,12 @@ async def turn_end(*, session_id: int, turn: dict[str, Any], seq: int) -> None:
 
 
 def turn_end_sync(*, session_id: int, turn: dict[str, Any], seq: int) -> None:
-    _send_sync((session_group(session_id), _turn_end_message(turn, seq)))
+    send_sync((session_group(session_id), _turn_end_message(turn, seq)))
 
 
 def turns_queued_sync(turns: list[tuple[int, dict[str, Any]]]) -> None:
     """New turns were stored: ``(session_id, snapshot)`` each, in one round trip."""
-    _send_sync(*((session_group(session_id), {"type": "chat.turn_queued", "turn": turn}) for session_id, turn in turns))
+    send_sync(*((session_group(session_id), {"type": "chat.turn_queued", "turn": turn}) for session_id, turn in turns))
 
 
 RIG_ACTIVITY_GROUP = "rigs.activity"
@@ -165,7 +165,7 @@ async def rig_decoding(*, rig_id: int) -> None:
 
 def rigs_changed_sync() -> None:
     """A rig was saved or deleted: the sampler reads its list of rigs again (monitoring.sampler.run)."""
-    _send_sync((RIG_ACTIVITY_GROUP, {"type": "rigs.changed"}))
+    send_sync((RIG_ACTIVITY_GROUP, {"type": "rigs.changed"}))
 
 
 def rig_models_group(rig_id: int) -> str:
@@ -200,7 +200,7 @@ async def models_pull_end(
 
 
 def models_changed_sync(*, rig_id: int, action: str, model: str) -> None:
-    _send_sync((rig_models_group(rig_id), {"type": "models.changed", "rig": rig_id, "action": action, "model": model}))
+    send_sync((rig_models_group(rig_id), {"type": "models.changed", "rig": rig_id, "action": action, "model": model}))
 
 
 def queue_positions_sync(
@@ -224,12 +224,12 @@ def queue_positions_sync(
     ]
     positions = {str(turn_id): position for _, turn_id, position in waiting}
     messages.append((BOARD_GROUP, {"type": "board.queue", "rig": rig_id, "positions": positions}))
-    _send_sync(*messages)
+    send_sync(*messages)
 
 
 def board_turns_sync(*, rows: list[dict[str, Any]]) -> None:
     """Turns' board rows (``board.turn``, one message each), in one round trip."""
-    _send_sync(*((BOARD_GROUP, {"type": "board.turn", "turn": row}) for row in rows))
+    send_sync(*((BOARD_GROUP, {"type": "board.turn", "turn": row}) for row in rows))
 
 
 async def board_progress(*, progress: dict[str, Any]) -> None:
@@ -237,4 +237,4 @@ async def board_progress(*, progress: dict[str, Any]) -> None:
 
 
 def user_revoked_sync(*, user_id: int) -> None:
-    _send_sync((user_group(user_id), {"type": "user.revoked", "user": user_id}))
+    send_sync((user_group(user_id), {"type": "user.revoked", "user": user_id}))

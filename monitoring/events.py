@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from channels.layers import get_channel_layer
+from inference import events as inference_events
 
 OVERVIEW_GROUP = "monitoring.overview"
 
@@ -17,8 +17,7 @@ def rig_group(rig_id: int) -> str:
     return f"monitoring.rig.{rig_id}"
 
 
-async def rig_sample(*, rig_id: int, sample: dict[str, Any]) -> None:
-    layer = get_channel_layer()
+def rig_sample_sync(*, rig_id: int, sample: dict[str, Any]) -> None:
+    """From the sampler's database thread: the rig's dashboards and the overview, in one pipelined round trip."""
     event = {"type": "rig.sample", "rig": rig_id, "sample": sample}
-    await layer.group_send(rig_group(rig_id), event)
-    await layer.group_send(OVERVIEW_GROUP, event)
+    inference_events.send_sync((rig_group(rig_id), event), (OVERVIEW_GROUP, event))

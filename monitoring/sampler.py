@@ -7,8 +7,8 @@ its first token says so (``inference.events.rig_decoding``), and the rig is samp
 from then on. A turn whose prompt takes longer than the idle interval is seen at the next idle tick.
 
 A tick reads the backend and the host from the event loop, then makes one hop to the database's thread for the
-rig's queue and turns and the sample's store. A rig saved or deleted through the ORM is picked up at once
-(``inference.events.rigs_changed_sync``); the list of rigs is also read every RIG_REFRESH_S.
+rig's queue and turns, the sample's store and its publication. A rig saved or deleted through the ORM is picked
+up at once (``inference.events.rigs_changed_sync``); the list of rigs is also read every RIG_REFRESH_S.
 
 A rig that is down only slows its own loop (each backend read has a sub-second timeout); a loop that
 crashes is logged and restarted. Every minute, raw samples are downsampled and old ones pruned.
@@ -52,10 +52,13 @@ def _rig_setup(rig_id: int) -> RigSampler | None:
     return RigSampler(rig=rig, kv_cache_type=profile.kv_cache_type, bandwidth_gbs=profile.bandwidth_gbs)
 
 
-def _complete_and_store(sampler: RigSampler, rig_id: int, sample: Sample) -> Sample:
-    """The database's part of a tick, in one thread hop: the rig's queue and turns, then the store."""
+def _complete_store_publish(sampler: RigSampler, rig_id: int, sample: Sample) -> Sample:
+    """The blocking part of a tick, in one hop to the database's thread: the rig's queue and turns, the store,
+    then the publication to its dashboards (after the store, so that a dashboard that opens in between finds the
+    sample in the database or gets it live)."""
     sampler.complete(sample)
     services.sample_store(rig_id=rig_id, sample=sample)
+    services.sample_publish(rig_id=rig_id, sample=sample)
     return sample
 
 
@@ -77,8 +80,7 @@ async def rig_loop(
     while ticks is None or done < ticks:
         if wake is not None:
             wake.clear()  # a wake-up from here on is about this sample or later: it is not lost
-        sample = await database_sync_to_async(_complete_and_store)(sampler, rig_id, await sampler.read())
-        await services.sample_publish(rig_id=rig_id, sample=sample)
+        sample = await database_sync_to_async(_complete_store_publish)(sampler, rig_id, await sampler.read())
         done += 1
         step = interval_s
         if idle_interval_s is not None and idle_interval_s > interval_s and is_idle(sample):

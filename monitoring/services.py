@@ -35,8 +35,8 @@ def sample_store(*, rig_id: int, sample: Sample) -> RigSample:
     )
 
 
-async def sample_publish(*, rig_id: int, sample: Sample) -> None:
-    await events.rig_sample(rig_id=rig_id, sample=sample_as_dict(sample))
+def sample_publish(*, rig_id: int, sample: Sample) -> None:
+    events.rig_sample_sync(rig_id=rig_id, sample=sample_as_dict(sample))
 
 
 def average_series(rows: list[dict[str, float]]) -> dict[str, float]:

@@ -141,12 +141,17 @@ def test_without_a_gpu_memory_falls_back_to_system_ram(rig):
 @pytest.mark.django_db(transaction=True)
 async def test_samples_are_stored_and_pushed_live_through_the_channel_layer(rig, owner):
     await RigProfile.objects.acreate(rig=rig, bandwidth_gbs=20.0, bandwidth_source="setting")
-    sock = MonitorSocket(f"/ws/monitoring/rigs/{rig.pk}/", await sync_to_async(session_cookie_for)(owner))
-    assert (await sock.connect())[0]
+    cookie = await sync_to_async(session_cookie_for)(owner)
+    sock = MonitorSocket(f"/ws/monitoring/rigs/{rig.pk}/", cookie)
+    overview = MonitorSocket("/ws/monitoring/", cookie)  # every rig's samples
+    assert (await sock.connect())[0] and (await overview.connect())[0]
     await sampler.rig_loop(rig.pk, interval_s=0.2, ticks=3)
     frames = [await sock.recv() for _ in range(3)]
+    overview_frames = [await overview.recv() for _ in range(3)]
     await sock.close()
+    await overview.close()
     assert [f["type"] for f in frames] == ["rig.sample"] * 3
+    assert overview_frames == frames
     assert all(f["rig"] == rig.pk and f["sample"]["detail"]["sources"]["backend"]["ok"] for f in frames)
     stored = [s async for s in RigSample.objects.filter(rig=rig).order_by("ts")]
     assert len(stored) == 3
