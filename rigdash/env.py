@@ -71,7 +71,7 @@ class RigDashConfig:
     backend_health_timeout_s: float
     default_rig_url: str
     sample_interval_s: float = 1.0
-    sample_idle_interval_s: float = 2.0  # an idle rig's pace (monitoring.sampler); not above sample_interval_s: off
+    sample_idle_interval_s: float = 5.0  # an idle rig's pace (monitoring.sampler); not above sample_interval_s: off
     sample_raw_retention_h: float = 24.0
     sample_downsampled_retention_d: float = 30.0
     metrics_token: str = ""

@@ -167,7 +167,7 @@ RIGDASH = RigDashConfig(
     backend_health_timeout_s=env_float("RIGDASH_BACKEND_HEALTH_TIMEOUT_S", 2.0, minimum=0.1),
     default_rig_url=env_str("LLAMA_SERVER_URL", "http://127.0.0.1:8081"),
     sample_interval_s=env_float("RIGDASH_SAMPLE_INTERVAL_S", 1.0, minimum=0.2),
-    sample_idle_interval_s=env_float("RIGDASH_SAMPLE_IDLE_INTERVAL_S", 2.0, minimum=0.2),
+    sample_idle_interval_s=env_float("RIGDASH_SAMPLE_IDLE_INTERVAL_S", 5.0, minimum=0.2),
     sample_raw_retention_h=env_float("RIGDASH_SAMPLE_RAW_RETENTION_H", 24.0, minimum=0.1),
     sample_downsampled_retention_d=env_float("RIGDASH_SAMPLE_DOWNSAMPLED_RETENTION_D", 30.0, minimum=1.0),
     metrics_token=env_str("RIGDASH_METRICS_TOKEN", ""),
