@@ -64,13 +64,13 @@ class RigSampler:
         self._memory(series, detail)
         return Sample(ts=now, series=series, detail=detail)
 
-    def complete(self, sample: Sample) -> Sample:
-        """Add the rig's queue and turns, then the roofline (which, for Ollama, needs the turns' rates). Blocking:
-        call it where the database may be used, in the same hop as the sample's store (``sampler.rig_loop``): one
-        thread hop a tick instead of one for the turns and one for the store (docs/benchmarks.md)."""
+    def complete(self, sample: Sample) -> None:
+        """Add the rig's queue and turns to ``sample``, then the roofline (which, for Ollama, needs the turns' rates).
+        Blocking: call it where the database may be used, in the same hop as the sample's store
+        (``sampler.rig_loop``): one thread hop a tick instead of one for the turns and one for the store
+        (docs/benchmarks.md)."""
         self._queue_and_turns(sample.series, sample.detail)
         self._roofline(sample.series, sample.detail)
-        return sample
 
     async def _backend(self, now: float, series: dict[str, float], detail: dict[str, Any]) -> None:
         if self.rig.kind == Rig.Kind.OLLAMA:
