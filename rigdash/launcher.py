@@ -97,8 +97,8 @@ def llama_server_command(*, port: int, slots: int, ctx: int, extra: Sequence[str
 
 
 def worker_command(*, queues: Sequence[str], concurrency: int, name: str, beat_schedule: Path | None) -> list[str]:
-    """The Celery worker as RigDash runs it (scripts/run and the benchmark), with the beat embedded when
-    ``beat_schedule`` is given.
+    """The Celery worker as RigDash runs it (scripts/run, the benchmark and the test suite's fixtures), with the
+    beat embedded when ``beat_schedule`` is given.
 
     Without heartbeat, gossip and mingle: they exist for event monitors (Flower, ``celery events``) and for workers
     that watch one another, and RigDash uses none of them (its health check pings through the control mailbox,
