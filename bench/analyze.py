@@ -48,7 +48,7 @@ def turn_figures(
         out["ttft_parts_ms"] = {
             "to_backend": (ref_t_request - t_send) * 1000,  # websocket -> consumer -> Celery -> worker -> request
             "backend": (ref_times[0] - ref_t_request) * 1000,  # prompt processing, as the direct reader sees it
-            "to_client": (delivery.arrivals[0] - ref_times[0]) * 1000,  # worker -> Redis -> Daphne -> socket
+            "to_client": (delivery.arrivals[0] - ref_times[0]) * 1000,  # worker -> Redis -> web -> socket
         }
     m = min(n, len(delivery.arrivals))
     out["ws_lag_ms"] = [(delivery.arrivals[k] - ref_times[k]) * 1000 for k in range(m)]

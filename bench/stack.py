@@ -28,6 +28,7 @@ from rigdash.launcher import (
     port_open,
     start_private_redis,
     wait_http,
+    web_command,
     worker_command,
 )
 
@@ -122,7 +123,7 @@ class BenchStack:
         self.pids["worker"] = worker.pid
         web = self.stack.start(
             "web",
-            [PYTHON, "-m", "daphne", "-b", "127.0.0.1", "-p", str(self.web_port), "rigdash.asgi:application"],
+            web_command(host="127.0.0.1", port=self.web_port),
             env=self.env,
             log_path=self.log_dir / "web.log",
         )

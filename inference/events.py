@@ -112,7 +112,7 @@ def send_sync(*messages: tuple[str, dict[str, Any]]) -> None:
     """``group_send`` from synchronous code (services, views, tasks), in order, in one pipelined round trip.
 
     The PUBLISHes go out from the calling thread. ``async_to_sync(group_send)`` hopped to the event loop and
-    waited for it: in Daphne's database thread that is the loop that is also writing every socket's frames,
+    waited for it: in the web's database thread that is the loop that is also writing every socket's frames,
     so a stored turn's three announcements waited behind the fan-out (level 3 of docs/benchmarks.md)."""
     publications = [pubsub_publication(group, message) for group, message in messages]
     if all(p is not None for p in publications):

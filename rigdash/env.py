@@ -7,6 +7,10 @@ from dataclasses import dataclass
 
 from django.core.exceptions import ImproperlyConfigured
 
+# The web server closes a websocket whose message is larger (1009; rigdash/launcher.py web_command). RigDash's own
+# limit on a frame, RIGDASH_MAX_WS_FRAME_BYTES, stays at or below it, so a frame over that gets a clear error.
+WS_MAX_BYTES = 1 << 20
+
 
 def env_str(name: str, default: str) -> str:
     return os.environ.get(name, default)

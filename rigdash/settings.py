@@ -7,7 +7,7 @@ from pathlib import Path
 
 import dj_database_url
 
-from rigdash.env import RigDashConfig, env_bool, env_float, env_int, env_list, env_str
+from rigdash.env import WS_MAX_BYTES, RigDashConfig, env_bool, env_float, env_int, env_list, env_str
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(env_str("RIGDASH_VAR_DIR", str(BASE_DIR / "var")))
@@ -33,7 +33,6 @@ ALLOWED_HOSTS = env_list("RIGDASH_ALLOWED_HOSTS", ["127.0.0.1", "localhost", "[:
 CSRF_TRUSTED_ORIGINS = env_list("RIGDASH_CSRF_TRUSTED_ORIGINS", [])
 
 INSTALLED_APPS = [
-    "daphne",
     "django.contrib.admin",
     "django.contrib.auth",
     "django.contrib.contenttypes",
@@ -155,7 +154,7 @@ CELERY_DB_REUSE_MAX = 1000
 _flush_ceiling_ms = env_int("RIGDASH_FLUSH_INTERVAL_MS", 33, minimum=1, maximum=33)
 RIGDASH = RigDashConfig(
     max_message_chars=env_int("RIGDASH_MAX_MESSAGE_CHARS", 16_000, minimum=1),
-    max_ws_frame_bytes=env_int("RIGDASH_MAX_WS_FRAME_BYTES", 65_536, minimum=1024),
+    max_ws_frame_bytes=env_int("RIGDASH_MAX_WS_FRAME_BYTES", 65_536, minimum=1024, maximum=WS_MAX_BYTES),
     flush_interval_ms=_flush_ceiling_ms,
     flush_min_interval_ms=env_int(
         "RIGDASH_FLUSH_MIN_INTERVAL_MS", min(10, _flush_ceiling_ms), minimum=1, maximum=_flush_ceiling_ms

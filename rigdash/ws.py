@@ -15,8 +15,8 @@ class GroupJsonConsumer(AsyncJsonWebsocketConsumer):  # type: ignore[misc]
     group: str | None = None
     # Channel-layer event types whose handlers touch no database, only send a frame, and may share the event
     # with other sockets (read it, never change it). Channels runs close_old_connections in its one sync thread
-    # before every handler; these skip that hop (34 % of Daphne's CPU while streaming tokens). And while the
-    # socket is idle, rigdash.channel_layer hands them to the handler straight from the layer's reader, once
+    # before every handler; these skip that hop (34 % of the web's CPU while streaming tokens, under Daphne). And
+    # while the socket is idle, rigdash.channel_layer hands them to the handler straight from the layer's reader, once
     # for every socket instead of a task hop per socket (docs/benchmarks.md).
     direct_events: frozenset[str] = frozenset()
     _busy = 0  # handlers running now (this socket's frames, its queued events, its connect and disconnect)

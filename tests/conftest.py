@@ -21,7 +21,7 @@ import pytest
 import redis
 from django.conf import settings
 
-from rigdash.launcher import ROOT, Stack, free_port, llama_server_command, wait_http, worker_command
+from rigdash.launcher import ROOT, Stack, free_port, llama_server_command, wait_http, web_command, worker_command
 
 TEST_QUEUE = f"rig.test{os.getpid()}"
 LOG_DIR = Path(os.environ.get("RIGDASH_VAR_DIR", ROOT / "var" / "test")) / "log"
@@ -153,11 +153,11 @@ def _worker_idle_after_test(request: pytest.FixtureRequest) -> Iterator[None]:
 
 @pytest.fixture(scope="session")
 def web_url(stack: Stack, service_env: dict[str, str]) -> str:
-    """Daphne serving RigDash's ASGI app on a free port, against the test database."""
+    """The web server (uvicorn, as scripts/run starts it) on a free port, against the test database."""
     port = free_port()
     proc = stack.start(
         "web",
-        [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "rigdash.asgi:application"],
+        web_command(host="127.0.0.1", port=port),
         env=service_env,
         log_path=LOG_DIR / "web.log",
     )

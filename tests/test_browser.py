@@ -1,4 +1,5 @@
-"""Real headless Chromium (Debian's package) driven by Playwright against Daphne, the worker and llama-server."""
+"""Real headless Chromium (Debian's package) driven by Playwright against the web server (uvicorn), the worker and
+llama-server."""
 
 from __future__ import annotations
 
