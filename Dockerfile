@@ -12,5 +12,5 @@ COPY templates ./templates
 COPY static ./static
 RUN RIGDASH_SECRET_KEY=build python manage.py collectstatic --noinput -v 0
 EXPOSE 8000
-# rigdash/launcher.py web_command: the same flags (tests/test_compose.py checks them)
-CMD ["uvicorn", "rigdash.asgi:application", "--host", "0.0.0.0", "--port", "8000", "--http", "httptools", "--ws", "websockets-sansio", "--ws-max-size", "1048576", "--loop", "asyncio", "--lifespan", "off", "--no-access-log", "--no-proxy-headers", "--no-server-header", "--timeout-graceful-shutdown", "5"]
+# rigdash/launcher.py web_command (tests/test_compose.py checks it)
+CMD ["python", "-m", "rigdash.webserver", "--host", "0.0.0.0", "--port", "8000"]

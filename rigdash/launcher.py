@@ -20,8 +20,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlparse
 
-from rigdash.env import WS_MAX_BYTES
-
 ROOT = Path(__file__).resolve().parent.parent
 PYTHON = sys.executable
 
@@ -116,20 +114,8 @@ def worker_command(*, queues: Sequence[str], concurrency: int, name: str, beat_s
 
 def web_command(*, host: str, port: int) -> list[str]:
     """The web server as RigDash runs it (scripts/run, the benchmark and the test suite's fixtures; docker-compose.yml
-    and the Dockerfile spell the same flags out): uvicorn serving ``rigdash.asgi:application``.
-
-    Why uvicorn and not Daphne: a token batch's websocket frame cost Daphne twice the CPU (Twisted queues each write
-    for the next turn of the loop, autobahn formats log arguments it never logs). With 16 streams and 200 viewers
-    (the benchmark's level 3) the web's CPU per token halved and TTFT p50 fell from about 200 to about 100 ms
-    (docs/benchmarks.md). The flags keep what Daphne did: no access log, no trust in X-Forwarded-* headers, and
-    Channels' ASGI app has no lifespan protocol. Unlike Daphne, a websocket message is bounded (WS_MAX_BYTES).
-    """
-    return [
-        PYTHON, "-m", "uvicorn", "rigdash.asgi:application", "--host", host, "--port", str(port),
-        "--http", "httptools", "--ws", "websockets-sansio", "--ws-max-size", str(WS_MAX_BYTES), "--loop", "asyncio",
-        "--lifespan", "off", "--no-access-log", "--no-proxy-headers", "--no-server-header",
-        "--timeout-graceful-shutdown", "5",
-    ]  # fmt: skip
+    and the Dockerfile spell it out): uvicorn with RigDash's settings and a quiet main loop (rigdash/webserver.py)."""
+    return [PYTHON, "-m", "rigdash.webserver", "--host", host, "--port", str(port)]
 
 
 @dataclass

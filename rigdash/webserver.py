@@ -1,0 +1,86 @@
+"""RigDash's web server: uvicorn serving ``rigdash.asgi:application``, with a main loop that wakes once a second.
+
+``python -m rigdash.webserver --host 127.0.0.1 --port 8000`` is what scripts/run, the benchmark, the tests,
+docker-compose.yml and the Dockerfile run (``rigdash.launcher.web_command``); every other setting is here.
+
+Why uvicorn and not Daphne: a token batch's websocket frame cost Daphne twice the CPU (Twisted queues each write
+for a later turn of the loop, autobahn formats log arguments it never logs). With 16 streams and 200 viewers
+(the benchmark's level 3) the web's CPU per token halved and TTFT p50 fell from about 200 to about 100 ms
+(docs/benchmarks.md). The settings keep what Daphne did: no access log, no trust in X-Forwarded-* headers (a
+client could claim any address), and no lifespan protocol (Channels' router has none). Unlike Daphne, a websocket
+message is bounded (WS_MAX_BYTES).
+
+Why not uvicorn's own command: its server wakes every 0.1 s to refresh the Date header and to look for a request
+to stop. Idle, those ten wake-ups a second were most of the web process's CPU, more than Daphne used (measured in
+docs/benchmarks.md). ``QuietServer`` does the same work once a second, and wakes at once on SIGINT or SIGTERM.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import sys
+from types import FrameType
+
+import uvicorn
+
+from rigdash.env import WS_MAX_BYTES
+
+TICK_S = 1.0  # the Date header's resolution is a second anyway
+STARTUP_FAILURE = 3  # uvicorn's exit code when it could not start (a port in use)
+
+
+class QuietServer(uvicorn.Server):
+    """uvicorn's Server with a main loop that ticks every TICK_S instead of every 0.1 s."""
+
+    _wake: asyncio.Event | None = None
+    _loop: asyncio.AbstractEventLoop | None = None
+
+    async def main_loop(self) -> None:
+        self._loop, self._wake = asyncio.get_running_loop(), asyncio.Event()
+        counter = 0
+        should_exit = await self.on_tick(counter)
+        while not should_exit:
+            # on_tick refreshes the Date header when counter % 10 == 0: at every one of these ticks.
+            counter = (counter + 10) % 864_000
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(TICK_S):
+                    await self._wake.wait()
+            should_exit = await self.on_tick(counter)
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        super().handle_exit(sig, frame)  # sets should_exit (a second SIGINT forces the exit)
+        if self._loop is not None and self._wake is not None:  # the signal arrives between bytecodes: hand it over
+            self._loop.call_soon_threadsafe(self._wake.set)
+
+
+def config(host: str, port: int) -> uvicorn.Config:
+    return uvicorn.Config(
+        "rigdash.asgi:application",
+        host=host,
+        port=port,
+        http="httptools",
+        ws="websockets-sansio",
+        ws_max_size=WS_MAX_BYTES,
+        loop="asyncio",
+        lifespan="off",
+        access_log=False,
+        proxy_headers=False,
+        server_header=False,
+        timeout_graceful_shutdown=5,
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m rigdash.webserver", description=__doc__.splitlines()[0])
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8000)
+    args = parser.parse_args(argv)
+    server = QuietServer(config(args.host, args.port))
+    server.run()
+    return 0 if server.started else STARTUP_FAILURE
+
+
+if __name__ == "__main__":
+    sys.exit(main())
