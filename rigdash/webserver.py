@@ -21,6 +21,7 @@ import argparse
 import asyncio
 import contextlib
 import sys
+import warnings
 from types import FrameType
 
 import uvicorn
@@ -77,6 +78,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000)
     args = parser.parse_args(argv)
+    # WhiteNoise (6.12) answers a static file with a synchronous file iterator, which Django's ASGI handler reads
+    # in a thread and warns about once per process. The files are a few KB; Daphne's Twisted logging hid it.
+    warnings.filterwarnings("ignore", "StreamingHttpResponse must consume synchronous iterators", Warning)
     server = QuietServer(config(args.host, args.port))
     server.run()
     return 0 if server.started else STARTUP_FAILURE
