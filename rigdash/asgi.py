@@ -9,16 +9,16 @@ from django.core.asgi import get_asgi_application
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "rigdash.settings")
 django_asgi_app = get_asgi_application()
 
-from channels.auth import AuthMiddlewareStack  # noqa: E402  (needs the app registry loaded)
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 
 from inference.routing import websocket_urlpatterns as inference_ws  # noqa: E402
 from monitoring.routing import websocket_urlpatterns as monitoring_ws  # noqa: E402
+from rigdash.ws import auth_middleware_stack  # noqa: E402  (needs the app registry loaded)
 
 application = ProtocolTypeRouter(
     {
         "http": django_asgi_app,
-        "websocket": AllowedHostsOriginValidator(AuthMiddlewareStack(URLRouter(inference_ws + monitoring_ws))),
+        "websocket": AllowedHostsOriginValidator(auth_middleware_stack(URLRouter(inference_ws + monitoring_ws))),
     }
 )
