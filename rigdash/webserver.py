@@ -5,10 +5,9 @@ docker-compose.yml and the Dockerfile run (``rigdash.launcher.web_command``); ev
 
 Why uvicorn and not Daphne: a token batch's websocket frame cost Daphne twice the CPU (Twisted queues each write
 for a later turn of the loop, autobahn formats log arguments it never logs). With 16 streams and 200 viewers (the
-benchmark's level 3) the web's CPU per token halved, and TTFT p99 met its 150 ms target in four runs of six, against
-one run in six with Daphne (docs/benchmarks.md, "Web server change"). The settings keep what Daphne did: no access
-log, no trust in X-Forwarded-* headers (a client could claim any address), and no lifespan protocol (Channels'
-router has none). Unlike Daphne, a websocket message is bounded (WS_MAX_BYTES).
+benchmark's level 3) the web's CPU per token halved (docs/benchmarks.md, "Web server change"). The settings keep
+what Daphne did: no access log, no trust in X-Forwarded-* headers (a client could claim any address), and no
+lifespan protocol (Channels' router has none). Unlike Daphne, a websocket message is bounded (WS_MAX_BYTES).
 
 Why not uvicorn's own command: its server wakes every 0.1 s to refresh the Date header and to look for a request
 to stop. Idle, those ten wake-ups a second were most of the web process's CPU, more than Daphne used (measured in
