@@ -597,9 +597,13 @@ class Bench:
         started = datetime.now(UTC).isoformat(timespec="seconds")
         sys_before, own_before, load_before = psutil.cpu_times(), _tree_cpu(), os.getloadavg()
         log(f"{self.plan.name} run; starting the stack in {self.var_dir}")
-        await asyncio.to_thread(self.stack.start, log)
-        self.stack.django_setup()
-        prepared = self.stack.prepare()
+        try:
+            await asyncio.to_thread(self.stack.start, log)
+            self.stack.django_setup()
+            prepared = self.stack.prepare()
+        except BaseException:  # e.g. the web server exited at start: stop what had started (llama-server, worker...)
+            await asyncio.to_thread(self.stack.stop)
+            raise
         self.cookie, self.model = prepared["cookie"], prepared["llama_model"]
         results: dict[str, Any] = {}
         profilers = []
