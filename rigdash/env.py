@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from django.core.exceptions import ImproperlyConfigured
 
-# The web server closes a websocket whose message is larger (1009; rigdash/launcher.py web_command). RigDash's own
+# The web server closes a websocket whose message is larger (1009; rigdash/webserver.py). RigDash's own
 # limit on a frame, RIGDASH_MAX_WS_FRAME_BYTES, stays at or below it, so a frame over that gets a clear error.
 WS_MAX_BYTES = 1 << 20
 
