@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import logging
 import sys
 import warnings
 from types import FrameType
@@ -29,6 +30,17 @@ from rigdash.env import WS_MAX_BYTES
 
 TICK_S = 1.0  # the Date header's resolution is a second anyway
 STARTUP_FAILURE = 3  # uvicorn's exit code when it could not start (a port in use)
+# What uvicorn and websockets log at INFO for every websocket that opens and closes. Daphne logged none of it; here a
+# wave of 250 reconnecting pages wrote 750 lines, each with the client's address. A refused socket (its status,
+# 403 for a foreign Origin) and every warning and error are still logged.
+PER_CONNECTION = frozenset({'%s - "WebSocket %s" [accepted]', "connection open", "connection closed"})
+
+
+class PerConnectionFilter(logging.Filter):
+    """Drops the per-connection INFO lines (PER_CONNECTION) from uvicorn's ``uvicorn.error`` logger."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.levelno > logging.INFO or record.msg not in PER_CONNECTION
 
 
 class QuietServer(uvicorn.Server):
@@ -80,7 +92,8 @@ def main(argv: list[str] | None = None) -> int:
     # WhiteNoise (6.12) answers a static file with a synchronous file iterator, which Django's ASGI handler reads
     # in a thread and warns about once per process. The files are a few KB; Daphne's Twisted logging hid it.
     warnings.filterwarnings("ignore", "StreamingHttpResponse must consume synchronous iterators", Warning)
-    server = QuietServer(config(args.host, args.port))
+    server = QuietServer(config(args.host, args.port))  # Config sets up uvicorn's logging: filter after it
+    logging.getLogger("uvicorn.error").addFilter(PerConnectionFilter())
     server.run()
     return 0 if server.started else STARTUP_FAILURE
 

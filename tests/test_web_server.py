@@ -18,7 +18,7 @@ from websockets.exceptions import ConnectionClosedError, InvalidStatus
 
 from rigdash import webserver
 from rigdash.env import WS_MAX_BYTES
-from tests.conftest import session_cookie_for
+from tests.conftest import LOG_DIR, session_cookie_for, wait_until
 
 over_the_network = pytest.mark.django_db(transaction=True)
 
@@ -46,6 +46,29 @@ async def test_a_page_of_another_site_cannot_open_a_socket(web_url, chat_session
     assert refused.value.response.status_code == 403
     async with await _chat_socket(web_url, chat_session, owner) as ws:  # the same socket from RigDash's own origin
         assert (await _frame(ws))["type"] == "session.snapshot"
+
+
+@over_the_network
+async def test_the_log_keeps_refusals_but_not_every_connection(web_url, chat_session, owner):
+    """uvicorn logs each websocket's accept, open and close at INFO (three lines a page; Daphne logged none): the
+    web server drops those, and keeps a refused socket's line."""
+    log_path = LOG_DIR / "web.log"
+    start = log_path.stat().st_size
+    async with await _chat_socket(web_url, chat_session, owner) as ws:
+        assert (await _frame(ws))["type"] == "session.snapshot"
+    with pytest.raises(InvalidStatus):
+        await _chat_socket(web_url, chat_session, owner, origin="http://evil.example")
+    path = f"/ws/chat/{chat_session.pk}/"
+
+    def written() -> str:
+        with log_path.open(encoding="utf-8", errors="replace") as log:
+            log.seek(start)
+            return log.read()
+
+    logged = await sync_to_async(wait_until)(
+        lambda: (text := written()) and f'"WebSocket {path}" 403' in text and text, timeout_s=10, what="the 403 line"
+    )
+    assert "[accepted]" not in logged and "connection open" not in logged and "connection closed" not in logged
 
 
 @over_the_network
