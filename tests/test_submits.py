@@ -170,6 +170,34 @@ def test_a_batch_reads_each_turns_own_conversation_in_one_query():
 
 
 @pytest.mark.django_db(transaction=True)
+def test_a_burst_of_submits_stores_its_turns_in_one_insert(settings):
+    """Sixteen submits together (the benchmark's level 3) are one INSERT, not sixteen: each was a statement the ORM
+    built and the database ran, on every turn's way to its first token (docs/benchmarks.md). Each turn still gets
+    its own id, in the order the submits came, and its creation time; a refused submit inserts nothing."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    owner = make_user("owner")
+    rig = _quiet_rig(16)
+    sessions = [make_session(owner, rig, "m") for _ in range(16)]
+    requests = [services.SubmitRequest(user=owner, session_id=s.pk, text=f"hi {i}") for i, s in enumerate(sessions)]
+    requests.insert(3, services.SubmitRequest(user=owner, session_id=sessions[5].pk, text=""))  # refused
+    with CaptureQueriesContext(connection) as queries:
+        results = services.turn_submit_many(requests)
+    inserts = [q["sql"] for q in queries.captured_queries if q["sql"].startswith('INSERT INTO "inference_turn"')]
+    assert len(inserts) == 1, inserts
+    assert isinstance(results[3], services.InvalidInput) and results[3].code == "empty_message"
+    turns = [r for r in results if isinstance(r, Turn)]
+    assert [(t.session_id, t.user_text) for t in turns] == [(s.pk, f"hi {i}") for i, s in enumerate(sessions)]
+    assert all(t.pk is not None for t in turns) and [t.pk for t in turns] == sorted(t.pk for t in turns)
+    stored = {t.pk: t for t in Turn.objects.all()}
+    assert len(stored) == 16
+    assert all((stored[t.pk].session_id, stored[t.pk].created_at) == (t.session_id, t.created_at) for t in turns)
+    assert all(stored[t.pk].dispatched_at is not None for t in turns)  # 16 slots: all handed out together
+    redis.Redis.from_url(settings.CELERY_BROKER_URL).delete(rig.queue)
+
+
+@pytest.mark.django_db(transaction=True)
 def test_a_lone_turns_way_to_its_backend_request_takes_few_queries(monkeypatch, settings):
     """Every query from a submit to the worker's backend request is on the turn's time to first token: on a busy
     2-core rig each is a round trip and a wake-up of the database (docs/benchmarks.md, "Pipeline change: fewer
