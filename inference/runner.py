@@ -19,6 +19,7 @@ import functools
 import logging
 import threading
 import time
+import weakref
 from collections.abc import AsyncGenerator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, ParamSpec, TypeVar, cast
@@ -33,6 +34,7 @@ from inference import board, events, live, quotas, services
 from inference.backends import backend_for
 from inference.backends.base import BackendError, BackendStats, ChatRequest, OnSent, StreamChunk
 from inference.models import Rig, Turn
+from inference.redislink import RedisLink
 from rigdash.env import RigDashConfig
 
 log = logging.getLogger(__name__)
@@ -155,7 +157,8 @@ class TurnStream:
     """The state of one streaming turn inside the worker's event loop."""
 
     turn: Turn
-    redis: aioredis.Redis
+    redis: aioredis.Redis  # the board's progress
+    link: RedisLink  # the batches' writes (inference/redislink.py)
     meter: StreamMeter
     pace: FlushPace
     parts: list[str] = field(default_factory=list)
@@ -216,7 +219,7 @@ class TurnStream:
             # One round trip: append to the live list, then publish (Redis runs them in order, so a snapshot
             # read after the publish holds the batch), and read the cancel flag when it is due.
             try:
-                async with self.redis.pipeline(transaction=False) as pipe:
+                async with self.link.pipeline() as pipe:
                     if text:
                         self._append_live(pipe, seq_from, seq_to, text, stats, rewrite=rebuilding)
                         if publication is not None:
@@ -269,7 +272,7 @@ class TurnStream:
     async def _rebuild_live(self, seq_to: int, stats: dict[str, Any]) -> None:
         log.warning("turn %s: the live list lost entries (Redis restarted?); rebuilding it", self.turn.pk)
         try:
-            async with self.redis.pipeline(transaction=False) as pipe:
+            async with self.link.pipeline() as pipe:
                 self._append_live(pipe, 1, seq_to, "", stats, rewrite=True)
                 await pipe.execute()
         except (RedisError, OSError) as exc:
@@ -407,6 +410,7 @@ async def stream_turn(
     state = TurnStream(
         turn=turn,
         redis=redis_client,
+        link=link_for_loop(),
         meter=StreamMeter(t_request=opened.t_request),
         pace=_pace_for_loop(),
         context_quota=context_quota,
@@ -504,6 +508,7 @@ async def _consume(state: TurnStream, queue: asyncio.Queue[Any], conf: RigDashCo
 
 
 _redis_clients: dict[int, aioredis.Redis] = {}
+_links: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, RedisLink] = weakref.WeakKeyDictionary()
 
 
 def redis_for_loop() -> aioredis.Redis:
@@ -511,6 +516,16 @@ def redis_for_loop() -> aioredis.Redis:
     if loop_id not in _redis_clients:
         _redis_clients[loop_id] = aioredis.Redis.from_url(settings.REDIS_URL)
     return _redis_clients[loop_id]
+
+
+def link_for_loop() -> RedisLink:
+    """The running loop's connection for batch writes (the worker runs every turn on one loop: inference.aio).
+    Keyed by the loop itself, not its id: a connection and its lock belong to the loop they were first used on."""
+    loop = asyncio.get_running_loop()
+    link = _links.get(loop)
+    if link is None:
+        link = _links[loop] = RedisLink(settings.REDIS_URL)
+    return link
 
 
 # SQLite lets one connection write at a time, and a connection that finds the lock taken sleeps in SQLite's busy

@@ -14,7 +14,13 @@ from inference.runner import FlushPace, StreamMeter, TurnStream
 
 def _stream(interval_s: float = 0.033) -> TurnStream:
     # flush_due reads only the timing fields; no turn or Redis is needed to ask it.
-    return TurnStream(turn=None, redis=None, meter=StreamMeter(t_request=0.0), pace=FlushPace(interval_s, interval_s))  # type: ignore[arg-type]
+    return TurnStream(
+        turn=None,  # type: ignore[arg-type]
+        redis=None,  # type: ignore[arg-type]
+        link=None,  # type: ignore[arg-type]
+        meter=StreamMeter(t_request=0.0),
+        pace=FlushPace(interval_s, interval_s),
+    )
 
 
 def test_a_lone_token_goes_out_at_once_and_a_burst_waits_one_interval_after_the_last_batch():
@@ -30,7 +36,7 @@ def test_a_lone_token_goes_out_at_once_and_a_burst_waits_one_interval_after_the_
 
 def test_a_turn_alone_gets_the_short_interval_and_each_other_streaming_turn_adds_one_up_to_the_ceiling():
     pace = FlushPace(0.010, 0.033)
-    alone, other = TurnStream(turn=None, redis=None, meter=StreamMeter(t_request=0.0), pace=pace), _stream()  # type: ignore[arg-type]
+    alone, other = TurnStream(turn=None, redis=None, link=None, meter=StreamMeter(t_request=0.0), pace=pace), _stream()  # type: ignore[arg-type]
     other.pace = pace
     alone.last_sent, alone.pending_since = 1.0, 1.001
     with pace.streaming_turn():
@@ -200,7 +206,7 @@ async def test_a_flush_that_cannot_reach_redis_keeps_its_tokens_and_waits_before
 
     stream = _stream()
     stream.turn = SimpleNamespace(pk=5, session_id=6)  # type: ignore[assignment]
-    stream.redis = SimpleNamespace(pipeline=lambda transaction: DownPipeline())  # type: ignore[assignment]
+    stream.link = SimpleNamespace(pipeline=lambda: DownPipeline())  # type: ignore[assignment]
     now = time.perf_counter()
     for text in ("a", "b"):
         stream.meter.token(now)
@@ -223,11 +229,12 @@ async def test_a_live_list_lost_between_two_flushes_is_rebuilt_whole(settings):
     from redis import asyncio as aioredis
 
     from inference import live
+    from inference.redislink import RedisLink
 
     client = aioredis.Redis.from_url(settings.REDIS_URL)
     stream = _stream()
     stream.turn = SimpleNamespace(pk=900_000 + time.monotonic_ns() % 100_000, session_id=6)  # type: ignore[assignment]
-    stream.redis = client
+    stream.link = RedisLink(settings.REDIS_URL)
     key = live.live_key(stream.turn.pk)
     try:
         for text in ("Hello", " world", "!"):
@@ -245,3 +252,4 @@ async def test_a_live_list_lost_between_two_flushes_is_rebuilt_whole(settings):
     finally:
         await client.delete(key)
         await client.aclose()
+        await stream.link.aclose()

@@ -1,0 +1,111 @@
+"""inference/redislink.py: the worker's batch writes on one connection of their own, against the real Redis.
+
+What must hold: replies come back in order, and a batch that fails part-way (an error reply, a cancelled task)
+never leaves a reply behind for the next batch to read as its own."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+from redis import asyncio as aioredis
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import ResponseError
+
+from inference.redislink import RedisLink
+
+
+@pytest.fixture
+async def redis_pair(settings):
+    link, client = RedisLink(settings.REDIS_URL), aioredis.Redis.from_url(settings.REDIS_URL)
+    prefix = f"rigdash:test:link:{time.monotonic_ns()}"
+    try:
+        yield link, client, prefix
+    finally:
+        keys = await client.keys(f"{prefix}*")
+        if keys:
+            await client.delete(*keys)
+        await client.aclose()
+        await link.aclose()
+
+
+async def test_a_batch_appends_publishes_and_reads_in_one_round_trip_with_replies_in_order(redis_pair):
+    link, client, prefix = redis_pair
+    pubsub = client.pubsub()
+    await pubsub.subscribe(f"{prefix}:chan")
+    await pubsub.get_message(timeout=1)  # the subscribe confirmation
+    await client.set(f"{prefix}:flag", "1")
+    async with link.pipeline() as pipe:
+        pipe.rpush(f"{prefix}:list", "a")
+        pipe.expire(f"{prefix}:list", 60)
+        pipe.publish(f"{prefix}:chan", "batch 1")
+        pipe.get(f"{prefix}:flag")
+        pipe.get(f"{prefix}:missing")
+        replies = await pipe.execute()
+    assert replies == [1, 1, 1, b"1", None]
+    async with link.pipeline() as pipe:
+        pipe.delete(f"{prefix}:list")
+        pipe.rpush(f"{prefix}:list", "b", "c")
+        assert await pipe.execute() == [1, 2]
+    assert await client.lrange(f"{prefix}:list", 0, -1) == [b"b", b"c"]
+    message = await pubsub.get_message(timeout=1)
+    assert message is not None and message["data"] == b"batch 1"
+    await pubsub.aclose()
+
+
+async def test_an_error_reply_fails_its_batch_and_leaves_nothing_for_the_next(redis_pair):
+    link, client, prefix = redis_pair
+    await client.set(f"{prefix}:text", "not a list")
+    with pytest.raises(ResponseError, match="WRONGTYPE"):
+        async with link.pipeline() as pipe:
+            pipe.rpush(f"{prefix}:text", "x")  # the error comes first; the GET's reply is left unread
+            pipe.get(f"{prefix}:text")
+            await pipe.execute()
+    async with link.pipeline() as pipe:
+        pipe.get(f"{prefix}:other")
+        assert await pipe.execute() == [None]  # not b"not a list": the unread reply went with the old connection
+
+
+async def test_a_batch_cancelled_while_waiting_for_its_reply_leaves_nothing_for_the_next(redis_pair):
+    link, client, prefix = redis_pair
+    waiting = asyncio.create_task(link.execute([("BLPOP", f"{prefix}:empty", 5)]))
+    await asyncio.sleep(0.2)  # sent; Redis holds the reply
+    waiting.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await waiting
+    await client.rpush(f"{prefix}:empty", "late")  # would have been BLPOP's reply on the old connection
+    assert await link.execute([("GET", f"{prefix}:x")]) == [None]
+    assert await client.lrange(f"{prefix}:empty", 0, -1) == [b"late"]  # the cancelled BLPOP took nothing
+
+
+async def test_batches_of_turns_on_one_loop_take_turns_on_the_connection(redis_pair):
+    link, _client, prefix = redis_pair
+
+    async def turn(n: int) -> list[int]:
+        lengths = []
+        for i in range(20):
+            async with link.pipeline() as pipe:
+                pipe.rpush(f"{prefix}:turn{n}", str(i))
+                pipe.publish(f"{prefix}:chan{n}", str(i))
+                lengths.append((await pipe.execute())[0])
+        return lengths
+
+    results = await asyncio.gather(*(turn(n) for n in range(8)))
+    assert all(lengths == list(range(1, 21)) for lengths in results)
+
+
+async def test_a_redis_that_is_not_there_is_a_redis_error_and_the_link_connects_again_later(settings):
+    link = RedisLink("redis://127.0.0.1:1/0")  # nothing listens on port 1
+    with pytest.raises((RedisConnectionError, OSError)):
+        await link.execute([("PING",)])
+    with pytest.raises((RedisConnectionError, OSError)):
+        await link.execute([("PING",)])  # tries again rather than reusing a broken state
+    good = RedisLink(settings.REDIS_URL)
+    try:
+        assert await good.execute([("PING",)]) == [b"PONG"]  # raw replies: no redis-py callbacks
+        assert await good.execute([]) == []
+        with pytest.raises(ValueError):
+            good.pipeline(transaction=True)
+    finally:
+        await good.aclose()
