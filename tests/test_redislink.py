@@ -109,3 +109,12 @@ async def test_a_redis_that_is_not_there_is_a_redis_error_and_the_link_connects_
             good.pipeline(transaction=True)
     finally:
         await good.aclose()
+
+
+def test_replies_are_parsed_by_hiredis(settings):
+    """pyproject asks for redis[hiredis]: redis-py's C parser halved the web's CPU per pub/sub message here and cut
+    the link's batch (docs/benchmarks.md). Without it redis-py falls back to its Python parser silently."""
+    from redis._parsers import _AsyncHiredisParser
+
+    link = RedisLink(settings.REDIS_URL)
+    assert isinstance(link._connection._parser, _AsyncHiredisParser)
