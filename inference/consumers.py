@@ -14,7 +14,7 @@ from channels.db import database_sync_to_async
 from django.conf import settings
 from django.http import Http404
 
-from inference import events, model_admin, selectors, services, submits
+from inference import dispatch, events, model_admin, selectors, services, submits
 from inference.consumers_board import RevocableMixin
 from rigdash.ws import CLOSE_NOT_FOUND, GroupJsonConsumer
 
@@ -76,6 +76,8 @@ class ChatConsumer(RevocableMixin, GroupJsonConsumer):
         try:
             await handler(content)
         except services.InvalidInput as exc:
+            await self._error(exc.code, exc.message, request=content.get("client_id"))
+        except dispatch.QueueUnavailable as exc:  # the turn is stored: the page has its turn.queued already
             await self._error(exc.code, exc.message, request=content.get("client_id"))
         except Http404:
             await self._error("not_found", "No such turn in this session.")

@@ -32,6 +32,21 @@ from inference.tickets import StartTicket
 log = logging.getLogger(__name__)
 
 
+class QueueUnavailable(Exception):
+    """A turn's Celery task could not be sent (the broker is down). The turn is stored and waits again: the next
+    dispatch (after a turn ends, or beat's ``inference.dispatch_all`` every few seconds) hands it out."""
+
+    code = "queue_unavailable"
+    message = (
+        "Your message is saved, but the task queue cannot be reached right now. "
+        "The reply starts once the queue is back; there is no need to send it again."
+    )
+
+    def __init__(self, turn_ids: Sequence[int]) -> None:
+        super().__init__(f"the task of turns {list(turn_ids)} could not be sent; they wait to be handed out again")
+        self.turn_ids = list(turn_ids)
+
+
 @dataclass(frozen=True)
 class Waiting:
     turn_id: int
@@ -170,8 +185,8 @@ def _send(turn_ids: list[int], queue: str, tickets: Sequence[StartTicket] = ()) 
     tickets go with it (inference/tickets.py).
 
     When the message cannot be sent (the broker is down), the turns go back to waiting, so the next dispatch
-    (after a turn ends, or beat's ``dispatch_all``) hands them out again instead of the 120 s resend; the error
-    still reaches the caller."""
+    (after a turn ends, or beat's ``dispatch_all``) hands them out again instead of the 120 s resend; the caller
+    gets ``QueueUnavailable`` (the broker's error as its cause), which a page or an API client is shown."""
     from inference.tasks import turns_run_task  # tasks import starts, which imports this module
 
     if not turn_ids:
@@ -181,9 +196,9 @@ def _send(turn_ids: list[int], queue: str, tickets: Sequence[StartTicket] = ()) 
         # instead of 0.75 per message here, on every turn's way to its first token).
         kwargs = {"tickets": [ticket.as_message() for ticket in tickets]} if tickets else {}
         turns_run_task.apply_async(args=[turn_ids], kwargs=kwargs, queue=queue, exchange="", routing_key=queue)
-    except Exception:
+    except Exception as exc:
         Turn.objects.filter(pk__in=turn_ids, status=Turn.Status.QUEUED).update(dispatched_at=None)
-        raise
+        raise QueueUnavailable(turn_ids) from exc
 
 
 def announce_positions(

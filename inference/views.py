@@ -12,7 +12,7 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_GET, require_POST
 
-from inference import selectors, services
+from inference import dispatch, selectors, services
 from inference.backends.base import BackendError
 from inference.models import Rig
 
@@ -102,6 +102,8 @@ def api_login_required(view: Any) -> Any:
             return view(request, *args, **kwargs)  # type: ignore[no-any-return]
         except services.InvalidInput as exc:
             return _json_error(exc.code, exc.message, 400)
+        except dispatch.QueueUnavailable as exc:  # what was sent is stored; only its start waits
+            return _json_error(exc.code, exc.message, 503)
 
     wrapped.__name__ = view.__name__
     return wrapped

@@ -151,3 +151,48 @@ def test_backend_down_mid_chat_fails_the_turn_with_a_reason_and_keeps_history(ce
     assert "unreachable" in turn.error or "failed" in turn.error
     earlier.refresh_from_db()
     assert earlier.reply_text == "old reply"
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_a_submit_whose_task_cannot_be_queued_is_kept_and_the_page_is_told_why(chat_session, owner, monkeypatch):
+    """The broker refuses the Celery message (mocked: stopping the machine's Redis would stop every other test). The
+    turn is stored and waits; the page sees it queued and gets an error frame that says so, and its socket stays
+    open (it used to get an unhandled exception instead)."""
+    from inference.tasks import turns_run_task
+
+    def broker_down(*args, **kwargs):
+        raise ConnectionRefusedError("broker down")
+
+    monkeypatch.setattr(turns_run_task, "apply_async", broker_down)
+    sock = ChatSocket(chat_session.pk, await sync_to_async(session_cookie_for)(owner))
+    assert (await sock.connect())[0]
+    await sock.recv()  # the session's snapshot
+    await sock.send({"type": "turn.send", "text": "keep me", "client_id": "c1"})
+    await sock.recv_until(lambda f: {"turn.queued", "error"} <= {frame["type"] for frame in sock.frames})
+    [queued] = [f for f in sock.frames if f["type"] == "turn.queued"]  # it comes through Redis, the error directly
+    [error] = [f for f in sock.frames if f["type"] == "error"]
+    assert queued["turn"]["user_text"] == "keep me"
+    assert error["code"] == "queue_unavailable" and "saved" in error["message"] and error["request"] == "c1"
+    await sock.send({"type": "turn.resync", "turn": queued["turn"]["id"]})
+    snapshot = await sock.recv_until(lambda f: f["type"] == "turn.snapshot")  # still connected and answering
+    assert snapshot["turn"]["status"] == Turn.Status.QUEUED
+    await sock.close()
+    turn = await Turn.objects.aget()
+    assert (turn.user_text, turn.status, turn.dispatched_at) == ("keep me", Turn.Status.QUEUED, None)
+
+
+@pytest.mark.django_db(transaction=True)  # the Celery message goes at the commit
+def test_a_turn_posted_while_its_task_cannot_be_queued_is_kept_and_the_answer_says_so(
+    owner_client, chat_session, monkeypatch
+):
+    from inference.tasks import turns_run_task
+
+    def broker_down(*args, **kwargs):
+        raise ConnectionRefusedError("broker down")
+
+    monkeypatch.setattr(turns_run_task, "apply_async", broker_down)
+    response = _post_turn(owner_client, chat_session.pk, {"text": "keep me too"})
+    assert response.status_code == 503
+    assert response.json()["error"]["code"] == "queue_unavailable" and "saved" in response.json()["error"]["message"]
+    turn = Turn.objects.get(session=chat_session)
+    assert (turn.user_text, turn.status, turn.dispatched_at) == ("keep me too", Turn.Status.QUEUED, None)

@@ -13,7 +13,8 @@ from typing import Any
 import pytest
 
 from inference.models import Turn
-from tests.conftest import wait_until
+from rigdash.launcher import free_port, wait_http, web_command
+from tests.conftest import LOG_DIR, wait_until
 
 pytestmark = [pytest.mark.browser, pytest.mark.llama, pytest.mark.django_db(transaction=True)]
 
@@ -128,6 +129,33 @@ def test_empty_and_oversized_messages_get_a_clear_error_and_keep_the_text(page, 
     page.wait_for_selector("[data-testid=error]:has-text('limit')")
     assert page.get_by_test_id("message").input_value() == too_long  # nothing typed is lost
     assert Turn.objects.count() == 0
+
+
+def test_a_message_sent_while_the_task_queue_is_down_is_kept_and_the_page_says_so(
+    page, stack, service_env, chat_session
+):
+    """A web server whose Celery broker cannot be reached (a port nothing listens on; the channel layer's Redis is
+    up): the message is stored, the page shows it waiting with an error that says it is saved, and the box is
+    cleared so that it is not sent twice."""
+    port = free_port()
+    env = {**service_env, "CELERY_BROKER_URL": f"redis://127.0.0.1:{free_port()}/0"}
+    proc = stack.start(
+        "web-no-broker", web_command(host="127.0.0.1", port=port), env=env, log_path=LOG_DIR / "web-nb.log"
+    )
+    url = f"http://127.0.0.1:{port}"
+    wait_http(f"{url}/static/rigdash/app.css", timeout_s=60, proc=proc)
+    login(page, url, "owner")
+    page.goto(f"{url}/sessions/{chat_session.pk}/")
+    page.wait_for_selector("[data-testid=connection][data-state=live]")
+    page.get_by_test_id("message").fill("keep me")
+    page.get_by_test_id("send").click()
+    page.wait_for_selector("[data-testid=error]:has-text('saved')")
+    page.wait_for_selector(".turn[data-status=queued] [data-testid=user-message]:has-text('keep me')")
+    assert page.get_by_test_id("message").input_value() == ""
+    assert page.get_by_test_id("stop").is_visible()  # a waiting turn can be stopped, as any other
+    turn = Turn.objects.get(session=chat_session)
+    assert (turn.user_text, turn.status, turn.dispatched_at) == ("keep me", Turn.Status.QUEUED, None)
+    assert page.errors == []
 
 
 XSS_REPLY = """Here you go:

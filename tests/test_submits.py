@@ -276,8 +276,8 @@ def test_a_turn_cancelled_between_the_workers_read_and_its_claim_is_left_out(mon
 @pytest.mark.django_db(transaction=True)
 def test_a_turn_whose_task_cannot_be_sent_goes_back_to_waiting_and_is_handed_out_again(monkeypatch, settings):
     """The broker refuses the Celery message (mocked: stopping the machine's Redis would stop every other test):
-    the submit fails loudly, the turn is kept and waits again instead of holding a slot until the 120 s resend,
-    and the next dispatch hands it out."""
+    the submit fails loudly (QueueUnavailable, which pages and API clients are shown), the turn is kept and waits
+    again instead of holding a slot until the 120 s resend, and the next dispatch hands it out."""
     from inference import dispatch
     from inference.tasks import turns_run_task
 
@@ -290,8 +290,9 @@ def test_a_turn_whose_task_cannot_be_sent_goes_back_to_waiting_and_is_handed_out
 
     real_send = turns_run_task.apply_async
     monkeypatch.setattr(turns_run_task, "apply_async", broker_down)
-    with pytest.raises(ConnectionRefusedError):
+    with pytest.raises(dispatch.QueueUnavailable) as refused:
         services.turn_submit_many([services.SubmitRequest(user=owner, session_id=session.pk, text="hi")])
+    assert isinstance(refused.value.__cause__, ConnectionRefusedError)
     [turn] = Turn.objects.filter(session=session)
     assert (turn.status, turn.dispatched_at) == (Turn.Status.QUEUED, None)
     monkeypatch.setattr(turns_run_task, "apply_async", real_send)

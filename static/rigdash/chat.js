@@ -171,7 +171,12 @@
     token: onToken,
     "turn.end": (msg) => applySnapshot(msg.turn),
     error: (msg) => {
-      if (pendingText !== null) {
+      if (msg.code === "queue_unavailable") {
+        // The message is stored and waits for the task queue: clear the box, or it would be sent twice.
+        if (pendingText !== null && input.value === pendingText) input.value = "";
+        pendingText = null;
+        refreshControls();
+      } else if (pendingText !== null) {
         pendingText = null; // the message stays in the box: nothing typed is lost
         refreshControls();
       }
