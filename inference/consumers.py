@@ -75,9 +75,7 @@ class ChatConsumer(RevocableMixin, GroupJsonConsumer):
             return
         try:
             await handler(content)
-        except services.InvalidInput as exc:
-            await self._error(exc.code, exc.message, request=content.get("client_id"))
-        except dispatch.QueueUnavailable as exc:  # the turn is stored: the page has its turn.queued already
+        except (services.InvalidInput, dispatch.QueueUnavailable) as exc:  # the latter's turn is stored and waits
             await self._error(exc.code, exc.message, request=content.get("client_id"))
         except Http404:
             await self._error("not_found", "No such turn in this session.")
