@@ -44,7 +44,6 @@ class QueueUnavailable(Exception):
 
     def __init__(self, turn_ids: Sequence[int]) -> None:
         super().__init__(f"the task of turns {list(turn_ids)} could not be sent; they wait to be handed out again")
-        self.turn_ids = list(turn_ids)
 
 
 @dataclass(frozen=True)

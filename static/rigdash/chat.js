@@ -171,13 +171,11 @@
     token: onToken,
     "turn.end": (msg) => applySnapshot(msg.turn),
     error: (msg) => {
-      if (msg.code === "queue_unavailable") {
-        // The message is stored and waits for the task queue: clear the box, or it would be sent twice.
-        if (pendingText !== null && input.value === pendingText) input.value = "";
+      if (pendingText !== null) {
+        // A refused message stays in the box: nothing typed is lost. One the server stored while its task queue
+        // is down (queue_unavailable) leaves it, or it would be sent twice.
+        if (msg.code === "queue_unavailable" && input.value === pendingText) input.value = "";
         pendingText = null;
-        refreshControls();
-      } else if (pendingText !== null) {
-        pendingText = null; // the message stays in the box: nothing typed is lost
         refreshControls();
       }
       showError(msg.message);
