@@ -25,7 +25,7 @@ from django.db import connection, transaction
 from django.db.models import Max, Q
 from django.utils import timezone
 
-from inference import aftercommit, events
+from inference import events
 from inference.models import Rig, Turn
 from inference.tickets import StartTicket
 
@@ -171,8 +171,8 @@ def rig_dispatch(*, rig_id: int, rig: Rig | None = None, tickets: Mapping[int, S
             still_waiting = [item for item in order if item.turn_id not in dispatched]
         queue = rig.queue
         sent_tickets = [tickets[t] for t in dispatched if t in tickets] if tickets else []
-        aftercommit.on_commit(lambda: _send(dispatched, queue, sent_tickets))
-        aftercommit.on_commit(
+        transaction.on_commit(lambda: _send(dispatched, queue, sent_tickets))
+        transaction.on_commit(
             lambda: announce_positions(rig_id=rig_id, waiting_order_now=still_waiting, just_dispatched=dispatched)
         )
     return dispatched

@@ -16,7 +16,7 @@ from django.db.models import Model, QuerySet
 from django.http import Http404
 from django.utils import timezone
 
-from inference import aftercommit, dispatch, events, live, selectors
+from inference import dispatch, events, live, selectors
 from inference.backends import backend_for
 from inference.backends.base import BackendError, ModelInfo
 from inference.models import ChatSession, Rig, Turn
@@ -247,13 +247,13 @@ def _turns_stored(
     # reach the page before the turn itself did (seen in the benchmark's stress level). Callbacks run in the
     # order they were added, so this goes before the dispatch's tasks.
     queued = [(turn.session_id, selectors.turn_snapshot(turn, just_stored=True)) for turn in turns]
-    aftercommit.on_commit(lambda: events.turns_queued_sync(queued), robust=True)  # a view: never stops the tasks
+    transaction.on_commit(lambda: events.turns_queued_sync(queued), robust=True)  # a view: never stops the tasks
     # The turns wait in their rig's fair queue; dispatch hands them to Celery while a slot is free.
     tickets = _start_tickets(turns, conversations or {}, limits or {})
     for rig in {turn.session.rig_id: turn.session.rig for turn in turns}.values():
         dispatch.rig_dispatch(rig_id=rig.pk, rig=rig, tickets=tickets)
     turn_ids = [turn.pk for turn in turns]
-    aftercommit.on_commit(lambda: board.publish_turns(turn_ids), robust=True)
+    transaction.on_commit(lambda: board.publish_turns(turn_ids), robust=True)
 
 
 def _start_tickets(

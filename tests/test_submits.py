@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
-import threading
 from typing import Any
 
 import pytest
@@ -94,88 +93,6 @@ async def test_a_failing_store_fails_every_submit_of_its_batch_and_the_next_batc
     assert await Turn.objects.acount() == 0
     turn = await submits.submit(user=owner, session_id=sessions[2].pk, text="after the outage")
     assert turn.user_text == "after the outage" and await Turn.objects.acount() == 1
-
-
-@pytest.mark.django_db(transaction=True)
-async def test_a_batchs_commit_work_runs_on_its_own_thread_while_the_next_batch_is_stored(monkeypatch, settings):
-    """The first batch's commit work is held up (its page's turn.queued waits) until the second batch is stored.
-    Were that work still on the database thread, the second batch could not be stored meanwhile: the wait would
-    time out. The two batches' work still runs in the order they committed, and each answer comes after it."""
-    from inference import events
-
-    owner = await sync_to_async(make_user)("owner")
-    rig = await sync_to_async(_quiet_rig)(4)
-    first, second = [await sync_to_async(make_session)(owner, rig, "m") for _ in range(2)]
-    broker = redis.Redis.from_url(settings.CELERY_BROKER_URL)
-    broker.delete(rig.queue)
-    stored: list[list[str]] = []  # each batch's texts, as it committed
-    second_stored = threading.Event()
-    real_store = services.turn_submit_many
-
-    def storing(requests: Any) -> Any:
-        results = real_store(requests)
-        stored.append([request.text for request in requests])
-        if len(stored) == 2:
-            second_stored.set()
-        return results
-
-    announced: list[tuple[list[str], str, bool]] = []  # texts, thread, whether the second batch was stored by then
-    real_queued = events.turns_queued_sync
-
-    def held_up(turns: Any) -> None:
-        if not announced:
-            second_stored.wait(timeout=5)
-        announced.append(([turn["user_text"] for _, turn in turns], threading.current_thread().name, bool(stored[1:])))
-        real_queued(turns)
-
-    monkeypatch.setattr(services, "turn_submit_many", storing)
-    monkeypatch.setattr(events, "turns_queued_sync", held_up)
-    first_answer = asyncio.create_task(submits.submit(user=owner, session_id=first.pk, text="first"))
-    deadline = asyncio.get_running_loop().time() + 10
-    while not stored and asyncio.get_running_loop().time() < deadline:
-        await asyncio.sleep(0.005)
-    assert stored == [["first"]] and not first_answer.done()  # stored, not answered: its commit work is held up
-    second_turn = await submits.submit(user=owner, session_id=second.pk, text="second")
-    first_turn = await first_answer
-
-    assert [texts for texts, _, _ in announced] == [["first"], ["second"]]
-    assert announced[0][2], "the second batch was not stored while the first batch's commit work ran"
-    assert all(thread.startswith("rigdash-commit-work") for _, thread, _ in announced), announced
-    assert (first_turn.user_text, second_turn.user_text) == ("first", "second")
-    # Both Celery messages went, in order (the queue's list is pushed at its head, so the newest comes first).
-    messages = broker.lrange(rig.queue, 0, -1)
-    broker.delete(rig.queue)
-    assert [json.loads(base64.b64decode(json.loads(m)["body"]))[0][0] for m in reversed(messages)] == [
-        [first_turn.pk],
-        [second_turn.pk],
-    ]
-
-
-@pytest.mark.django_db(transaction=True)
-async def test_when_the_task_queue_is_down_a_batchs_stored_turns_hear_it_and_a_refused_submit_keeps_its_reason(
-    monkeypatch,
-):
-    """The broker refuses the Celery message (mocked: stopping the machine's Redis would stop every other test)."""
-    from inference import dispatch
-    from inference.tasks import turns_run_task
-
-    owner = await sync_to_async(make_user)("owner")
-    rig = await sync_to_async(_quiet_rig)(4)
-    sessions = [await sync_to_async(make_session)(owner, rig, "m") for _ in range(2)]
-
-    def broker_down(*args: Any, **kwargs: Any) -> Any:
-        raise ConnectionRefusedError("broker down")
-
-    monkeypatch.setattr(turns_run_task, "apply_async", broker_down)
-    kept, refused = await asyncio.gather(
-        submits.submit(user=owner, session_id=sessions[0].pk, text="keep me"),
-        submits.submit(user=owner, session_id=sessions[1].pk, text=""),
-        return_exceptions=True,
-    )
-    assert isinstance(kept, dispatch.QueueUnavailable) and isinstance(kept.__cause__, ConnectionRefusedError)
-    assert isinstance(refused, services.InvalidInput) and refused.code == "empty_message"
-    turn = await Turn.objects.aget()
-    assert (turn.user_text, turn.status, turn.dispatched_at) == ("keep me", Turn.Status.QUEUED, None)
 
 
 @pytest.mark.llama
