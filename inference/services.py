@@ -126,14 +126,28 @@ class SubmitRequest:
     params: Any = None
 
 
-def turn_submit_many(requests: Sequence[SubmitRequest]) -> list[Turn | InvalidInput | Http404]:
+SubmitResult = Turn | InvalidInput | Http404 | dispatch.QueueUnavailable  # a submit's turn, or why it has none
+
+
+def turn_submit_many(requests: Sequence[SubmitRequest]) -> list[SubmitResult]:
     """Store a burst of submits and dispatch them in one transaction; after it, announce and send them together.
 
-    Each request gets its own result: its turn, or the error that refused it. One request's error loses
+    Each request gets its own result: its turn, or the error that refused it, or ``QueueUnavailable`` for a turn
+    stored while the task queue is down (it waits for the queue). One request's error loses
     nothing of the others (``_turn_prepare`` refuses before it writes). A burst of n submits costs one INSERT,
     one commit, one dispatch and one round trip of announcements instead of n of each, and reads its sessions,
     their running turns and their owners' limits once (docs/benchmarks.md, level 3)."""
-    results: list[Turn | InvalidInput | Http404] = []
+    results: list[SubmitResult] = []
+    try:
+        _turns_submit_atomic(requests, results)
+    except dispatch.QueueUnavailable as exc:  # the commit's Celery message failed: the turns are stored and wait
+        return [exc if isinstance(result, Turn) else result for result in results]  # a refusal keeps its reason
+    return results
+
+
+def _turns_submit_atomic(requests: Sequence[SubmitRequest], results: list[SubmitResult]) -> None:
+    """``turn_submit_many``'s transaction. Each request's result goes in ``results`` as it is known, so the caller
+    still has them when the commit's Celery message fails (Django raises that out of the atomic block)."""
     with transaction.atomic():
         sessions: dict[tuple[int, int], ChatSession] = {}
         for user in {request.user for request in requests}:
@@ -158,7 +172,6 @@ def turn_submit_many(requests: Sequence[SubmitRequest]) -> list[Turn | InvalidIn
         turns = [r for r in results if isinstance(r, Turn)]
         _turns_insert(turns)
         _turns_stored(turns, conversations=conversations, limits=limits)
-    return results
 
 
 def _sessions_read(session_ids: set[int]) -> tuple[set[int], dict[int, list[dict[str, str]]]]:
