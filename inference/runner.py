@@ -138,17 +138,19 @@ class FlushPace:
             self.streaming -= 1
 
 
-_paces: dict[int, FlushPace] = {}
+# Per event loop, keyed by the loop itself: an id can be reused by a later loop once the first is collected (tests
+# run a loop per test), and a client or a pace belongs to the loop it was made on.
+_paces: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, FlushPace] = weakref.WeakKeyDictionary()
 
 
 def _pace_for_loop() -> FlushPace:
     """The pace of the turns on this event loop (the worker runs them all on one: inference.aio)."""
-    loop_id = id(asyncio.get_running_loop())
+    loop = asyncio.get_running_loop()
     conf = settings.RIGDASH
     min_s, max_s = conf.flush_min_interval_ms / 1000, conf.flush_interval_ms / 1000  # the settings keep min <= max
-    pace = _paces.get(loop_id)
+    pace = _paces.get(loop)
     if pace is None or (pace.min_s, pace.max_s) != (min_s, max_s):  # new settings (tests override them)
-        pace = _paces[loop_id] = FlushPace(min_s, max_s)
+        pace = _paces[loop] = FlushPace(min_s, max_s)
     return pace
 
 
@@ -507,20 +509,21 @@ async def _consume(state: TurnStream, queue: asyncio.Queue[Any], conf: RigDashCo
             await db_async(gated(services.turn_checkpoint))(turn_id=state.turn.pk, reply_text=state.text)
 
 
-_redis_clients: dict[int, aioredis.Redis] = {}
+_redis_clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, aioredis.Redis] = weakref.WeakKeyDictionary()
 _links: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, RedisLink] = weakref.WeakKeyDictionary()
 
 
 def redis_for_loop() -> aioredis.Redis:
-    loop_id = id(asyncio.get_running_loop())
-    if loop_id not in _redis_clients:
-        _redis_clients[loop_id] = aioredis.Redis.from_url(settings.REDIS_URL)
-    return _redis_clients[loop_id]
+    """The running loop's Redis client (the board's progress, a turn's start)."""
+    loop = asyncio.get_running_loop()
+    client = _redis_clients.get(loop)
+    if client is None:
+        client = _redis_clients[loop] = aioredis.Redis.from_url(settings.REDIS_URL)
+    return client
 
 
 def link_for_loop() -> RedisLink:
-    """The running loop's connection for batch writes (the worker runs every turn on one loop: inference.aio).
-    Keyed by the loop itself, not its id: a connection and its lock belong to the loop they were first used on."""
+    """The running loop's connection for batch writes (the worker runs every turn on one loop: inference.aio)."""
     loop = asyncio.get_running_loop()
     link = _links.get(loop)
     if link is None:

@@ -118,3 +118,27 @@ def test_replies_are_parsed_by_hiredis(settings):
 
     link = RedisLink(settings.REDIS_URL)
     assert isinstance(link._connection._parser, _AsyncHiredisParser)
+
+
+def test_each_event_loop_gets_its_own_clients_and_they_go_with_the_loop(settings):
+    """The runner's per-loop state (the Redis client, the batch link, the flush pace) is keyed by the loop itself.
+    Keyed by ``id(loop)`` it outlived its loop, and a later loop given the same id (tests run one loop each) would
+    have been handed a client bound to the dead one."""
+    import gc
+
+    from inference import runner
+
+    async def clients() -> tuple[object, ...]:
+        return runner.redis_for_loop(), runner.link_for_loop(), runner._pace_for_loop()
+
+    def held() -> tuple[int, int, int]:
+        return len(runner._redis_clients), len(runner._links), len(runner._paces)
+
+    gc.collect()
+    before = held()  # other loops of this process (earlier tests') may still hold theirs
+    first = asyncio.run(clients())
+    second = asyncio.run(clients())
+    assert all(a is not b for a, b in zip(first, second, strict=True))
+    del first, second
+    gc.collect()
+    assert held() == before
