@@ -19,9 +19,10 @@ app.autodiscover_tasks()
 @worker_init.connect
 def preload_before_fork(**_: Any) -> None:
     """Import and build at start what a worker's first turns would otherwise do while the user waits: httpx's
-    async stack (anyio, imported lazily on first use), the IDNA codec and the TLS context. Under a prefork pool
-    this runs in the parent, before the fork; 16 children each importing anyio as their turns started cost
-    30 ms of CPU apiece (docs/benchmarks.md)."""
+    async stack (anyio, imported lazily on first use), the IDNA codec, the TLS context and the channel layer
+    (channels_redis, imported at the first turn's first message to its page: 16 ms of CPU here, while llama-server
+    reads that turn's prompt). Under a prefork pool this runs in the parent, before the fork; 16 children each
+    importing anyio as their turns started cost 30 ms of CPU apiece (docs/benchmarks.md)."""
     import contextlib
     import encodings.idna  # noqa: F401
     import importlib
@@ -30,6 +31,7 @@ def preload_before_fork(**_: Any) -> None:
         with contextlib.suppress(ImportError):  # another httpx/anyio layout: the child imports what it needs
             importlib.import_module(module)
     from inference.backends import llamacpp
+    from rigdash import channel_layer  # noqa: F401
 
     llamacpp.tls_context()
 

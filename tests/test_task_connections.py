@@ -8,6 +8,7 @@ database can be dropped) and would close every connection anyway.
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Iterator
 
@@ -52,3 +53,23 @@ def test_a_task_thread_reuses_its_connection_until_it_is_too_old(worker_fixup, m
     connection.close_at = time.monotonic() - 1  # past CONN_MAX_AGE
     task_prerun.send(sender=dispatch_all_task, task_id="t", task=dispatch_all_task, args=(), kwargs={})
     assert connection.connection is None, "a connection past its age outlived a task"
+
+
+def test_a_starting_worker_imports_what_its_first_turn_would_import_while_the_user_waits():
+    """``worker_init`` (rigdash/celery.py) preloads what a first turn would otherwise import during its prompt: the
+    channel layer among it (16 ms of CPU here, competing with llama-server for the prompt). Run in a fresh
+    interpreter, where nothing is imported yet."""
+    import subprocess
+    import sys
+
+    from django.conf import settings
+
+    script = (
+        "import sys, django; django.setup(); import rigdash.celery as c, inference.tasks;"
+        "before = 'rigdash.channel_layer' in sys.modules; c.preload_before_fork();"
+        "print(before, 'rigdash.channel_layer' in sys.modules, 'anyio._backends._asyncio' in sys.modules)"
+    )
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "rigdash.settings"}
+    out = subprocess.run([sys.executable, "-c", script], cwd=settings.BASE_DIR, env=env, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["False", "True", "True"]
