@@ -13,7 +13,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +48,21 @@ def django_db_setup(django_db_setup: Any, django_db_blocker: Any) -> Iterator[No
                     "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
                     " WHERE datname = current_database() AND pid <> pg_backend_pid()"
                 )
+
+
+@pytest.fixture
+def broker_down(monkeypatch: pytest.MonkeyPatch) -> Callable[[], None]:
+    """The Celery broker refuses every turn's task (mocked: stopping the machine's Redis would stop every other
+    test). Returns what brings it back."""
+    from inference.tasks import turns_run_task
+
+    real = turns_run_task.apply_async
+
+    def refuse(*args: Any, **kwargs: Any) -> Any:
+        raise ConnectionRefusedError("broker down")
+
+    monkeypatch.setattr(turns_run_task, "apply_async", refuse)
+    return lambda: monkeypatch.setattr(turns_run_task, "apply_async", real)
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -154,16 +154,10 @@ def test_backend_down_mid_chat_fails_the_turn_with_a_reason_and_keeps_history(ce
 
 
 @pytest.mark.django_db(transaction=True)
-async def test_a_submit_whose_task_cannot_be_queued_is_kept_and_the_page_is_told_why(chat_session, owner, monkeypatch):
-    """The broker refuses the Celery message (mocked: stopping the machine's Redis would stop every other test). The
-    turn is stored and waits; the page sees it queued and gets an error frame that says so, and its socket stays
-    open (it used to get an unhandled exception instead)."""
-    from inference.tasks import turns_run_task
-
-    def broker_down(*args, **kwargs):
-        raise ConnectionRefusedError("broker down")
-
-    monkeypatch.setattr(turns_run_task, "apply_async", broker_down)
+async def test_a_submit_whose_task_cannot_be_queued_is_kept_and_the_page_is_told_why(chat_session, owner, broker_down):
+    """The broker refuses the Celery message (mocked, see ``broker_down``). The turn is stored and waits; the page
+    sees it queued and gets an error frame that says so, and its socket stays open (it used to get an unhandled
+    exception instead)."""
     sock = ChatSocket(chat_session.pk, await sync_to_async(session_cookie_for)(owner))
     assert (await sock.connect())[0]
     await sock.recv()  # the session's snapshot
@@ -183,14 +177,8 @@ async def test_a_submit_whose_task_cannot_be_queued_is_kept_and_the_page_is_told
 
 @pytest.mark.django_db(transaction=True)  # the Celery message goes at the commit
 def test_a_turn_posted_while_its_task_cannot_be_queued_is_kept_and_the_answer_says_so(
-    owner_client, chat_session, monkeypatch
+    owner_client, chat_session, broker_down
 ):
-    from inference.tasks import turns_run_task
-
-    def broker_down(*args, **kwargs):
-        raise ConnectionRefusedError("broker down")
-
-    monkeypatch.setattr(turns_run_task, "apply_async", broker_down)
     response = _post_turn(owner_client, chat_session.pk, {"text": "keep me too"})
     assert response.status_code == 503
     assert response.json()["error"]["code"] == "queue_unavailable" and "saved" in response.json()["error"]["message"]

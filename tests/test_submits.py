@@ -97,20 +97,14 @@ async def test_a_failing_store_fails_every_submit_of_its_batch_and_the_next_batc
 
 @pytest.mark.django_db(transaction=True)
 async def test_when_the_task_queue_is_down_a_batchs_stored_turns_hear_it_and_a_refused_submit_keeps_its_reason(
-    monkeypatch,
+    broker_down,
 ):
-    """The broker refuses the Celery message (mocked: stopping the machine's Redis would stop every other test)."""
+    """The broker refuses the Celery message (mocked, see ``broker_down``)."""
     from inference import dispatch
-    from inference.tasks import turns_run_task
 
     owner = await sync_to_async(make_user)("owner")
     rig = await sync_to_async(_quiet_rig)(4)
     sessions = [await sync_to_async(make_session)(owner, rig, "m") for _ in range(2)]
-
-    def broker_down(*args: Any, **kwargs: Any) -> Any:
-        raise ConnectionRefusedError("broker down")
-
-    monkeypatch.setattr(turns_run_task, "apply_async", broker_down)
     kept, refused = await asyncio.gather(
         submits.submit(user=owner, session_id=sessions[0].pk, text="keep me"),
         submits.submit(user=owner, session_id=sessions[1].pk, text=""),
@@ -301,27 +295,20 @@ def test_a_turn_cancelled_between_the_workers_read_and_its_claim_is_left_out(mon
 
 
 @pytest.mark.django_db(transaction=True)
-def test_a_turn_whose_task_cannot_be_sent_goes_back_to_waiting_and_is_handed_out_again(monkeypatch, settings):
-    """The broker refuses the Celery message (mocked: stopping the machine's Redis would stop every other test):
-    the submit's answer is QueueUnavailable (which pages and API clients are shown), the turn is kept and waits
-    again instead of holding a slot until the 120 s resend, and the next dispatch hands it out."""
+def test_a_turn_whose_task_cannot_be_sent_goes_back_to_waiting_and_is_handed_out_again(broker_down, settings):
+    """The broker refuses the Celery message (mocked, see ``broker_down``): the submit's answer is QueueUnavailable
+    (which pages and API clients are shown), the turn is kept and waits again instead of holding a slot until the
+    120 s resend, and the next dispatch hands it out."""
     from inference import dispatch
-    from inference.tasks import turns_run_task
 
     owner = make_user("owner")
     rig = _quiet_rig(1)
     session = make_session(owner, rig, "m")
-
-    def broker_down(*args: Any, **kwargs: Any) -> Any:
-        raise ConnectionRefusedError("broker down")
-
-    real_send = turns_run_task.apply_async
-    monkeypatch.setattr(turns_run_task, "apply_async", broker_down)
     [refused] = services.turn_submit_many([services.SubmitRequest(user=owner, session_id=session.pk, text="hi")])
     assert isinstance(refused, dispatch.QueueUnavailable) and isinstance(refused.__cause__, ConnectionRefusedError)
     [turn] = Turn.objects.filter(session=session)
     assert (turn.status, turn.dispatched_at) == (Turn.Status.QUEUED, None)
-    monkeypatch.setattr(turns_run_task, "apply_async", real_send)
+    broker_down()  # back
     assert dispatch.rig_dispatch(rig_id=rig.pk) == [turn.pk]
     assert Turn.objects.get(pk=turn.pk).dispatched_at is not None
     redis.Redis.from_url(settings.CELERY_BROKER_URL).delete(rig.queue)
