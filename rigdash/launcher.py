@@ -84,7 +84,9 @@ def llama_server_command(*, port: int, slots: int, ctx: int, extra: Sequence[str
         raise SystemExit("LLAMA_SERVER_BIN / LLAMA_MODEL_PATH are not set: run scripts/build-llama-server first")
     # Decode is memory-bound: one thread fewer than the cores decodes as fast here (SmolLM2 on 2 cores: 143 tok/s
     # with 1 thread or 2) and leaves a core to RigDash and the browser, whose CPU otherwise came out of decoding
-    # (docs/benchmarks.md). Prompt processing is compute-bound and keeps every core (-tb).
+    # (docs/benchmarks.md). Prompt processing is compute-bound and keeps every core (-tb), and so do several slots
+    # decoding at once: llama.cpp gives any batch of more than one token its batch threads. One batch thread halved
+    # four slots' decode here (docs/benchmarks.md, "A slow AMD EPYC", item 4).
     cores = os.cpu_count() or 2
     threads = os.environ.get("LLAMA_THREADS", str(max(1, cores - 1)))
     threads_batch = os.environ.get("LLAMA_THREADS_BATCH", str(cores))
