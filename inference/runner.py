@@ -514,7 +514,7 @@ _links: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, RedisLink] = weakre
 
 
 def redis_for_loop() -> aioredis.Redis:
-    """The running loop's Redis client (the board's progress, a turn's start)."""
+    """The running loop's Redis client, for the board's progress (a batch's writes go through ``link_for_loop``)."""
     loop = asyncio.get_running_loop()
     client = _redis_clients.get(loop)
     if client is None:
