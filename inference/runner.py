@@ -9,6 +9,12 @@ RIGDASH_FLUSH_INTERVAL_MS. Every
 batch carries the turn id and seq_from..seq_to (one seq per backend chunk with text, usually one token).
 Each batch is appended to the turn's Redis live list before it is published. The database is written when
 the turn is claimed, at its first token, at checkpoints every few seconds, and once at the end.
+
+Two tasks per turn: the reader reads the backend's stream and publishes the batches itself, at the plug-in's read
+gate (after each read that brought text); the turn's own task watches it every CANCEL_CHECK_S for the cancel
+flag, the timeouts and the checkpoints. A batch is one wake-up of one task (docs/benchmarks.md): before
+2026-12-01 a pump task read the stream into a queue and a consumer task waited on the queue with a timeout,
+two task switches and a timer on every batch.
 """
 
 from __future__ import annotations
@@ -20,9 +26,9 @@ import logging
 import threading
 import time
 import weakref
-from collections.abc import AsyncGenerator, Awaitable, Callable, Iterator
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, ParamSpec, TypeVar, cast
+from typing import Any, NoReturn, ParamSpec, TypeVar, cast
 
 import redis.asyncio as aioredis
 from channels.db import database_sync_to_async as db_async
@@ -167,7 +173,6 @@ class TurnStream:
     pending: list[str] = field(default_factory=list)
     pending_since: float | None = None
     last_sent: float = float("-inf")  # when the last batch with text was published
-    flush_started: float = float("-inf")  # when the last batch with text began to go out
     seq_sent: int = 0
     last_checkpoint: float = 0.0
     cancelled: bool = False
@@ -182,6 +187,10 @@ class TurnStream:
     live_broken: bool = False  # a flush failed to reach Redis: the live list must be rebuilt when it is back
     live_entries: int = 0  # entries the live list should hold now (checked against each RPUSH's reply)
     redis_retry_at: float = float("-inf")  # after a failed flush, the next try waits until then (no busy loop)
+    last_read_at: float = 0.0  # when the backend last sent a chunk (the stall timeouts count from it)
+    stop: Exception | None = None  # the watchdog ends the turn (a cancel, a timeout): the reader raises it
+    decoding: asyncio.Task[None] | None = None  # the first token's database write and the sampler's wake-up
+    publishing: asyncio.Lock = field(default_factory=asyncio.Lock)  # one batch at a time goes out
 
     @property
     def text(self) -> str:
@@ -203,8 +212,6 @@ class TurnStream:
         text = "".join(self.pending) if self.pending else ""
         seq_from, seq_to = self.seq_sent + 1, self.meter.events
         now = time.perf_counter()
-        if text:
-            self.flush_started = now  # before any await: read_gate sees it at once
         check_cancel = now - self.cancel_checked_at >= CANCEL_CHECK_S
         if seq_from == 1 and text and self.prompt_state is not None:
             await self.prompt_state.settle()  # a 'prompt' state that went out reaches the page before any token
@@ -290,19 +297,53 @@ class TurnStream:
         self.redis_retry_at = time.perf_counter() + REDIS_RETRY_S
 
     async def read_gate(self) -> None:
-        """Given to the backend: after a read that brought text, it reads the socket again only when the next
-        batch could go out (just before). Tokens wait in the kernel meanwhile, which costs no CPU; read one by
-        one they woke the worker per token. Holding them there instead of in ``pending`` changes no latency:
-        the interval between batches is the same."""
-        await asyncio.sleep(0)  # the consumer takes what was just read first (and starts its flush if due)
-        delay = self.flush_started + self.flush_interval_s - FLUSH_SLACK_S - time.perf_counter()
+        """Given to the backend: called after a read that brought text, before the next read. This is where batches
+        go out: the pending tokens once due (at once when the last batch is an interval old), and the first token
+        at once. Then the next read waits until the next batch could go out (just before): tokens wait in the
+        kernel meanwhile, which costs no CPU; read one by one they woke the worker per token. Holding them there
+        instead of in ``pending`` changes no latency: the interval between batches is the same."""
+        if self.pending:
+            delay = cast(float, self.flush_due()) - FLUSH_SLACK_S - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            await self.publish()
+        # Until the next batch is due (flush_due counts from the end of the last batch too): a read then finds the
+        # tokens that came meanwhile and they go out at once, with no second wait before their batch.
+        delay = self.last_sent + self.flush_interval_s - FLUSH_SLACK_S - time.perf_counter()
         if delay > 0:
             await asyncio.sleep(delay)
+
+    async def publish(self) -> None:
+        """Send the pending batch (one at a time: the turn's task sends the tokens read before the turn was
+        claimed); after the first token, mark the turn decoding beside the stream. Raises the watchdog's reason
+        to stop once the batch is out: a batch is never cut off half sent."""
+        async with self.publishing:
+            if self.pending:
+                first = self.seq_sent == 0
+                await self.flush()
+                if first and self.seq_sent and self.decoding is None:
+                    self.decoding = asyncio.create_task(_decoding(self))
+        if self.stop is None and self.cancelled:  # the batch read the flag
+            self.stop = TurnCancelled()
+        if self.stop is not None:
+            raise self.stop
+
+    async def check_cancel(self) -> None:
+        """Read the cancel flag (the watchdog, when no batch has read it for CANCEL_CHECK_S)."""
+        now = time.perf_counter()
+        try:
+            [flag] = await self.link.execute([("GET", live.cancel_key(self.turn.pk))])
+        except (RedisError, OSError) as exc:
+            self._redis_away(exc)
+            return
+        self.cancel_checked_at = now
+        self.cancelled = self.cancelled or bool(flag)
 
     def live_stats(self) -> dict[str, Any]:
         return {**self.meter.live_stats(), "context_tokens": self.context_tokens, "context_limit": self.context_window}
 
     def accept(self, chunk: StreamChunk, now: float) -> None:
+        self.last_read_at = now
         if chunk.context_tokens is not None:
             self.context_tokens = chunk.context_tokens
         if chunk.stats is not None and chunk.stats.prompt_tokens is not None:
@@ -343,55 +384,95 @@ async def _decoding(state: TurnStream) -> None:
         log.warning("turn %s: could not wake the monitoring sampler: %r", state.turn.pk, exc)
 
 
-async def _pump(backend_iter: Any, queue: asyncio.Queue[Any]) -> None:
-    """Read the backend stream into a queue, so the runner can wait on it with timeouts."""
-    try:
-        async for chunk in backend_iter:
-            await queue.put(chunk)
-        await queue.put(_END)
-    except BackendError as exc:
-        await queue.put(exc)
-
-
-class _LateGate:
-    """The backend's read gate, bound to the turn's stream once it exists (a ticketed request goes out before the
-    turn is claimed); until then reads go through at once."""
-
-    def __init__(self) -> None:
-        self.gate: Callable[[], Awaitable[None]] | None = None
-
-    async def __call__(self) -> None:
-        if self.gate is not None:
-            await self.gate()
-
-
-@dataclass
 class OpenedStream:
-    """A backend request on its way: its chunks go into ``queue`` from the moment it is sent."""
+    """A backend request on its way, read by a task of its own (the reader) from the moment it is sent. Chunks read
+    before the turn's stream is bound (a ticketed request goes out before its turn is claimed) wait for it here."""
 
-    backend_iter: AsyncGenerator[StreamChunk, None]
-    queue: asyncio.Queue[Any]
-    pump: asyncio.Task[None]
-    gate: _LateGate
-    t_request: float
+    def __init__(self, rig: Rig, request: ChatRequest, on_sent: OnSent | None) -> None:
+        self.state: TurnStream | None = None
+        self.early: list[StreamChunk] = []
+        backend = backend_for(rig)
+        chunks = backend.stream_chat(request, read_gate=self.gate, on_sent=on_sent)
+        if not backend.calls_read_gate:
+            chunks = _gathered(chunks, self.gate)
+        self.chunks = cast(AsyncGenerator[StreamChunk, None], chunks)
+        self.t_request = time.perf_counter()
+        self.reader: asyncio.Task[StreamChunk] = asyncio.create_task(self._read())
+
+    async def _read(self) -> StreamChunk:
+        """The reader: every chunk goes to the turn's stream (batches go out at the read gate); returns the one with
+        the finish reason."""
+        async for chunk in self.chunks:
+            if self.state is None:
+                self.early.append(chunk)
+            else:
+                self.state.accept(chunk, time.perf_counter())
+            if chunk.finish_reason:
+                return chunk
+        raise BackendError("the backend ended the stream without a finish reason")
+
+    async def gate(self) -> None:
+        """The plug-in's read gate: the turn's, once bound; until then reads go through at once."""
+        if self.state is not None:
+            await self.state.read_gate()
+
+    def bind(self, state: TurnStream) -> None:
+        """From now on the reader hands its chunks to ``state``, beginning with those it kept."""
+        now = time.perf_counter()
+        for chunk in self.early:
+            state.accept(chunk, now)
+        self.early.clear()
+        self.state = state
 
     async def close(self) -> None:
         """Close the HTTP stream: the backend stops working on this request."""
-        self.pump.cancel()
-        await asyncio.gather(self.pump, return_exceptions=True)
-        await self.backend_iter.aclose()
+        self.reader.cancel()
+        await asyncio.gather(self.reader, return_exceptions=True)
+        await self.chunks.aclose()
+
+
+async def _gathered(
+    chunks: AsyncIterator[StreamChunk], gate: Callable[[], Awaitable[None]]
+) -> AsyncIterator[StreamChunk]:
+    """A plug-in that does not call the read gate (the ollama client reads its stream itself) is read into a queue
+    on a task of its own: what came in together is handed on together, then the gate is awaited, as after a read
+    of the socket. That costs a task switch per batch, which the llama.cpp plug-in saves."""
+    queue: asyncio.Queue[Any] = asyncio.Queue()
+
+    async def pump() -> None:
+        try:
+            async for chunk in chunks:
+                queue.put_nowait(chunk)
+            queue.put_nowait(_END)
+        except Exception as exc:
+            queue.put_nowait(exc)
+
+    task = asyncio.create_task(pump())
+    try:
+        while True:
+            items = [await queue.get()]
+            while not queue.empty():
+                items.append(queue.get_nowait())
+            text = False
+            for item in items:
+                if item is _END:
+                    return
+                if isinstance(item, Exception):
+                    raise item
+                text = text or bool(item.text)
+                yield item
+            if text:
+                await gate()
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await cast(AsyncGenerator[StreamChunk, None], chunks).aclose()
 
 
 def open_stream(rig: Rig, request: ChatRequest, *, on_sent: OnSent | None = None) -> OpenedStream:
     """Send the backend request (on the running loop) and start reading its stream. ``on_sent``: called once the
     request is written (the backend plug-in's ``stream_chat``)."""
-    gate = _LateGate()
-    backend_iter = cast(
-        AsyncGenerator[StreamChunk, None], backend_for(rig).stream_chat(request, read_gate=gate, on_sent=on_sent)
-    )
-    queue: asyncio.Queue[Any] = asyncio.Queue()
-    pump = asyncio.create_task(_pump(backend_iter, queue))
-    return OpenedStream(backend_iter=backend_iter, queue=queue, pump=pump, gate=gate, t_request=time.perf_counter())
+    return OpenedStream(rig, request, on_sent)
 
 
 async def stream_turn(
@@ -418,14 +499,16 @@ async def stream_turn(
         context_quota=context_quota,
         prompt_state=prompt_state,
     )
-    opened.gate.gate = state.read_gate
-    state.last_checkpoint = state.meter.t_request
+    state.last_checkpoint = state.last_read_at = state.meter.t_request
     reporter = asyncio.create_task(_start_progress(state, request.messages))
     final: StreamChunk | None = None
     status, error, finish_reason = Turn.Status.DONE, "", ""
     try:
         with state.pace.streaming_turn():
-            final = await _consume(state, opened.queue, conf)
+            opened.bind(state)
+            if state.pending:  # read before the turn was claimed: out at once
+                await state.publish()
+            final = await _watch(state, opened.reader, conf)
         finish_reason = final.finish_reason or "stop"
     except TurnCancelled:
         status, finish_reason = Turn.Status.CANCELLED, "cancelled"
@@ -440,6 +523,8 @@ async def stream_turn(
         await asyncio.gather(reporter, return_exceptions=True)
     if state.pending:
         await state.flush()
+    if state.decoding is not None:
+        await state.decoding
     return services.TurnOutcome(
         status=status,
         reply_text=state.text,
@@ -453,60 +538,37 @@ async def stream_turn(
     )
 
 
-async def _next_item(queue: asyncio.Queue[Any], wait: float) -> Any:
-    """The next item from the stream's queue, or None after ``wait`` seconds. Without a task per call:
-    ``asyncio.wait_for`` wraps every get in a new Task on Python 3.11, once per token."""
-    try:
-        return queue.get_nowait()
-    except asyncio.QueueEmpty:
-        pass
-    try:
-        async with asyncio.timeout(wait):
-            return await queue.get()
-    except TimeoutError:
-        return None
-
-
-async def _consume(state: TurnStream, queue: asyncio.Queue[Any], conf: RigDashConfig) -> StreamChunk:
-    """Wait for chunks and flush on the coalescing timer; wake at least every 100 ms to see a cancel."""
-    idle_since = time.perf_counter()
+async def _watch(state: TurnStream, reader: asyncio.Task[StreamChunk], conf: RigDashConfig) -> StreamChunk:
+    """Wait for the reader to end the reply. Every CANCEL_CHECK_S meanwhile: the cancel flag (when no batch has read
+    it since), the first-token and stall timeouts, and a checkpoint of the reply when one is due."""
     while True:
+        await asyncio.wait((reader,), timeout=CANCEL_CHECK_S)
+        if reader.done():
+            return reader.result()  # the finish, or what ended the stream (a cancel seen by a batch among them)
         now = time.perf_counter()
-        wait = 0.1
-        if (due := state.flush_due()) is not None:
-            wait = max(0.0, min(wait, due - now))
-        item = await _next_item(queue, wait)
-        now = time.perf_counter()
-        items = [] if item is None else [item]
-        while items and not queue.empty():  # one read from the backend brings several chunks: take them together
-            items.append(queue.get_nowait())
-        first = False
-        for item in items:
-            if isinstance(item, BackendError):
-                raise item
-            if item is _END:
-                raise BackendError("the backend ended the stream without a finish reason")
-            idle_since = now
-            first = first or (state.meter.events == 0 and bool(item.text))
-            state.accept(item, now)
-            if item.finish_reason:
-                return cast(StreamChunk, item)  # stream_turn sends what is pending
-        if first:
-            await state.flush()  # the first token goes out at once
-            await _decoding(state)
-        elif (due := state.flush_due()) is not None and now >= due - FLUSH_SLACK_S:
-            await state.flush()
-        elif not items:
-            await state.flush()  # nothing to send: just reads the cancel flag
+        if now - state.cancel_checked_at >= CANCEL_CHECK_S:
+            await state.check_cancel()
         if state.cancelled:
-            raise TurnCancelled
+            await _stop(state, reader, TurnCancelled())
         limit = conf.first_token_timeout_s if state.meter.events == 0 else conf.stall_timeout_s
-        if now - idle_since > limit:
+        if now - state.last_read_at > limit:
             phase = "the first token" if state.meter.events == 0 else "the next token"
-            raise TurnTimeout(f"The backend sent nothing for {limit:g} s while waiting for {phase}.")
+            await _stop(
+                state, reader, TurnTimeout(f"The backend sent nothing for {limit:g} s while waiting for {phase}.")
+            )
         if now - state.last_checkpoint >= conf.checkpoint_interval_s:
             state.last_checkpoint = now
             await db_async(gated(services.turn_checkpoint))(turn_id=state.turn.pk, reply_text=state.text)
+
+
+async def _stop(state: TurnStream, reader: asyncio.Task[StreamChunk], reason: Exception) -> NoReturn:
+    """End the turn for ``reason``: a reader sending a batch raises it once the batch is out (a batch cut off half
+    sent would leave the live list and the pages unsure of what went out); any other reader is cancelled."""
+    state.stop = reason
+    if not state.publishing.locked():
+        reader.cancel()
+    await asyncio.gather(reader, return_exceptions=True)
+    raise reason
 
 
 _redis_clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, aioredis.Redis] = weakref.WeakKeyDictionary()

@@ -110,7 +110,7 @@ async def run_ticketed_turn(
     except BaseException:
         mark_sent()
         raise
-    opened.pump.add_done_callback(mark_sent)  # the request failed before it was written
+    opened.reader.add_done_callback(mark_sent)  # the request failed before it was written
     try:
         claimed = await asyncio.wrap_future(claim)
     except BaseException:

@@ -149,35 +149,167 @@ def test_other_channel_layers_fall_back_to_group_send(settings):
     assert events.pubsub_publication("g", {"type": "chat.token"}) is None
 
 
-async def test_chunks_read_together_go_out_in_one_batch(settings):
-    """The llama.cpp backend reads the socket at most once per flush interval, so several tokens arrive at once;
-    the runner must take them all before flushing (flushing after the first held the rest a whole interval)."""
-    import asyncio
+def _recording(stream: TurnStream) -> list[list[str]]:
+    """Replace the stream's flush (no Redis here) by one that records what each batch would send."""
     import time
 
-    from inference.backends.base import StreamChunk
-    from inference.runner import _consume
-
-    stream = _stream()
-    now = time.perf_counter()
-    stream.meter.token(now - 0.05)  # one token already went out, 50 ms ago: the next batch is due at once
-    stream.parts, stream.seq_sent, stream.last_sent, stream.last_checkpoint = ["a"], 1, now - 0.05, now
     flushed: list[list[str]] = []
 
     async def flush() -> None:
         flushed.append(list(stream.pending))
+        stream.seq_sent = stream.meter.events
         stream.pending.clear()
         stream.pending_since = None
         stream.last_sent = time.perf_counter()
 
-    stream.flush = flush  # type: ignore[method-assign]  # no Redis here: record what each flush would send
-    queue: asyncio.Queue[object] = asyncio.Queue()
+    stream.flush = flush  # type: ignore[method-assign]
+    return flushed
+
+
+async def test_chunks_read_together_go_out_in_one_batch_at_the_read_gate():
+    """The llama.cpp backend reads the socket at most once per flush interval, so several tokens arrive at once;
+    the batch goes out at the gate after the read, with all of them (flushing after the first held the rest a
+    whole interval). Then the gate holds the next read until the next batch could go."""
+    import time
+
+    from inference.backends.base import StreamChunk
+
+    stream = _stream()
+    now = time.perf_counter()
+    stream.meter.token(now - 0.05)  # one token already went out, 50 ms ago: the next batch is due at once
+    stream.parts, stream.seq_sent, stream.last_sent = ["a"], 1, now - 0.05
+    flushed = _recording(stream)
     for text in ("b", "c", "d"):
-        queue.put_nowait(StreamChunk(text=text))
-    asyncio.get_running_loop().call_later(0.05, queue.put_nowait, StreamChunk(text="", finish_reason="stop"))
-    final = await _consume(stream, queue, settings.RIGDASH)  # type: ignore[arg-type]
-    assert final.finish_reason == "stop"
-    assert flushed[0] == ["b", "c", "d"]
+        stream.accept(StreamChunk(text=text), time.perf_counter())
+    assert flushed == []  # nothing goes out per chunk
+    await stream.read_gate()
+    assert flushed == [["b", "c", "d"]]
+    first_sent = stream.last_sent
+    assert time.perf_counter() - first_sent >= stream.flush_interval_s - 0.003  # the next read waited
+    stream.accept(StreamChunk(text="e"), time.perf_counter())  # that read's token
+    await stream.read_gate()
+    assert flushed[-1] == ["e"]
+    assert stream.last_sent - first_sent >= stream.flush_interval_s - 0.003  # one batch per interval
+
+
+async def test_the_first_token_goes_out_at_once_and_a_cancel_seen_by_a_batch_ends_the_reader():
+    import time
+
+    from inference.backends.base import StreamChunk
+    from inference.runner import TurnCancelled
+
+    stream = _stream(interval_s=0.5)
+    flushed = _recording(stream)
+    decoding: list[bool] = []
+
+    async def mark_decoding() -> None:
+        decoding.append(True)
+
+    import inference.runner as runner
+
+    real, runner._decoding = runner._decoding, lambda state: mark_decoding()  # type: ignore[assignment]
+    try:
+        stream.accept(StreamChunk(text="Hi"), time.perf_counter())
+        started = time.perf_counter()
+        await stream.publish()
+        assert flushed == [["Hi"]] and time.perf_counter() - started < 0.05
+        assert stream.decoding is not None
+        await stream.decoding
+        assert decoding == [True]
+        stream.cancelled = True  # what the batch's GET of the cancel flag found
+        stream.accept(StreamChunk(text=" there"), time.perf_counter())
+        with pytest.raises(TurnCancelled):
+            await stream.publish()
+        assert flushed[-1] == [" there"]  # the batch went out first, whole
+    finally:
+        runner._decoding = real  # type: ignore[assignment]
+
+
+async def test_a_stop_lets_a_batch_being_sent_go_out_whole_and_cancels_a_reader_that_waits():
+    """The watchdog's stop (a cancel, a timeout) never cuts a batch off half sent: the reader raises the reason once
+    the batch is out. A reader waiting on the backend is cancelled at once."""
+    import asyncio
+    import time
+
+    from inference.backends.base import StreamChunk
+    from inference.runner import TurnCancelled, TurnTimeout, _stop
+
+    stream = _stream()
+    sent: list[list[str]] = []
+
+    async def slow_flush() -> None:
+        batch = list(stream.pending)
+        await asyncio.sleep(0.05)  # the round trip to Redis
+        sent.append(batch)
+        stream.seq_sent = stream.meter.events
+        stream.pending.clear()
+        stream.pending_since = None
+        stream.last_sent = time.perf_counter()
+
+    stream.flush = slow_flush  # type: ignore[method-assign]
+    stream.decoding = asyncio.get_running_loop().create_future()  # the first token's marking is not under test
+    stream.decoding.set_result(None)
+    stream.accept(StreamChunk(text="Hi"), time.perf_counter())
+    reader = asyncio.create_task(stream.publish())
+    await asyncio.sleep(0.01)  # the batch is on its way
+    with pytest.raises(TurnCancelled):
+        await _stop(stream, reader, TurnCancelled())
+    assert sent == [["Hi"]]
+    assert isinstance(reader.exception(), TurnCancelled)  # it ended on the reason, not cut off
+
+    waiting = _stream()
+    reader = asyncio.create_task(asyncio.sleep(10))  # a reader waiting on a read from the backend
+    started = time.perf_counter()
+    with pytest.raises(TurnTimeout):
+        await _stop(waiting, reader, TurnTimeout("stalled"))
+    assert reader.cancelled() and time.perf_counter() - started < 1
+
+
+async def test_a_plugin_that_does_not_call_the_gate_has_what_it_read_together_handed_on_together():
+    """The ollama client reads its stream itself and yields a buffered line at a time, without waiting: the runner
+    reads it on a task of its own and calls the gate after each group that came in together (Ollama is mocked
+    here: no Ollama server can run on this machine)."""
+    import asyncio
+
+    from inference.backends.base import StreamChunk
+    from inference.runner import _gathered
+
+    async def ollama_like():
+        for text in ("b", "c", "d"):  # one read of the socket brought three lines
+            yield StreamChunk(text=text)
+        await asyncio.sleep(0.02)
+        yield StreamChunk(text="e")
+        await asyncio.sleep(0.02)
+        yield StreamChunk(text="", finish_reason="stop")
+
+    seen: list[str] = []
+    groups: list[list[str]] = []
+
+    async def gate() -> None:
+        groups.append(list(seen))
+
+    async for chunk in _gathered(ollama_like(), gate):
+        seen.append(chunk.text)
+    assert groups == [["b", "c", "d"], ["b", "c", "d", "e"]]
+    assert seen == ["b", "c", "d", "e", ""]
+
+
+async def test_an_ungated_plugin_that_fails_fails_the_reader_with_its_error():
+    from inference.backends.base import BackendUnavailable, StreamChunk
+    from inference.runner import _gathered
+
+    async def failing():
+        yield StreamChunk(text="a")
+        raise BackendUnavailable("Ollama went away")
+
+    async def gate() -> None:
+        return None
+
+    seen = []
+    with pytest.raises(BackendUnavailable, match="went away"):
+        async for chunk in _gathered(failing(), gate):
+            seen.append(chunk.text)
+    assert seen == ["a"]
 
 
 async def test_a_flush_that_cannot_reach_redis_keeps_its_tokens_and_waits_before_trying_again():

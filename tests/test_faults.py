@@ -28,6 +28,75 @@ def test_backend_hung_before_first_token_fails_the_turn_after_the_timeout(owner,
     assert "first token" in turn.error
 
 
+@pytest.fixture
+def stalling_server() -> Any:
+    """A llama-server look-alike that streams two tokens, then sends nothing more and keeps the connection open: a
+    backend that hangs mid-reply."""
+    import json
+    import socket
+    import threading
+
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(8)
+    held: list[socket.socket] = []
+
+    def serve() -> None:
+        with contextlib.suppress(OSError):
+            conn = server.accept()[0]
+            held.append(conn)
+            conn.recv(65536)  # the request
+            head = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+            body = b"".join(
+                b"data: " + json.dumps({"choices": [{"delta": {"content": text}}]}).encode() + b"\n\n"
+                for text in ("Hello", " world")
+            )
+            conn.sendall(head + f"{len(body):x}\r\n".encode() + body + b"\r\n")
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.getsockname()[1]}"
+    for conn in held:
+        conn.close()
+    server.close()
+    thread.join(timeout=5)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_backend_hung_mid_reply_keeps_its_text_checkpointed_and_fails_the_turn_after_the_stall_timeout(
+    owner, stalling_server, settings
+):
+    """While the backend sends nothing the turn's task still checkpoints the reply (what a worker that dies then
+    leaves behind), and the stall timeout ends the turn with its partial text."""
+    import threading
+    import time
+
+    settings.RIGDASH = type(settings.RIGDASH)(
+        **{**vars(settings.RIGDASH), "stall_timeout_s": 1.5, "checkpoint_interval_s": 0.5}
+    )
+    rig = Rig.objects.create(name="stalls", kind="llamacpp", base_url=stalling_server, queue="rig.stalls")
+    session = ChatSession.objects.create(owner=owner, rig=rig, model_name="m")
+    turn = Turn.objects.create(session=session, user_text="hello")
+    result: list[str] = []
+    runner_thread = threading.Thread(target=lambda: result.append(starts.turn_run(turn.pk)))
+    started = time.monotonic()
+    runner_thread.start()
+    checkpointed = None
+    while runner_thread.is_alive() and time.monotonic() - started < 10:
+        row = Turn.objects.get(pk=turn.pk)
+        if row.status in Turn.RUNNING and row.reply_text == "Hello world":
+            checkpointed = time.monotonic() - started
+            break
+        time.sleep(0.05)
+    runner_thread.join(timeout=20)
+    assert result == ["ran"]
+    assert checkpointed is not None, "the reply was not checkpointed while the backend stalled"
+    turn.refresh_from_db()
+    assert (turn.status, turn.finish_reason, turn.reply_text) == (Turn.Status.FAILED, "timeout", "Hello world")
+    assert "next token" in turn.error
+    assert 1.5 <= time.monotonic() - started < 10
+
+
 @pytest.mark.django_db
 def test_turn_whose_worker_died_ends_interrupted_with_its_text(chat_session):
     from datetime import timedelta

@@ -9,7 +9,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 ReadGate = Callable[[], Awaitable[None]]
 OnSent = Callable[[], None]
@@ -138,6 +138,10 @@ class StreamChunk:
 
 class Backend(ABC):
     kind: str
+    # Whether ``stream_chat`` awaits ``read_gate`` after every read that brought text. The turn runner publishes
+    # its batches there; a plug-in that cannot (its client reads the stream itself) is read on a task of its own,
+    # and the runner calls the gate after whatever that task read together.
+    calls_read_gate: ClassVar[bool] = False
 
     def __init__(self, base_url: str, *, timeout_s: float = 10.0) -> None:
         self.base_url = base_url.rstrip("/")
@@ -156,9 +160,10 @@ class Backend(ABC):
         """Stream one reply. The last chunk carries ``finish_reason`` and the backend's final ``stats``; earlier
         chunks may carry running stats (llama.cpp sends its timings with every token).
 
-        ``read_gate``: after a read from the server that brought text, a plug-in that reads the socket itself may
-        await it before reading again, reading nothing meanwhile. The caller returns when it could publish the
-        next batch, so tokens wait in the kernel's buffer instead of waking the process one by one.
+        ``read_gate``: after a read from the server that brought text, a plug-in that reads the socket itself
+        awaits it before reading again, reading nothing meanwhile (and sets ``calls_read_gate``). The caller
+        publishes what was read, and returns when it could publish the next batch, so tokens wait in the kernel's
+        buffer instead of waking the process one by one.
 
         ``on_sent``: called once the request is written to the server, before the wait for its answer (which may
         last the whole prompt). A plug-in that cannot see its client's write calls it as the request starts."""

@@ -72,6 +72,7 @@ def _error_message(status: int, body: bytes) -> str:
 
 class LlamaCppBackend(Backend):
     kind = "llamacpp"
+    calls_read_gate = True
 
     def _client(self, *, read_timeout: float | None) -> httpx.AsyncClient:
         timeout = httpx.Timeout(self.timeout_s, read=read_timeout)
