@@ -210,6 +210,7 @@ class TurnStream:
         """Append the pending batch to the live list, read the cancel flag (at most every CANCEL_CHECK_S, in the
         same round trip), then publish the batch."""
         text = "".join(self.pending) if self.pending else ""
+        taken = len(self.pending)  # tokens the reader accepts while this batch is on its way wait for the next one
         seq_from, seq_to = self.seq_sent + 1, self.meter.events
         now = time.perf_counter()
         check_cancel = now - self.cancel_checked_at >= CANCEL_CHECK_S
@@ -251,10 +252,10 @@ class TurnStream:
                 # The list lost entries without any command failing: Redis restarted between two flushes and the
                 # client reconnected on its own. Rebuild it whole now, or a page that resyncs would miss them.
                 await self._rebuild_live(seq_to, stats)
-            self.pending.clear()
-            self.pending_since = None
+            del self.pending[:taken]
             self.seq_sent = seq_to
             self.last_sent = time.perf_counter()
+            self.pending_since = self.last_sent if self.pending else None
             if message is not None and publication is None:  # another channel layer: its own group_send
                 await events.group_send(events.session_group(self.turn.session_id), message)
             if self.progress is not None:

@@ -385,3 +385,55 @@ async def test_a_live_list_lost_between_two_flushes_is_rebuilt_whole(settings):
         await client.delete(key)
         await client.aclose()
         await stream.link.aclose()
+
+
+async def test_a_token_accepted_while_a_batch_is_on_its_way_goes_in_the_next_batch(settings):
+    """The turn's task publishes the tokens read before the claim while the reader goes on reading: a token accepted
+    during that batch's round trip to Redis must stay pending for the next batch, not be cleared with the batch
+    (the stored reply and the pages' text would differ by it, with no gap in the seqs to tell)."""
+    import asyncio
+    import time
+    from types import SimpleNamespace
+
+    from redis import asyncio as aioredis
+
+    from inference import live
+    from inference.backends.base import StreamChunk
+    from inference.redislink import RedisLink
+
+    class SlowLink:  # the real link, with a slower round trip
+        def __init__(self, link: RedisLink) -> None:
+            self.link = link
+
+        def pipeline(self) -> object:
+            pipe = self.link.pipeline()
+            execute = pipe.execute
+
+            async def slow_execute() -> list[object]:
+                await asyncio.sleep(0.05)
+                return await execute()
+
+            pipe.execute = slow_execute  # type: ignore[method-assign]
+            return pipe
+
+    client = aioredis.Redis.from_url(settings.REDIS_URL)
+    stream = _stream()
+    stream.turn = SimpleNamespace(pk=800_000 + time.monotonic_ns() % 100_000, session_id=6)  # type: ignore[assignment]
+    real_link = RedisLink(settings.REDIS_URL)
+    stream.link = SlowLink(real_link)  # type: ignore[assignment]
+    key = live.live_key(stream.turn.pk)
+    try:
+        stream.accept(StreamChunk(text="Hello"), time.perf_counter())
+        on_its_way = asyncio.create_task(stream.flush())
+        await asyncio.sleep(0.01)
+        stream.accept(StreamChunk(text=" world"), time.perf_counter())  # the reader, meanwhile
+        await on_its_way
+        assert (stream.seq_sent, stream.pending) == (1, [" world"])
+        assert stream.flush_due() is not None
+        await stream.flush()
+        snapshot = live.decode_snapshot(await client.lrange(key, 0, -1))
+        assert (snapshot.text, snapshot.seq) == ("Hello world", 2)
+    finally:
+        await client.delete(key)
+        await client.aclose()
+        await real_link.aclose()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import itertools
 import json
 import time
 from typing import Any
@@ -218,6 +219,42 @@ def test_a_ticketed_turns_claim_waits_until_its_request_is_written(rig, model_na
     assert len(said_at) == 1 and claimed_at[0] >= said_at[0], "the claim began before the request was written"
     done = Turn.objects.get(pk=turn.pk)
     assert (done.status, done.output_tokens) == (Turn.Status.DONE, 120), (done.status, done.error)
+
+
+@pytest.mark.llama
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("claim_delay_s", [0.3, 2.0])
+def test_tokens_read_before_the_claim_are_published_whole_and_in_order_once_it_comes(
+    rig, model_name, owner, monkeypatch, claim_delay_s
+):
+    """A ticketed request's stream is read from the moment it is sent; what comes before the claim (the first tokens,
+    or at 2 s the whole short reply and its end) is kept, then published at once when the turn is claimed, and the
+    batches that follow carry on from it: every seq once, in order, and the text equal to the stored reply."""
+    from inference import runner
+
+    turn, tickets = _handed_out(monkeypatch, rig, owner, model_name, "Name three colours.", 24)
+    real_claim, real_flush = services._turns_claim_ticketed, runner.TurnStream.flush
+    sent: list[tuple[int, int, str]] = []
+
+    def late_claim(**kwargs: Any) -> Any:
+        time.sleep(claim_delay_s)
+        return real_claim(**kwargs)
+
+    async def recording_flush(self: Any) -> None:
+        seq, text = self.seq_sent, "".join(self.pending)
+        await real_flush(self)
+        if self.seq_sent > seq:
+            sent.append((seq + 1, self.seq_sent, text))
+
+    monkeypatch.setattr(services, "_turns_claim_ticketed", late_claim)
+    monkeypatch.setattr(runner.TurnStream, "flush", recording_flush)
+    assert starts.turns_run([turn.pk], tickets=tickets) == {turn.pk: "ran"}
+    done = Turn.objects.get(pk=turn.pk)
+    assert done.status == Turn.Status.DONE, done.error
+    assert sent and sent[0][0] == 1
+    assert all(later[0] == earlier[1] + 1 for earlier, later in itertools.pairwise(sent))
+    assert "".join(text for _, _, text in sent) == done.reply_text
+    assert sent[-1][1] == done.stats["output_events"]
 
 
 @pytest.mark.llama
