@@ -320,9 +320,8 @@ class TurnStream:
         to stop once the batch is out: a batch is never cut off half sent."""
         async with self.publishing:
             if self.pending:
-                first = self.seq_sent == 0
                 await self.flush()
-                if first and self.seq_sent and self.decoding is None:
+                if self.seq_sent and self.decoding is None:  # the first batch that went out
                     self.decoding = asyncio.create_task(_decoding(self))
         if self.stop is None and self.cancelled:  # the batch read the flag
             self.stop = TurnCancelled()

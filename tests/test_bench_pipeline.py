@@ -192,9 +192,10 @@ async def test_chunks_read_together_go_out_in_one_batch_at_the_read_gate():
     assert stream.last_sent - first_sent >= stream.flush_interval_s - 0.003  # one batch per interval
 
 
-async def test_the_first_token_goes_out_at_once_and_a_cancel_seen_by_a_batch_ends_the_reader():
+async def test_the_first_token_goes_out_at_once_and_a_cancel_seen_by_a_batch_ends_the_reader(monkeypatch):
     import time
 
+    from inference import runner
     from inference.backends.base import StreamChunk
     from inference.runner import TurnCancelled
 
@@ -202,27 +203,23 @@ async def test_the_first_token_goes_out_at_once_and_a_cancel_seen_by_a_batch_end
     flushed = _recording(stream)
     decoding: list[bool] = []
 
-    async def mark_decoding() -> None:
+    async def mark_decoding(state: object) -> None:
         decoding.append(True)
 
-    import inference.runner as runner
-
-    real, runner._decoding = runner._decoding, lambda state: mark_decoding()  # type: ignore[assignment]
-    try:
-        stream.accept(StreamChunk(text="Hi"), time.perf_counter())
-        started = time.perf_counter()
+    monkeypatch.setattr(runner, "_decoding", mark_decoding)
+    stream.accept(StreamChunk(text="Hi"), time.perf_counter())
+    started = time.perf_counter()
+    await stream.publish()
+    assert flushed == [["Hi"]] and time.perf_counter() - started < 0.05
+    assert stream.decoding is not None
+    await stream.decoding
+    assert decoding == [True]
+    stream.cancelled = True  # what the batch's GET of the cancel flag found
+    stream.accept(StreamChunk(text=" there"), time.perf_counter())
+    with pytest.raises(TurnCancelled):
         await stream.publish()
-        assert flushed == [["Hi"]] and time.perf_counter() - started < 0.05
-        assert stream.decoding is not None
-        await stream.decoding
-        assert decoding == [True]
-        stream.cancelled = True  # what the batch's GET of the cancel flag found
-        stream.accept(StreamChunk(text=" there"), time.perf_counter())
-        with pytest.raises(TurnCancelled):
-            await stream.publish()
-        assert flushed[-1] == [" there"]  # the batch went out first, whole
-    finally:
-        runner._decoding = real  # type: ignore[assignment]
+    assert flushed[-1] == [" there"]  # the batch went out first, whole
+    assert decoding == [True]  # once per turn
 
 
 async def test_a_stop_lets_a_batch_being_sent_go_out_whole_and_cancels_a_reader_that_waits():
