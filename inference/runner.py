@@ -33,7 +33,7 @@ from typing import Any, NoReturn, ParamSpec, TypeVar, cast
 import redis.asyncio as aioredis
 from channels.db import database_sync_to_async as db_async
 from django.conf import settings
-from django.db import connection
+from django.db import DatabaseError, connection
 from redis.exceptions import RedisError
 
 from inference import board, events, live, quotas, services
@@ -377,7 +377,10 @@ async def _decoding(state: TurnStream) -> None:
     """The first token is out: the turn is decoding, and the monitoring sampler, which reads an idle rig less often,
     hears of it and samples the rig at once. Not sooner: a sample while the backend reads the prompt would take a
     core from it, on the turn's time to first token."""
-    await db_async(gated(services.turn_mark_decoding))(turn_id=state.turn.pk)
+    try:
+        await db_async(gated(services.turn_mark_decoding))(turn_id=state.turn.pk)
+    except DatabaseError as exc:  # a view of the phase: the pages have the tokens, and the end is stored whole
+        log.warning("turn %s: could not mark it decoding: %r", state.turn.pk, exc)
     try:
         await events.rig_decoding(rig_id=state.turn.session.rig_id)
     except Exception as exc:  # without it the sampler still finds the turn at its next idle tick
@@ -521,6 +524,8 @@ async def stream_turn(
     finally:
         await opened.close()  # the backend stops decoding this reply
         await asyncio.gather(reporter, return_exceptions=True)
+        if state.decoding is not None:  # also when this task is cancelled: no write left running without an owner
+            await asyncio.gather(state.decoding, return_exceptions=True)
     if state.pending:
         await state.flush()
     if state.decoding is not None:
@@ -558,7 +563,12 @@ async def _watch(state: TurnStream, reader: asyncio.Task[StreamChunk], conf: Rig
             )
         if now - state.last_checkpoint >= conf.checkpoint_interval_s:
             state.last_checkpoint = now
-            await db_async(gated(services.turn_checkpoint))(turn_id=state.turn.pk, reply_text=state.text)
+            try:
+                await db_async(gated(services.turn_checkpoint))(turn_id=state.turn.pk, reply_text=state.text)
+            except DatabaseError as exc:
+                # What a checkpoint is for (the text a dead worker leaves behind) is not worth the reply: the turn
+                # streams on, and the next checkpoint, or the end, stores the text.
+                log.warning("turn %s: checkpoint failed, streaming on: %r", state.turn.pk, exc)
 
 
 async def _stop(state: TurnStream, reader: asyncio.Task[StreamChunk], reason: Exception) -> NoReturn:

@@ -97,6 +97,40 @@ def test_backend_hung_mid_reply_keeps_its_text_checkpointed_and_fails_the_turn_a
     assert 1.5 <= time.monotonic() - started < 10
 
 
+@pytest.mark.llama
+@pytest.mark.django_db(transaction=True)
+def test_database_refusing_the_checkpoints_and_the_decoding_mark_mid_reply_loses_nothing(
+    chat_session, settings, monkeypatch
+):
+    """The database refuses every write while the reply streams (the real llama-server); only the writes are made to
+    fail, as a database outage cannot be started and ended around one turn here. The checkpoints and the decoding
+    mark are views of a running turn: the reply streams on, and the end stores it whole."""
+    from django.db import OperationalError
+
+    settings.RIGDASH = type(settings.RIGDASH)(**{**vars(settings.RIGDASH), "checkpoint_interval_s": 0.1})
+    refused: list[str] = []
+
+    def refuse(name: str) -> Any:
+        def write(**kwargs: Any) -> None:
+            refused.append(name)
+            raise OperationalError("server closed the connection unexpectedly")
+
+        return write
+
+    monkeypatch.setattr(services, "turn_checkpoint", refuse("checkpoint"))
+    monkeypatch.setattr(services, "turn_mark_decoding", refuse("decoding"))
+    turn = Turn.objects.create(
+        session=chat_session, user_text="Write a long story about a lighthouse.", params={"max_tokens": 96, "seed": 1}
+    )
+    assert starts.turn_run(turn.pk) == "ran"
+    turn.refresh_from_db()
+    assert "decoding" in refused and "checkpoint" in refused, refused  # both writes were tried, and failed
+    assert turn.status == Turn.Status.DONE and turn.finish_reason in ("stop", "length")
+    pages_got = live.snapshot(turn.pk)  # every batch the pages were sent
+    assert (turn.reply_text, turn.stats["output_events"]) == (pages_got.text, pages_got.seq)
+    assert pages_got.seq > 0 and pages_got.text
+
+
 @pytest.mark.django_db
 def test_turn_whose_worker_died_ends_interrupted_with_its_text(chat_session):
     from datetime import timedelta
