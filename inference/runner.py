@@ -50,6 +50,7 @@ CANCEL_CHECK_S = 0.1  # a Stop is seen within this (plus one flush); reading the
 # that read and flush share one wake-up (see TurnStream.read_gate).
 FLUSH_SLACK_S = 0.002
 REDIS_RETRY_S = 0.25  # while Redis is unreachable, a flush is tried this often
+RECENT_GAPS = 4  # the read gate goes by the mean of this many latest gaps between tokens
 
 
 class TurnCancelled(Exception):
@@ -309,10 +310,20 @@ class TurnStream:
                 await asyncio.sleep(delay)
             await self.publish()
         # Until the next batch is due (flush_due counts from the end of the last batch too): a read then finds the
-        # tokens that came meanwhile and they go out at once, with no second wait before their batch.
+        # tokens that came meanwhile and they go out at once, with no second wait before their batch. Not when
+        # tokens come slower than batches may go: the next one would come after the batch is due anyway, so the
+        # read waits for it and it goes out as it comes. The wait would only add a wake-up to every token (a timer
+        # that fires before the token is there): 7 % of the worker's CPU on a 35 tok/s stream (docs/benchmarks.md).
         delay = self.last_sent + self.flush_interval_s - FLUSH_SLACK_S - time.perf_counter()
-        if delay > 0:
+        if delay > 0 and self.tokens_outpace_batches():
             await asyncio.sleep(delay)
+
+    def tokens_outpace_batches(self) -> bool:
+        """Whether the last few tokens came faster than one a flush interval, as read (until there are gaps to
+        go by, assume they do). Tokens read together count as they were read, so a stream held at the gate
+        measures as fast as it is read, and one that is not held measures as it comes."""
+        recent = self.meter.gaps_ms[-RECENT_GAPS:]
+        return not recent or sum(recent) < len(recent) * self.flush_interval_s * 1000
 
     async def publish(self) -> None:
         """Send the pending batch (one at a time: the turn's task sends the tokens read before the turn was

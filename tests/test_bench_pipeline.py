@@ -192,6 +192,35 @@ async def test_chunks_read_together_go_out_in_one_batch_at_the_read_gate():
     assert stream.last_sent - first_sent >= stream.flush_interval_s - 0.003  # one batch per interval
 
 
+@pytest.mark.parametrize(("gap_s", "waits"), [(0.1, False), (0.005, True)])
+async def test_after_a_batch_the_gate_holds_the_next_read_only_while_tokens_come_faster_than_batches(gap_s, waits):
+    """Batches may go every 50 ms. Tokens 100 ms apart: the next one comes after its batch is due anyway, so the next
+    read goes at once and waits for it (holding it would add a timer's wake-up to every token). Tokens 5 ms apart:
+    the next read waits until the next batch is due, and finds the tokens that came meanwhile."""
+    import time
+
+    from inference.backends.base import StreamChunk
+
+    stream = _stream(interval_s=0.05)
+    flushed = _recording(stream)
+    now = time.perf_counter()
+    for k, text in enumerate(("a", "b", "c", "d", "e")):  # as read: the last one just now
+        stream.accept(StreamChunk(text=text), now - (4 - k) * gap_s)
+    started = time.perf_counter()
+    await stream.read_gate()
+    held = time.perf_counter() - started
+    assert flushed == [["a", "b", "c", "d", "e"]]  # the first batch goes at once either way
+    assert stream.tokens_outpace_batches() is waits
+    if waits:
+        assert held >= 0.05 - 0.003  # until just before the next batch may go
+    else:
+        assert held < 0.02
+    stream.accept(StreamChunk(text="f"), time.perf_counter())  # the next read's token
+    await stream.read_gate()
+    assert flushed[-1] == ["f"]
+    assert time.perf_counter() - started >= 0.05 - 0.003  # either way, one batch per interval at most
+
+
 async def test_the_first_token_goes_out_at_once_and_a_cancel_seen_by_a_batch_ends_the_reader(monkeypatch):
     import time
 
