@@ -6,12 +6,14 @@ and the others still count. Nothing here writes: ``monitoring.services`` stores 
 
 from __future__ import annotations
 
+import functools
 import time
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlparse
 
 from channels.db import database_sync_to_async
+from django.db.models import QuerySet
 
 from inference import live
 from inference.backends import backend_for
@@ -315,12 +317,19 @@ def is_idle(sample: Sample) -> bool:
     return not any(series.get(name, 0.0) for name in ("active_turns", "queue_depth", "busy_slots", "deferred_requests"))
 
 
-def _active_turns(rig_id: int) -> list[dict[str, Any]]:
-    rows = (
+@functools.lru_cache(maxsize=256)
+def _active_turns_query(rig_id: int) -> QuerySet[Turn, Any]:
+    """The rig's active turns' query, built once per rig and never evaluated itself: building it (filter, joins,
+    values) was half of the tick's read, 0.5 ms of CPU a call on the slow Xeon (docs/benchmarks.md)."""
+    return (
         Turn.objects.filter(session__rig_id=rig_id, status__in=Turn.ACTIVE)
         .order_by("created_at")
         .values("id", "status", "created_at", "started_at", "session__owner__username", "session__model_name")
     )
+
+
+def _active_turns(rig_id: int) -> list[dict[str, Any]]:
+    rows = _active_turns_query(rig_id).all()  # a fresh copy each tick: the cached one never holds results
     return [
         {
             "id": row["id"],

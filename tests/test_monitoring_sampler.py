@@ -85,6 +85,27 @@ def test_sample_of_a_decoding_rig_has_slots_kv_memory_and_roofline(rig, llama_ur
 
 
 @pytest.mark.django_db
+def test_each_tick_reads_the_rigs_active_turns_afresh_in_order(owner, other_user):
+    """The query is built once per rig (monitoring.sampling._active_turns_query); what it finds must not be."""
+    from inference.models import ChatSession
+    from monitoring.sampling import _active_turns
+
+    box = Rig.objects.create(name="box", kind="llamacpp", base_url=f"http://127.0.0.1:{free_port()}", queue="q.box")
+    elsewhere = Rig.objects.create(name="else", kind="llamacpp", base_url="http://127.0.0.1:1", queue="q.else")
+    mine = ChatSession.objects.create(owner=owner, rig=box, model_name="m1")
+    theirs = ChatSession.objects.create(owner=other_user, rig=box, model_name="m2")
+    first = Turn.objects.create(session=mine, user_text="a", status=Turn.Status.DECODING)
+    Turn.objects.create(session=mine, user_text="b", status=Turn.Status.DONE)
+    Turn.objects.create(session=ChatSession.objects.create(owner=owner, rig=elsewhere, model_name="m"), user_text="c")
+    assert [(t["id"], t["user"], t["model"]) for t in _active_turns(box.pk)] == [(first.pk, owner.username, "m1")]
+    second = Turn.objects.create(session=theirs, user_text="d")  # queued
+    assert [(t["id"], t["status"]) for t in _active_turns(box.pk)] == [(first.pk, "decoding"), (second.pk, "queued")]
+    Turn.objects.filter(pk=first.pk).update(status=Turn.Status.DONE)
+    assert [t["id"] for t in _active_turns(box.pk)] == [second.pk]
+    assert [t["user"] for t in _active_turns(elsewhere.pk)] == [owner.username]
+
+
+@pytest.mark.django_db
 def test_queue_depth_counts_the_tasks_waiting_in_the_rigs_celery_queue():
     """Tasks sent the way dispatch sends them, to a queue no worker reads: the sampler's one LLEN must see them."""
     import os
