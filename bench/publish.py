@@ -43,7 +43,9 @@ def measure(redis_url: str, n: int, transport: str) -> None:
     django.setup()
     import redis
 
+    from inference.dispatch import task_reprs
     from inference.tasks import turns_run_task
+    from inference.tickets import StartTicket
     from rigdash.celery import app
 
     app.conf.broker_transport = TRANSPORTS[transport]  # before the first connection is made
@@ -51,11 +53,12 @@ def measure(redis_url: str, n: int, transport: str) -> None:
     conversation = [{"role": "user", "content": "Tell me about lighthouses. " * 20}]
     ticket = {"turn_id": 1, "rig_id": 1, "model": "m", "messages": conversation, "params": {}, "max_tokens": 400}
     kwargs = {"tickets": [{**ticket, "context_limit": None}]}
+    reprs = task_reprs([1], [StartTicket(**kwargs["tickets"][0])])  # as inference.dispatch sends it
 
     def round_us() -> tuple[float, float]:
         cpu, wall = time.process_time(), time.perf_counter()
         for _ in range(n):
-            turns_run_task.apply_async(args=[[1]], kwargs=kwargs, queue=queue, exchange="", routing_key=queue)
+            turns_run_task.apply_async(args=[[1]], kwargs=kwargs, queue=queue, exchange="", routing_key=queue, **reprs)
         return (time.process_time() - cpu) / n * 1e6, (time.perf_counter() - wall) / n * 1e6
 
     try:

@@ -178,6 +178,15 @@ def rig_dispatch(*, rig_id: int, rig: Rig | None = None, tickets: Mapping[int, S
     return dispatched
 
 
+def task_reprs(turn_ids: list[int], tickets: Sequence[StartTicket]) -> dict[str, str]:
+    """What Celery shows of the turns' task arguments: in the message's headers, in task events (Flower) and in the
+    worker's log of a task that fails. The turn ids, never a ticket's conversation. Left to Celery, they are
+    ``saferepr`` of the arguments, walked in Python at every send (it cuts the conversation at its third level): a
+    quarter of ``apply_async``'s CPU, on every turn's way to its first token (docs/benchmarks.md)."""
+    held = f"<start tickets of turns {[ticket.turn_id for ticket in tickets]}>"
+    return {"argsrepr": repr([turn_ids]), "kwargsrepr": f"{{'tickets': {held}}}" if tickets else "{}"}
+
+
 def _send(turn_ids: list[int], queue: str, tickets: Sequence[StartTicket] = ()) -> None:
     """One task for the turns handed out together: a Celery message costs about 2 ms to send and the worker
     claims them together (16 messages took a third of a burst's dispatch, docs/benchmarks.md). Their start
@@ -194,7 +203,9 @@ def _send(turn_ids: list[int], queue: str, tickets: Sequence[StartTicket] = ()) 
         # Straight to the queue's list: through the default exchange, kombu has no binding to look up (0.5 ms
         # instead of 0.75 per message here, on every turn's way to its first token).
         kwargs = {"tickets": [ticket.as_message() for ticket in tickets]} if tickets else {}
-        turns_run_task.apply_async(args=[turn_ids], kwargs=kwargs, queue=queue, exchange="", routing_key=queue)
+        turns_run_task.apply_async(
+            args=[turn_ids], kwargs=kwargs, queue=queue, exchange="", routing_key=queue, **task_reprs(turn_ids, tickets)
+        )
     except Exception as exc:
         Turn.objects.filter(pk__in=turn_ids, status=Turn.Status.QUEUED).update(dispatched_at=None)
         raise QueueUnavailable(turn_ids) from exc

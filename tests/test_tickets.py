@@ -98,6 +98,29 @@ def test_a_submit_hands_its_turn_out_with_a_ticket_that_matches_what_the_worker_
 
 
 @pytest.mark.django_db(transaction=True)
+def test_the_task_message_shows_turn_ids_and_never_the_conversation_outside_its_body():
+    """Celery copies a task's argsrepr and kwargsrepr into the message's headers, task events (Flower) and the
+    worker's log of a failed task. RigDash gives its own (inference.dispatch.task_reprs): Celery's own repr of the
+    tickets cost a quarter of the send."""
+    owner = make_user("owner")
+    rig = Rig.objects.create(name="r", kind=Rig.Kind.LLAMACPP, base_url="http://127.0.0.1:9", queue="rig.h", slots=1)
+    broker = redis.Redis.from_url(_broker_url())
+    broker.delete(rig.queue)
+    session = make_session(owner, rig, "m")
+    Turn.objects.create(session=session, user_text="my secret plan", reply_text="noted", status=Turn.Status.DONE)
+    turn = _submit(owner, session, "and the password is swordfish")
+    [raw] = broker.lrange(rig.queue, 0, -1)
+    broker.delete(rig.queue)
+    message = json.loads(raw)
+    headers = json.dumps(message["headers"])
+    assert "swordfish" not in headers and "secret plan" not in headers and "noted" not in headers
+    assert message["headers"]["argsrepr"] == repr([[turn.pk]])
+    assert message["headers"]["kwargsrepr"] == f"{{'tickets': <start tickets of turns [{turn.pk}]>}}"
+    [ticket] = json.loads(base64.b64decode(message["body"]))[1]["tickets"]  # the body still carries the ticket
+    assert ticket["messages"][-1] == {"role": "user", "content": "and the password is swordfish"}
+
+
+@pytest.mark.django_db(transaction=True)
 def test_an_owner_with_a_daily_allowance_gets_no_ticket_and_the_start_reserves_from_it(settings):
     """Each start reserves from a daily allowance under the owner's row lock, so such a turn starts from a fresh
     read (its cap depends on what the others reserved meanwhile)."""
