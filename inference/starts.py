@@ -10,11 +10,12 @@ import logging
 import os
 import socket
 import threading
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from channels.db import database_sync_to_async as db_async
 from django.conf import settings
-from django.db import close_old_connections
+from django.db import DatabaseError, close_old_connections
 
 from inference import board, dispatch, events, live, quotas, runner, services
 from inference.backends.base import ChatRequest
@@ -26,6 +27,7 @@ log = logging.getLogger(__name__)
 WORKER_ID = f"{socket.gethostname()}:{os.getpid()}"
 Claim = concurrent.futures.Future[services.ClaimedTurn | None]  # a turn's claim: what it got, or None (not claimed)
 SENT_WAIT_S = 1.0  # the longest a claim waits for its ticketed requests to be written (a rig that does not answer)
+FINISH_RETRY_S = (0.5, 2.0, 5.0)  # a turn's end the database refused is stored again after each of these, then left
 
 
 def _chat_request(model: str, messages: list[dict[str, str]], max_tokens: int, params: dict[str, Any]) -> ChatRequest:
@@ -73,8 +75,11 @@ async def run_claimed_turn(
             opened=opened,
         )
     await prompt_state.settle()
-    await started_row  # the board's "started" row goes out before the end
-    stored = await db_async(runner.gated(services.turn_finish))(turn=turn, outcome=outcome)
+    try:
+        await started_row  # the board's "started" row goes out before the end
+    except DatabaseError as exc:  # a view: the board reads the turn again at its end
+        log.warning("turn %s: the board's row could not be read: %r", turn.pk, exc)
+    stored = await _store_end(turn, outcome)
     if not stored:
         log.warning("turn %s had already ended when its worker finished", turn.pk)
         return
@@ -84,6 +89,20 @@ async def run_claimed_turn(
     snapshot = await db_async(turn_snapshot)(turn)
     await events.turn_end(session_id=turn.session_id, turn=snapshot, seq=outcome.stats["output_events"])
     await db_async(live.forget)(turn.pk)
+
+
+async def _store_end(turn: Turn, outcome: services.TurnOutcome) -> bool:
+    """Store the turn's end (``services.turn_finish``). A database that refuses it (restarting, a dropped connection)
+    gets a few more tries: without its end the turn would wait for the reaper, and end as interrupted, with its text
+    but without its finish reason and stats. The last try's error reaches the task, and the reaper ends the turn."""
+    finish: Callable[..., Awaitable[bool]] = db_async(runner.gated(services.turn_finish))
+    for retry_in in FINISH_RETRY_S:
+        try:
+            return await finish(turn=turn, outcome=outcome)
+        except DatabaseError as exc:
+            log.warning("turn %s: storing its end failed (%r); trying again in %g s", turn.pk, exc, retry_in)
+            await asyncio.sleep(retry_in)
+    return await finish(turn=turn, outcome=outcome)
 
 
 # Where each rig's requests go, as this process last read it from the database: a ticketed turn's request goes

@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import subprocess
 import sys
+import time
 from typing import Any
 
 import pytest
@@ -129,6 +130,33 @@ def test_database_refusing_the_checkpoints_and_the_decoding_mark_mid_reply_loses
     pages_got = live.snapshot(turn.pk)  # every batch the pages were sent
     assert (turn.reply_text, turn.stats["output_events"]) == (pages_got.text, pages_got.seq)
     assert pages_got.seq > 0 and pages_got.text
+
+
+@pytest.mark.llama
+@pytest.mark.django_db(transaction=True)
+def test_a_turns_end_the_database_refuses_twice_is_stored_whole_on_the_third_try(chat_session, monkeypatch):
+    """The end's write fails twice (made to fail: a database outage cannot be started and ended around one turn
+    here), then the database is back: the turn ends as it would have, not as interrupted by the reaper later."""
+    from django.db import OperationalError
+
+    store = services.turn_finish
+    tries: list[float] = []
+
+    def flaky(**kwargs: Any) -> bool:
+        tries.append(time.monotonic())
+        if len(tries) <= 2:
+            raise OperationalError("the database system is starting up")
+        return store(**kwargs)
+
+    monkeypatch.setattr(services, "turn_finish", flaky)
+    monkeypatch.setattr(starts, "FINISH_RETRY_S", (0.2, 0.2, 0.2))
+    turn = Turn.objects.create(session=chat_session, user_text="Say hello.", params={"max_tokens": 24, "seed": 1})
+    assert starts.turn_run(turn.pk) == "ran"
+    turn.refresh_from_db()
+    assert len(tries) == 3 and tries[2] - tries[0] >= 0.4  # two waits before the third try
+    assert turn.status == Turn.Status.DONE and turn.finish_reason in ("stop", "length")
+    assert turn.reply_text == live.snapshot(turn.pk).text != ""
+    assert turn.stats["output_events"] == live.snapshot(turn.pk).seq
 
 
 @pytest.mark.django_db
