@@ -174,14 +174,13 @@ class ProgressReporter:
         if prompt_tokens is not None and self.prompt_estimated:
             self.prompt_tokens, self.prompt_estimated = prompt_tokens, False
 
-    async def tick(
-        self, redis: aioredis.Redis, *, tokens: int, decode_tps: float | None, status: str, force: bool = False
-    ) -> bool:
-        now = time.monotonic()
-        if not force and now - self.last_sent < self.interval_s:
-            return False
-        self.last_sent = now
-        progress = {
+    def due(self) -> bool:
+        return time.monotonic() - self.last_sent >= self.interval_s
+
+    def take(self, *, tokens: int, decode_tps: float | None, status: str) -> dict[str, Any]:
+        """The progress to send now; counts as sent (the next one is due an interval later)."""
+        self.last_sent = time.monotonic()
+        return {
             "turn": self.turn_id,
             "status": status,
             "tokens": tokens,
@@ -190,9 +189,31 @@ class ProgressReporter:
             "prompt_estimated": self.prompt_estimated,
             **context_fill(self.prompt_tokens, tokens, self.n_ctx),
         }
-        await redis.set(progress_key(self.turn_id), json.dumps(progress), ex=live.LIVE_TTL_S)
-        await events.board_progress(progress=progress)
+
+    async def tick(
+        self, redis: aioredis.Redis, *, tokens: int, decode_tps: float | None, status: str, force: bool = False
+    ) -> bool:
+        """Store and publish the progress when it is due (or ``force``), in two round trips of its own. A streaming
+        turn's batches carry it in their own round trip instead (``progress_commands``)."""
+        if not force and not self.due():
+            return False
+        await send_progress(redis, self.take(tokens=tokens, decode_tps=decode_tps, status=status))
         return True
+
+
+async def send_progress(redis: aioredis.Redis, progress: dict[str, Any]) -> None:
+    await redis.set(progress_key(progress["turn"]), json.dumps(progress), ex=live.LIVE_TTL_S)
+    await events.board_progress(progress=progress)
+
+
+def progress_commands(progress: dict[str, Any]) -> list[tuple[Any, ...]] | None:
+    """The Redis commands that store a turn's progress and publish it to the boards, for a batch's pipeline; None
+    when the channel layer is not the one a PUBLISH can stand in for (then ``ProgressReporter.tick``)."""
+    publication = events.pubsub_publication(events.BOARD_GROUP, {"type": "board.progress", **progress})
+    if publication is None:
+        return None
+    stored = ("SET", progress_key(progress["turn"]), json.dumps(progress), "EX", live.LIVE_TTL_S)
+    return [stored, ("PUBLISH", *publication)]
 
 
 async def progress_start(turn: Turn, messages: list[dict[str, str]], redis: aioredis.Redis) -> ProgressReporter:

@@ -88,6 +88,11 @@ class LinkPipeline:
         self._commands.append(("PUBLISH", channel, message))
         return self
 
+    def command(self, *args: Any) -> LinkPipeline:
+        """Any other command, as Redis spells it (``("SET", key, value, "EX", 60)``)."""
+        self._commands.append(args)
+        return self
+
     def get(self, key: str) -> LinkPipeline:
         self._commands.append(("GET", key))
         return self

@@ -46,6 +46,9 @@ from rigdash.env import RigDashConfig
 log = logging.getLogger(__name__)
 _END = object()
 CANCEL_CHECK_S = 0.1  # a Stop is seen within this (plus one flush); reading the flag with every batch cost 1 op in 3
+# The turn's task reads the flag itself only when no batch has for this long. At CANCEL_CHECK_S it woke in step with
+# the batches' reads and nearly always read first: a round trip of its own ten times a second on a flowing stream.
+WATCH_CANCEL_S = 1.5 * CANCEL_CHECK_S
 # A batch due within this goes now: the backend's next read is let through this much before the batch is due, so
 # that read and flush share one wake-up (see TurnStream.read_gate).
 FLUSH_SLACK_S = 0.002
@@ -226,15 +229,21 @@ class TurnStream:
             )
             publication = events.pubsub_publication(events.session_group(self.turn.session_id), message)
         rebuilding = bool(text) and self.live_broken
+        progress, progress_sent = self._progress_due(text), False
+        progress_commands = None if progress is None else board.progress_commands(progress)
         if text or check_cancel:
             # One round trip: append to the live list, then publish (Redis runs them in order, so a snapshot
-            # read after the publish holds the batch), and read the cancel flag when it is due.
+            # read after the publish holds the batch), the board's progress when it is due (twice a second), and
+            # the cancel flag when it is due.
             try:
                 async with self.link.pipeline() as pipe:
                     if text:
                         self._append_live(pipe, seq_from, seq_to, text, stats, rewrite=rebuilding)
                         if publication is not None:
                             pipe.publish(*publication)
+                    for command in progress_commands or ():
+                        pipe.command(*command)
+                    progress_sent = progress_commands is not None
                     if check_cancel:
                         pipe.get(live.cancel_key(self.turn.pk))
                     results = await pipe.execute()
@@ -259,11 +268,15 @@ class TurnStream:
             self.pending_since = self.last_sent if self.pending else None
             if message is not None and publication is None:  # another channel layer: its own group_send
                 await events.group_send(events.session_group(self.turn.session_id), message)
-            if self.progress is not None:
+            if progress is not None and not progress_sent:  # another channel layer: the board's own two round trips
                 with contextlib.suppress(RedisError, OSError):  # the board's progress is a view: the next tick retries
-                    await self.progress.tick(
-                        self.redis, tokens=self.meter.events, decode_tps=self.meter.decode_tps, status="decoding"
-                    )
+                    await board.send_progress(self.redis, progress)
+
+    def _progress_due(self, text: str) -> dict[str, Any] | None:
+        """The board's progress to send with this batch, when it has text and the progress is due."""
+        if not text or self.progress is None or not self.progress.due():
+            return None
+        return self.progress.take(tokens=self.meter.events, decode_tps=self.meter.decode_tps, status="decoding")
 
     def _append_live(
         self, pipe: Any, seq_from: int, seq_to: int, text: str, stats: dict[str, Any], *, rewrite: bool
@@ -340,7 +353,7 @@ class TurnStream:
             raise self.stop
 
     async def check_cancel(self) -> None:
-        """Read the cancel flag (the watchdog, when no batch has read it for CANCEL_CHECK_S)."""
+        """Read the cancel flag (the watchdog, when no batch has read it for WATCH_CANCEL_S)."""
         now = time.perf_counter()
         try:
             [flag] = await self.link.execute([("GET", live.cancel_key(self.turn.pk))])
@@ -556,13 +569,14 @@ async def stream_turn(
 
 async def _watch(state: TurnStream, reader: asyncio.Task[StreamChunk], conf: RigDashConfig) -> StreamChunk:
     """Wait for the reader to end the reply. Every CANCEL_CHECK_S meanwhile: the cancel flag (when no batch has read
-    it since), the first-token and stall timeouts, and a checkpoint of the reply when one is due."""
+    it for WATCH_CANCEL_S: a Stop is seen within 0.2 s either way), the first-token and stall timeouts, and a
+    checkpoint of the reply when one is due."""
     while True:
         await asyncio.wait((reader,), timeout=CANCEL_CHECK_S)
         if reader.done():
             return reader.result()  # the finish, or what ended the stream (a cancel seen by a batch among them)
         now = time.perf_counter()
-        if now - state.cancel_checked_at >= CANCEL_CHECK_S:
+        if now - state.cancel_checked_at >= WATCH_CANCEL_S:
             await state.check_cancel()
         if state.cancelled:
             await _stop(state, reader, TurnCancelled())

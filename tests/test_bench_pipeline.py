@@ -463,3 +463,123 @@ async def test_a_token_accepted_while_a_batch_is_on_its_way_goes_in_the_next_bat
         await client.delete(key)
         await client.aclose()
         await real_link.aclose()
+
+
+async def test_the_boards_progress_rides_in_a_batchs_round_trip_twice_a_second(settings):
+    """A streaming turn's board progress (stored for a board that opens later, published to the open ones) goes
+    in the pipeline of the batch it is due with: no round trips of its own, and only when due. The stream has
+    no ``redis`` client here, so a tick on its own connection would fail this test."""
+    import asyncio
+    import time
+    from types import SimpleNamespace
+
+    from channels.layers import get_channel_layer
+    from redis import asyncio as aioredis
+
+    from inference import board, live
+    from inference.backends.base import StreamChunk
+    from inference.redislink import RedisLink
+
+    layer = get_channel_layer()
+    channel = await layer.new_channel()
+    await layer.group_add(events.BOARD_GROUP, channel)
+    client = aioredis.Redis.from_url(settings.REDIS_URL)
+    stream = _stream(interval_s=0.001)
+    stream.turn = SimpleNamespace(pk=700_000 + time.monotonic_ns() % 100_000, session_id=6)  # type: ignore[assignment]
+    link = RedisLink(settings.REDIS_URL)
+    round_trips: list[list[str]] = []
+    execute = link.execute
+
+    async def counted(commands):  # type: ignore[no-untyped-def]
+        round_trips.append([command[0] for command in commands])
+        return await execute(commands)
+
+    link.execute = counted  # type: ignore[method-assign]
+    stream.link = link
+    stream.progress = board.ProgressReporter(turn_id=stream.turn.pk, n_ctx=2048, prompt_tokens=20, interval_s=0.5)
+    try:
+        for text in ("Hello", " world", "!"):
+            stream.accept(StreamChunk(text=text), time.perf_counter())
+            await stream.flush()
+        # One round trip per batch; the progress in the first (then not due for half a second).
+        assert round_trips == [["RPUSH", "EXPIRE", "PUBLISH", "SET", "PUBLISH", "GET"], *[["RPUSH", "PUBLISH"]] * 2]
+        message = await asyncio.wait_for(layer.receive(channel), 2)
+        assert (message["type"], message["turn"], message["tokens"]) == ("board.progress", stream.turn.pk, 1)
+        assert message["context_used"] == 21 and message["n_ctx"] == 2048
+        stored = json.loads(await client.get(board.progress_key(stream.turn.pk)))
+        assert stored["tokens"] == 1 and 0 < await client.ttl(board.progress_key(stream.turn.pk)) <= live.LIVE_TTL_S
+        stream.progress.last_sent -= 0.5  # half a second later
+        stream.accept(StreamChunk(text="?"), time.perf_counter())
+        await stream.flush()
+        message = await asyncio.wait_for(layer.receive(channel), 2)
+        assert message["tokens"] == 4 and round_trips[-1][:4] == ["RPUSH", "PUBLISH", "SET", "PUBLISH"]  # a GET if due
+    finally:
+        await layer.group_discard(events.BOARD_GROUP, channel)
+        await client.delete(live.live_key(stream.turn.pk), board.progress_key(stream.turn.pk))
+        await client.aclose()
+        await link.aclose()
+
+
+async def test_while_batches_flow_they_read_the_cancel_flag_and_the_watchdog_reads_it_only_when_they_stop(settings):
+    """The cancel flag costs one GET ten times a second, in the batches' own round trips while they flow; the turn's
+    task reads it itself only when no batch has for WATCH_CANCEL_S (a prompt, a pause). A Stop is seen within
+    0.25 s either way. Real Redis; the reader is a loop of batches every 10 ms, then a pause."""
+    import asyncio
+    import time
+    from types import SimpleNamespace
+
+    from redis import asyncio as aioredis
+
+    from inference import live
+    from inference.backends.base import StreamChunk
+    from inference.redislink import RedisLink
+    from inference.runner import TurnCancelled, _watch
+
+    client = aioredis.Redis.from_url(settings.REDIS_URL)
+    stream = _stream(interval_s=0.001)
+    stream.turn = SimpleNamespace(pk=600_000 + time.monotonic_ns() % 100_000, session_id=6)  # type: ignore[assignment]
+    stream.link = RedisLink(settings.REDIS_URL)
+    stream.decoding = asyncio.get_running_loop().create_future()  # the first token's marking is not under test
+    stream.decoding.set_result(None)
+    watchdog_reads: list[float] = []
+    check_cancel = stream.check_cancel
+
+    async def counted_check() -> None:
+        watchdog_reads.append(time.perf_counter())
+        await check_cancel()
+
+    stream.check_cancel = counted_check  # type: ignore[method-assign]
+    conf = SimpleNamespace(first_token_timeout_s=30, stall_timeout_s=30, checkpoint_interval_s=float("inf"))
+    flowing = asyncio.Event()
+    phases: dict[str, float] = {}
+
+    async def reader() -> StreamChunk:
+        phases["flow"] = time.perf_counter()
+        while time.perf_counter() - phases["flow"] < 0.6:
+            stream.accept(StreamChunk(text="x"), time.perf_counter())
+            stream.last_read_at = time.perf_counter()
+            await stream.publish()
+            await asyncio.sleep(0.01)
+        phases["pause"] = time.perf_counter()
+        flowing.set()
+        await asyncio.sleep(10)  # the backend reads a long prompt: no batches
+        raise AssertionError("not cancelled")
+
+    key = live.cancel_key(stream.turn.pk)
+    try:
+        task = asyncio.create_task(reader())
+        watch = asyncio.create_task(_watch(stream, task, conf))  # type: ignore[arg-type]
+        await flowing.wait()
+        assert [t for t in watchdog_reads if t < phases["pause"]] == []  # the batches read it meanwhile
+        await asyncio.sleep(0.5)
+        assert not watch.done(), watch
+        assert len(watchdog_reads) >= 2  # no batches: the watchdog reads it itself
+        await client.set(key, "1")
+        asked = time.perf_counter()
+        with pytest.raises(TurnCancelled):
+            await watch
+        assert time.perf_counter() - asked < 0.25
+    finally:
+        await client.delete(key, live.live_key(stream.turn.pk))
+        await client.aclose()
+        await stream.link.aclose()
