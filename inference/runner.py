@@ -125,8 +125,11 @@ class FlushPace:
 
     A turn alone gets ``min_s``: its page can show a token at the browser's next frame, where a 33 ms batch
     adds 16 ms on average (display lag p50 29 ms at 33 ms, 16 ms at 10 ms: docs/benchmarks.md). Each other turn
-    streaming on the loop adds ``min_s``, up to ``max_s``: the batches the worker publishes per second, and the
-    frames the web writes for them, stay near 1 / ``min_s`` until every turn is at the ceiling, as before.
+    streaming on the loop adds half of ``min_s``, up to ``max_s`` (10, 15, 20, 25 ms for one to four turns, the
+    ceiling from six): the batches the worker publishes per second, and the frames the web writes for them, stay
+    under 2 / ``min_s`` until every turn is at the ceiling. Adding a whole ``min_s`` per turn kept them near
+    1 / ``min_s``, but four turns of 30-34 tok/s then got 33 ms and their tokens waited for it: display lag
+    p50 23 ms at level 2 against 14 ms at 25 ms (docs/benchmarks.md, "A fast AMD EPYC").
     A turn counts from its backend request to its end, so one still reading its prompt counts too: it is
     about to stream, and when sixteen turns start together (the benchmark's level 3) the first to get tokens
     do not publish at the short interval while the rest are still in their prompts (counting only from the
@@ -137,7 +140,7 @@ class FlushPace:
         self.streaming = 0
 
     def interval(self) -> float:
-        return min(self.max_s, self.min_s * max(1, self.streaming))
+        return min(self.max_s, self.min_s * (max(1, self.streaming) + 1) / 2)
 
     @contextlib.contextmanager
     def streaming_turn(self) -> Iterator[None]:

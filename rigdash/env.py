@@ -79,6 +79,6 @@ class RigDashConfig:
     sample_raw_retention_h: float = 24.0
     sample_downsampled_retention_d: float = 30.0
     metrics_token: str = ""
-    # The interval while one turn streams alone on a worker; each more streaming turn adds as much, up to
+    # The interval while one turn streams alone on a worker; each more streaming turn adds half as much, up to
     # flush_interval_ms (inference.runner.FlushPace).
     flush_min_interval_ms: int = 10

@@ -34,7 +34,7 @@ def test_a_lone_token_goes_out_at_once_and_a_burst_waits_one_interval_after_the_
     assert stream.flush_due() == 1.5  # a token long after the last batch (slow decode) is not held back
 
 
-def test_a_turn_alone_gets_the_short_interval_and_each_other_streaming_turn_adds_one_up_to_the_ceiling():
+def test_a_turn_alone_gets_the_short_interval_and_each_other_streaming_turn_adds_half_of_it_up_to_the_ceiling():
     pace = FlushPace(0.010, 0.033)
     alone, other = TurnStream(turn=None, redis=None, link=None, meter=StreamMeter(t_request=0.0), pace=pace), _stream()  # type: ignore[arg-type]
     other.pace = pace
@@ -42,11 +42,13 @@ def test_a_turn_alone_gets_the_short_interval_and_each_other_streaming_turn_adds
     with pace.streaming_turn():
         assert alone.flush_due() == pytest.approx(1.010)  # alone: a batch 10 ms after the last
         with pace.streaming_turn():
-            assert alone.flush_due() == pytest.approx(1.020)  # two turns streaming: 20 ms each
+            assert alone.flush_due() == pytest.approx(1.015)  # two turns streaming: 15 ms each
             other.last_sent, other.pending_since = 2.0, 2.001
-            assert other.flush_due() == pytest.approx(2.020)
+            assert other.flush_due() == pytest.approx(2.015)
             with pace.streaming_turn(), pace.streaming_turn():
-                assert alone.flush_due() == pytest.approx(1.033)  # four: 40 ms, held at the 33 ms ceiling
+                assert alone.flush_due() == pytest.approx(1.025)  # four: 25 ms
+                with pace.streaming_turn(), pace.streaming_turn():
+                    assert alone.flush_due() == pytest.approx(1.033)  # six: 35 ms, held at the 33 ms ceiling
         assert pace.streaming == 1
     assert pace.streaming == 0 and pace.interval() == pytest.approx(0.010)
     with pytest.raises(RuntimeError), pace.streaming_turn():
