@@ -47,7 +47,7 @@ log = logging.getLogger(__name__)
 _END = object()
 CANCEL_CHECK_S = 0.1  # a Stop is seen within this (plus one flush); reading the flag with every batch cost 1 op in 3
 # The turn's task reads the flag itself only when no batch has for this long. At CANCEL_CHECK_S it woke in step with
-# the batches' reads and nearly always read first: a round trip of its own ten times a second on a flowing stream.
+# the batches' reads and read first about two times in three: round trips of its own on a flowing stream.
 WATCH_CANCEL_S = 1.5 * CANCEL_CHECK_S
 # A batch due within this goes now: the backend's next read is let through this much before the batch is due, so
 # that read and flush share one wake-up (see TurnStream.read_gate).
@@ -232,7 +232,7 @@ class TurnStream:
             )
             publication = events.pubsub_publication(events.session_group(self.turn.session_id), message)
         rebuilding = bool(text) and self.live_broken
-        progress, progress_sent = self._progress_due(text), False
+        progress = self._progress_due(text)
         progress_commands = None if progress is None else board.progress_commands(progress)
         if text or check_cancel:
             # One round trip: append to the live list, then publish (Redis runs them in order, so a snapshot
@@ -246,7 +246,6 @@ class TurnStream:
                             pipe.publish(*publication)
                     for command in progress_commands or ():
                         pipe.command(*command)
-                    progress_sent = progress_commands is not None
                     if check_cancel:
                         pipe.get(live.cancel_key(self.turn.pk))
                     results = await pipe.execute()
@@ -271,7 +270,7 @@ class TurnStream:
             self.pending_since = self.last_sent if self.pending else None
             if message is not None and publication is None:  # another channel layer: its own group_send
                 await events.group_send(events.session_group(self.turn.session_id), message)
-            if progress is not None and not progress_sent:  # another channel layer: the board's own two round trips
+            if progress is not None and progress_commands is None:  # another channel layer: two round trips
                 with contextlib.suppress(RedisError, OSError):  # the board's progress is a view: the next tick retries
                     await board.send_progress(self.redis, progress)
 
