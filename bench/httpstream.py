@@ -27,6 +27,7 @@ class StreamRecord:
     timings: dict[str, Any] | None = None
     error: str | None = None
     t_end: float | None = None
+    steal_share: float | None = None  # the machine's CPU the hypervisor took while this was read (bench/run.py)
 
     @property
     def text(self) -> str:
@@ -53,6 +54,7 @@ class StreamRecord:
             "backend_tps": self.backend_tps,
             "finish_reason": self.finish_reason,
             "error": self.error,
+            "steal_share": self.steal_share,
         }
 
 

@@ -188,7 +188,24 @@ def figures(
             "errors": [r["error"] for r in rd if r.get("error")],
         },
         **cost_figures(costs, tokens, idle),
+        "steal_pct": steal_figures(costs, direct),
         "longtasks": {"count": len(longtasks), "max_ms": max((t["duration"] for t in longtasks), default=0.0)},
+    }
+
+
+def steal_figures(costs: list[dict[str, Any]], direct: list[dict[str, Any]]) -> dict[str, Any]:
+    """The share of the machine's CPU the hypervisor took (steal, %), in RigDash's windows and in the direct reads.
+
+    A VM whose host is busy elsewhere loses CPU time it never sees as its own; when that share differs between
+    the two sides of a pair, the paired ratios measure the host, not RigDash. (Results from before 2026-12-03
+    have no steal figures.)"""
+
+    def pct(values: list[Any]) -> dict[str, Any]:
+        return stats.summarize([100 * v for v in values if v is not None], 3)
+
+    return {
+        "rigdash": pct([c.get("steal_share") for c in costs]),
+        "direct": pct([d.get("steal_share") for d in direct]),
     }
 
 
@@ -261,6 +278,12 @@ def table_rows(agg: dict[str, Any]) -> list[list[str]]:
         add(label, "backend's own tok/s with RigDash / without: paired (median; min..max)",
             f"{stats.fmt(b['p50'], 3)} ({stats.fmt(b['min'], 3)}..{stats.fmt(b['max'], 3)}){tag}", f">= {bmin}",
             None if drift else _ge(b["p50"], bmin))  # fmt: skip
+        steal = a.get("steal_pct") or {}
+        if (steal.get("rigdash") or {}).get("n") or (steal.get("direct") or {}).get("n"):
+            sr, sd = steal.get("rigdash") or {}, steal.get("direct") or {}
+            add(label, "  CPU the hypervisor took (steal, % of the machine): RigDash / direct (p50; max)",
+                f"{stats.fmt(sr.get('p50'), 2)}; {stats.fmt(sr.get('max'), 2)} / "
+                f"{stats.fmt(sd.get('p50'), 2)}; {stats.fmt(sd.get('max'), 2)}", "(reported)", None)  # fmt: skip
         tp, ts = a["added_ttft_ms_paired"], a["added_ttft_ms_same_stream"]
         if key == "level3":
             t = a["ttft_ms"]
@@ -380,5 +403,10 @@ def header(meta: dict[str, Any]) -> str:
         f"machine busy {meta['machine_busy_cores']} cores on average, of which this benchmark (RigDash, llama-server,"
         f" Chromium, clients) {meta['benchmark_busy_cores']} and other processes {meta['other_busy_cores']}; "
         f"load average {meta['loadavg_before'][0]:.2f} -> {meta['loadavg_after'][0]:.2f}"
+        + (
+            f"; the hypervisor took {meta['steal_pct_of_machine']} % of the machine's CPU (steal)"
+            if meta.get("steal_pct_of_machine") is not None
+            else ""
+        )
         + (f"\nskipped (time budget): {'; '.join(meta['skipped'])}" if meta.get("skipped") else "")
     )

@@ -196,16 +196,29 @@ class Bench:
         async with httpx.AsyncClient(trust_env=False, timeout=10) as client:
             return list((await client.get(f"http://127.0.0.1:{port}{path}")).json())
 
-    def costs(self) -> tuple[dict[str, float], dict[str, int], float]:
-        return self.stack.cpu(), self.stack.redis_calls(), time.monotonic()
+    def costs(self) -> tuple[dict[str, float], dict[str, int], float, float]:
+        return self.stack.cpu(), self.stack.redis_calls(), time.monotonic(), _steal_s()
 
     @staticmethod
-    def cost_delta(before: tuple[dict[str, float], dict[str, int], float], after: tuple[Any, Any, float]) -> dict:
+    def cost_delta(
+        before: tuple[dict[str, float], dict[str, int], float, float], after: tuple[Any, Any, float, float]
+    ) -> dict:
         cpu = {k: after[0].get(k, 0.0) - v for k, v in before[0].items()}
-        return {"cpu_s": cpu, "redis": stats.calls_delta(before[1], after[1]), "wall_s": after[2] - before[2]}
+        wall = after[2] - before[2]
+        return {
+            "cpu_s": cpu, "redis": stats.calls_delta(before[1], after[1]), "wall_s": wall,
+            "steal_share": stats.steal_share(after[3] - before[3], wall, os.cpu_count() or 1),
+        }  # fmt: skip
 
     async def direct_round(self, port: int, payloads: list[dict[str, Any]], timeout_s: float) -> list[StreamRecord]:
-        return list(await asyncio.gather(*(direct_chat(port, p, timeout_s=timeout_s) for p in payloads)))
+        """The payloads read straight from the backend, at once; each record notes the CPU the hypervisor took
+        from this machine meanwhile (steal), the figure that tells a slow VM from a slow pipeline."""
+        t0, steal0 = time.monotonic(), _steal_s()
+        records = list(await asyncio.gather(*(direct_chat(port, p, timeout_s=timeout_s) for p in payloads)))
+        share = stats.steal_share(_steal_s() - steal0, time.monotonic() - t0, os.cpu_count() or 1)
+        for record in records:
+            record.steal_share = share
+        return records
 
     async def open_tabs(self, sessions: list[int], per_session: int) -> list[list[Tab]]:
         return [[await Tab.open(self.stack.web_port, sid, self.cookie) for _ in range(per_session)] for sid in sessions]
@@ -646,8 +659,12 @@ class Bench:
                     await self.browser.close()
             await asyncio.to_thread(self.stack.stop)
         wall = self.budget.elapsed()
-        busy = _busy(psutil.cpu_times()) - _busy(sys_before)
+        sys_after = psutil.cpu_times()
+        busy = _busy(sys_after) - _busy(sys_before)
+        steal = getattr(sys_after, "steal", 0.0) - getattr(sys_before, "steal", 0.0)
         results["meta"] = self._meta(started, wall, busy, own, load_before)
+        share = stats.steal_share(steal, wall, os.cpu_count() or 1)
+        results["meta"]["steal_pct_of_machine"] = None if share is None else round(100 * share, 2)
         return results
 
     def _meta(self, started: str, wall: float, busy: float, own: float, load_before: tuple[float, ...]) -> dict:
@@ -692,8 +709,15 @@ def _chromium_pid() -> int | None:
     return None
 
 
+def _steal_s() -> float:
+    """CPU seconds the hypervisor has taken from this VM since boot, all cores (0 where the kernel does not say)."""
+    return float(getattr(psutil.cpu_times(), "steal", 0.0))
+
+
 def _busy(times: Any) -> float:
-    return float(times.user + times.nice + times.system + times.irq + times.softirq + getattr(times, "steal", 0.0))
+    """CPU seconds this machine's own processes and kernel ran (steal, the hypervisor's, is counted apart; before
+    2026-12-03 it was in here, and so in the header's "other processes")."""
+    return float(times.user + times.nice + times.system + times.irq + times.softirq)
 
 
 def _tree_cpu() -> float:

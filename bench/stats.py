@@ -192,6 +192,13 @@ def cpu_seconds(times: Iterable[tuple[float, float]]) -> float:
     return sum(user + system for user, system in times)
 
 
+def steal_share(steal_s: float, wall_s: float, ncpu: int) -> float | None:
+    """The share of the machine's CPU time (``ncpu`` cores over ``wall_s``) that the hypervisor took (steal)."""
+    if wall_s <= 0 or ncpu <= 0:
+        return None
+    return max(0.0, steal_s) / (wall_s * ncpu)
+
+
 def fmt(value: float | None, digits: int = 2, unit: str = "") -> str:
     if value is None:
         return "-"

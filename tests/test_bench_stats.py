@@ -183,3 +183,24 @@ def test_the_split_of_send_to_request_shows_both_parts_and_the_claims_side_of_th
     assert rows[key] == "3.0 + 9.0; -1.2"
     agg["level1"]["ttft_parts_ms_p50"] = parts | {"claim_from_request": None}
     assert {row[1]: row[2] for row in report.table_rows(agg)}[key] == "3.0 + 9.0; -"
+
+
+def test_steal_is_a_share_of_every_core_over_the_window():
+    assert stats.steal_share(0.5, 10.0, 2) == pytest.approx(0.025)  # 0.5 s of 20 core-seconds
+    assert stats.steal_share(-0.01, 1.0, 2) == 0.0  # a counter read out of order never goes negative
+    assert stats.steal_share(1.0, 0.0, 2) is None
+
+
+def test_steal_is_reported_for_both_sides_of_the_pairs_and_left_out_for_old_results():
+    steal = "CPU the hypervisor took (steal, % of the machine): RigDash / direct (p50; max)"
+    old = {row[1].strip(): row[2] for row in report.table_rows(_agg([1.0, 1.0]))}
+    assert steal not in old  # results from before the steal figures: no row rather than zeros
+    cost = {"cpu_s": {"web": 0.001}, "redis": {}, "wall_s": 1.0}
+    figures = report.steal_figures(
+        [cost | {"steal_share": 0.0}, cost | {"steal_share": 0.08}], [{"steal_share": 0.01}, {"steal_share": 0.03}]
+    )
+    assert figures["rigdash"]["max"] == 8.0 and figures["direct"]["p50"] == 2.0
+    agg = _agg([1.0, 1.0])
+    agg["level1"]["steal_pct"] = figures
+    rows = {row[1].strip(): row[2] for row in report.table_rows(agg)}
+    assert rows[steal] == "4.00; 8.00 / 2.00; 3.00"
