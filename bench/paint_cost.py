@@ -100,7 +100,17 @@ __RENDERER__</body></html>""".replace(
 )
 
 
-def _tree_cpu(root: psutil.Process) -> dict[int, float]:
+def build_pages() -> dict[str, str]:
+    """The pages by kind (``text``, ``rigdash``, ``chat``), each with ``__INTERVAL__`` left for the batch interval."""
+    scripts = "\n".join(path.read_text() for path in SCRIPTS).replace("</script", "<\\/script")
+    return {
+        "text": TEXT_PAGE,
+        "rigdash": RIGDASH_PAGE.replace("__SCRIPTS__", scripts),
+        "chat": CHAT_PAGE.replace("__CSS__", CSS.read_text()).replace("__SCRIPTS__", scripts),
+    }
+
+
+def tree_cpu(root: psutil.Process) -> dict[int, float]:
     """CPU seconds so far of each process in the browser's tree, by pid."""
     out = {}
     for proc in [root, *root.children(recursive=True)]:
@@ -112,13 +122,13 @@ def _tree_cpu(root: psutil.Process) -> dict[int, float]:
     return out
 
 
-def _cpu_between(before: dict[int, float], after: dict[int, float]) -> float:
+def cpu_between(before: dict[int, float], after: dict[int, float]) -> float:
     """CPU seconds spent between two readings by the processes alive at the second (a closed page's renderer
     that exits in between would otherwise take its whole past off the sum)."""
     return sum(seconds - before.get(pid, 0.0) for pid, seconds in after.items())
 
 
-def _browser_root() -> psutil.Process:
+def browser_root() -> psutil.Process:
     """The browser process Playwright started for us (a descendant of this process: another Chromium on the
     machine is not counted)."""
     for proc in psutil.Process().children(recursive=True):
@@ -134,19 +144,14 @@ def _browser_root() -> psutil.Process:
 async def measure(seconds: float, rounds: int, intervals: list[int]) -> list[dict[str, object]]:
     from playwright.async_api import async_playwright
 
-    scripts = "\n".join(path.read_text() for path in SCRIPTS).replace("</script", "<\\/script")
-    pages = {
-        "text": TEXT_PAGE,
-        "rigdash": RIGDASH_PAGE.replace("__SCRIPTS__", scripts),
-        "chat": CHAT_PAGE.replace("__CSS__", CSS.read_text()).replace("__SCRIPTS__", scripts),
-    }
+    pages = build_pages()
     pages["chat+bench"] = pages["chat"]  # with the streaming benchmark's timing script (bench/browser.py)
     samples: dict[tuple[str, int], list[tuple[float, float]]] = {}
     async with async_playwright() as pw:
         browser = await pw.chromium.launch(executable_path=CHROMIUM, args=LAUNCH_ARGS)
         try:
             context = await browser.new_context(viewport={"width": 1200, "height": 800})
-            root = _browser_root()
+            root = browser_root()
             for _ in range(rounds):
                 for interval in intervals:
                     for name, html in pages.items():
@@ -155,13 +160,13 @@ async def measure(seconds: float, rounds: int, intervals: list[int]) -> list[dic
                             await page.add_init_script(INIT_SCRIPT)
                         await page.set_content(html.replace("__INTERVAL__", str(interval)))
                         await asyncio.sleep(1.0)  # past the first layout
-                        cpu0, frames0, t0 = _tree_cpu(root), await page.evaluate("window.rdFrames"), time.monotonic()
+                        cpu0, frames0, t0 = tree_cpu(root), await page.evaluate("window.rdFrames"), time.monotonic()
                         await asyncio.sleep(seconds)
-                        cpu1, frames1, t1 = _tree_cpu(root), await page.evaluate("window.rdFrames"), time.monotonic()
+                        cpu1, frames1, t1 = tree_cpu(root), await page.evaluate("window.rdFrames"), time.monotonic()
                         await page.close()
                         wall = t1 - t0
                         samples.setdefault((name, interval), []).append(
-                            (_cpu_between(cpu0, cpu1) / wall, (frames1 - frames0) / wall)
+                            (cpu_between(cpu0, cpu1) / wall, (frames1 - frames0) / wall)
                         )
         finally:
             await browser.close()

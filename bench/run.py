@@ -745,7 +745,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--idle-s", type=float, default=None, help="override each idle window's length (seconds)")
     parser.add_argument("--profile", action="store_true", help="sample web and worker with py-spy (pip install)")
     parser.add_argument("--out", default=None, help="JSON path (default bench/results/<time>-<mode>.json)")
+    parser.add_argument(
+        "--browser-floor",
+        action="store_true",
+        help="instead: what Chromium painting a reply costs llama-server with no RigDash (bench/browser_floor.py)",
+    )
     args = parser.parse_args(argv)
+    if args.browser_floor:
+        from bench import browser_floor
+
+        mode = "quick" if args.quick else "full"
+        out = (
+            Path(args.out) if args.out else RESULTS_DIR / f"{time.strftime('%Y%m%d-%H%M%S')}-browser-floor-{mode}.json"
+        )
+        browser_floor.run(rounds=3 if args.quick else 8, tokens=200 if args.quick else 400, out=out)
+        return 0
     plan = QUICK if args.quick else FULL
     if args.budget_s:
         plan = Plan(**{**asdict(plan), "budget_s": args.budget_s})

@@ -163,6 +163,21 @@ def test_paired_figures_get_no_verdict_when_the_machine_drifted_between_runs():
     assert steady["server CPU per token, web + worker + sampler (us; net of idle)"] == "MISS"  # 200 us per token
 
 
+def test_scattered_pairs_all_on_one_side_of_the_target_still_get_a_verdict():
+    """The pairs alternate which side runs first: drift alone would scatter them on both sides of the target."""
+    key = "backend's own tok/s with RigDash / without: paired (median; min..max)"
+    below = [0.75, 0.80, 0.86, 0.87, 0.90, 0.94]  # max / min = 1.25+, every pair below 0.98 (as on 2026-12-03)
+    rows = {row[1]: (row[2], row[4]) for row in report.table_rows(_agg(below))}
+    assert rows[key][1] == "MISS" and "all 6 pairs below 0.98" in rows[key][0]
+    straddling = [0.75, 0.80, 0.86, 0.87, 0.99, 1.05]
+    assert {row[1]: row[4] for row in report.table_rows(_agg(straddling))}[key] == "-"
+    agg = _agg(below)
+    agg["level1"]["independent_pairs"] = 2  # six turns in two rounds (levels 2 and 3): two units, no verdict
+    assert {row[1]: row[4] for row in report.table_rows(agg)}[key] == "-"
+    five = [0.70, 0.80, 0.86, 0.87, 0.94]  # scattered too, all below, but too few pairs for the sign test
+    assert {row[1]: row[4] for row in report.table_rows(_agg(five))}[key] == "-"
+
+
 def test_a_long_task_is_placed_among_its_turns_flushes():
     flushes = [{"start": 10.0}, {"start": 10.5}, {"start": None}, {"start": 12.0}]
     placed = analyze.place_longtask({"start": 11.0, "duration": 55}, flushes)
