@@ -38,7 +38,7 @@ from typing import Any
 import httpx
 import psutil
 
-from bench import paint_cost, stats
+from bench import paint_cost, procstat, stats
 from bench.browser import CHROMIUM, LAUNCH_ARGS
 from bench.httpstream import chat_payload, direct_chat
 from rigdash.launcher import ROOT, Stack, free_port, llama_server_command, wait_http
@@ -103,29 +103,25 @@ def summarize(rounds: list[dict[str, dict[str, Any]]], reference: str = "blank")
     return out
 
 
-def run_delay_s(pid: int) -> float:
-    """Seconds the process's threads have waited, runnable, for a core (``/proc/<pid>/task/*/schedstat``, the
-    second field): how often something else held the core llama.cpp's threads were ready to run on."""
-    total = 0
-    for path in Path(f"/proc/{pid}/task").glob("*/schedstat"):
-        try:
-            fields = path.read_text().split()
-        except OSError:  # a thread that ended meanwhile
-            continue
-        if len(fields) >= 2 and fields[1].isdigit():
-            total += int(fields[1])
-    return total / 1e9
-
-
 async def _read_under(
     page: Any, root: psutil.Process, llama_pid: int, port: int, payloads: list[dict[str, Any]]
 ) -> dict[str, Any]:
     """The payloads read at once while ``page`` shows what it shows; Chromium's CPU and the page's frames meanwhile,
     and how long llama-server's threads waited for a core. Rates and times are medians over the streams."""
-    cpu0, t0, steal0, wait0 = paint_cost.tree_cpu(root), time.monotonic(), _steal_s(), run_delay_s(llama_pid)
+    cpu0, t0, steal0, wait0 = (
+        paint_cost.tree_cpu(root),
+        time.monotonic(),
+        procstat.steal_s(),
+        procstat.run_delay_s(llama_pid),
+    )
     frames0 = await page.evaluate("window.rdFrames || 0")
     records = await asyncio.gather(*(direct_chat(port, p, timeout_s=READ_TIMEOUT_S) for p in payloads))
-    cpu1, t1, steal1, wait1 = paint_cost.tree_cpu(root), time.monotonic(), _steal_s(), run_delay_s(llama_pid)
+    cpu1, t1, steal1, wait1 = (
+        paint_cost.tree_cpu(root),
+        time.monotonic(),
+        procstat.steal_s(),
+        procstat.run_delay_s(llama_pid),
+    )
     frames1 = await page.evaluate("window.rdFrames || 0")
     wall = t1 - t0
     errors = [r.error for r in records if r.error]
@@ -146,10 +142,6 @@ async def _read_under(
         "llama_wait_ms_per_s": round(1000 * (wait1 - wait0) / wall, 1),
         "steal_pct": round(100 * (stats.steal_share(steal1 - steal0, wall, psutil.cpu_count() or 1) or 0.0), 2),
     }
-
-
-def _steal_s() -> float:
-    return float(getattr(psutil.cpu_times(), "steal", 0.0))
 
 
 async def measure(

@@ -28,6 +28,7 @@ class StreamRecord:
     error: str | None = None
     t_end: float | None = None
     steal_share: float | None = None  # the machine's CPU the hypervisor took while this was read (bench/run.py)
+    llama_wait_ms_per_s: float | None = None  # llama-server's threads waiting for a core meanwhile (bench/run.py)
 
     @property
     def text(self) -> str:
@@ -55,6 +56,7 @@ class StreamRecord:
             "finish_reason": self.finish_reason,
             "error": self.error,
             "steal_share": self.steal_share,
+            "llama_wait_ms_per_s": self.llama_wait_ms_per_s,
         }
 
 

@@ -190,6 +190,14 @@ def figures(
         },
         **cost_figures(costs, tokens, idle),
         "steal_pct": steal_figures(costs, direct),
+        "llama_wait_ms_per_s": {
+            "rigdash": stats.summarize(
+                [c["llama_wait_ms_per_s"] for c in costs if c.get("llama_wait_ms_per_s") is not None], 1
+            ),
+            "direct": stats.summarize(
+                [d["llama_wait_ms_per_s"] for d in direct if d.get("llama_wait_ms_per_s") is not None], 1
+            ),
+        },
         "longtasks": {"count": len(longtasks), "max_ms": max((t["duration"] for t in longtasks), default=0.0)},
     }
 
@@ -303,6 +311,12 @@ def table_rows(agg: dict[str, Any]) -> list[list[str]]:
             add(label, "  CPU the hypervisor took (steal, % of the machine): RigDash / direct (p50; max)",
                 f"{stats.fmt(sr.get('p50'), 2)}; {stats.fmt(sr.get('max'), 2)} / "
                 f"{stats.fmt(sd.get('p50'), 2)}; {stats.fmt(sd.get('max'), 2)}", "(reported)", None)  # fmt: skip
+        wait = a.get("llama_wait_ms_per_s") or {}
+        wr, wd = wait.get("rigdash") or {}, wait.get("direct") or {}
+        if key != "level3" and (wr.get("n") or wd.get("n")):  # level 3 reads the synthetic source, not llama-server
+            add(label, "  llama-server's threads waiting for a core (ms/s): RigDash / direct (p50; max)",
+                f"{stats.fmt(wr.get('p50'), 1)}; {stats.fmt(wr.get('max'), 1)} / "
+                f"{stats.fmt(wd.get('p50'), 1)}; {stats.fmt(wd.get('max'), 1)}", "(reported)", None)  # fmt: skip
         tp, ts = a["added_ttft_ms_paired"], a["added_ttft_ms_same_stream"]
         if key == "level3":
             t = a["ttft_ms"]

@@ -34,7 +34,7 @@ from typing import Any
 import httpx
 import psutil
 
-from bench import analyze, profile, report, stats
+from bench import analyze, procstat, profile, report, stats
 from bench.httpstream import StreamRecord, chat_payload, direct_chat
 from bench.rigclient import Tab, TurnWatch, run_turn
 from bench.stack import PYTHON, BenchStack
@@ -196,28 +196,38 @@ class Bench:
         async with httpx.AsyncClient(trust_env=False, timeout=10) as client:
             return list((await client.get(f"http://127.0.0.1:{port}{path}")).json())
 
-    def costs(self) -> tuple[dict[str, float], dict[str, int], float, float]:
-        return self.stack.cpu(), self.stack.redis_calls(), time.monotonic(), _steal_s()
+    def costs(self) -> tuple[dict[str, float], dict[str, int], float, float, float]:
+        return self.stack.cpu(), self.stack.redis_calls(), time.monotonic(), procstat.steal_s(), self.llama_wait_s()
+
+    def llama_wait_s(self) -> float:
+        """How long llama-server's threads have waited, runnable, for a core so far (bench/procstat.py)."""
+        pid = self.stack.pids.get("llama")
+        return procstat.run_delay_s(pid) if pid else 0.0
 
     @staticmethod
     def cost_delta(
-        before: tuple[dict[str, float], dict[str, int], float, float], after: tuple[Any, Any, float, float]
+        before: tuple[dict[str, float], dict[str, int], float, float, float],
+        after: tuple[Any, Any, float, float, float],
     ) -> dict:
         cpu = {k: after[0].get(k, 0.0) - v for k, v in before[0].items()}
         wall = after[2] - before[2]
         return {
             "cpu_s": cpu, "redis": stats.calls_delta(before[1], after[1]), "wall_s": wall,
             "steal_share": stats.steal_share(after[3] - before[3], wall, os.cpu_count() or 1),
+            "llama_wait_ms_per_s": 1000 * (after[4] - before[4]) / wall if wall > 0 else None,
         }  # fmt: skip
 
     async def direct_round(self, port: int, payloads: list[dict[str, Any]], timeout_s: float) -> list[StreamRecord]:
         """The payloads read straight from the backend, at once; each record notes the CPU the hypervisor took
-        from this machine meanwhile (steal), the figure that tells a slow VM from a slow pipeline."""
-        t0, steal0 = time.monotonic(), _steal_s()
+        from this machine meanwhile (steal), the figure that tells a slow VM from a slow pipeline, and how long
+        llama-server's threads waited for a core."""
+        t0, steal0, wait0 = time.monotonic(), procstat.steal_s(), self.llama_wait_s()
         records = list(await asyncio.gather(*(direct_chat(port, p, timeout_s=timeout_s) for p in payloads)))
-        share = stats.steal_share(_steal_s() - steal0, time.monotonic() - t0, os.cpu_count() or 1)
+        wall = time.monotonic() - t0
+        share = stats.steal_share(procstat.steal_s() - steal0, wall, os.cpu_count() or 1)
+        wait = 1000 * (self.llama_wait_s() - wait0) / wall if wall > 0 else None
         for record in records:
-            record.steal_share = share
+            record.steal_share, record.llama_wait_ms_per_s = share, wait
         return records
 
     async def open_tabs(self, sessions: list[int], per_session: int) -> list[list[Tab]]:
@@ -707,11 +717,6 @@ def _chromium_pid() -> int | None:
             if "chrom" in proc.name() and "chrom" not in proc.parent().name():
                 return int(proc.pid)
     return None
-
-
-def _steal_s() -> float:
-    """CPU seconds the hypervisor has taken from this VM since boot, all cores (0 where the kernel does not say)."""
-    return float(getattr(psutil.cpu_times(), "steal", 0.0))
 
 
 def _busy(times: Any) -> float:

@@ -5,7 +5,7 @@ the suite."""
 
 from __future__ import annotations
 
-from bench import browser_floor
+from bench import browser_floor, procstat
 
 
 def test_each_round_starts_one_condition_further_and_keeps_them_all():
@@ -54,14 +54,14 @@ def test_run_delay_counts_the_time_a_process_waited_for_a_core():
     burners = [subprocess.Popen([sys.executable, "-c", burn]) for _ in range(os.cpu_count() or 1)]
     try:
         time.sleep(0.2)  # the burners are running
-        before = browser_floor.run_delay_s(os.getpid())
+        before = procstat.run_delay_s(os.getpid())
         end = time.monotonic() + 0.6
         while time.monotonic() < end:
             pass
-        waited = browser_floor.run_delay_s(os.getpid()) - before
+        waited = procstat.run_delay_s(os.getpid()) - before
     finally:
         for proc in burners:
             proc.kill()
             proc.wait()
     assert waited > 0.02  # about 0.6 / (cores + 1) s expected
-    assert browser_floor.run_delay_s(2**22 + 12345) == 0.0  # no such process: nothing counted
+    assert procstat.run_delay_s(2**22 + 12345) == 0.0  # no such process: nothing counted

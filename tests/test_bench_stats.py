@@ -219,3 +219,13 @@ def test_steal_is_reported_for_both_sides_of_the_pairs_and_left_out_for_old_resu
     agg["level1"]["steal_pct"] = figures
     rows = {row[1].strip(): row[2] for row in report.table_rows(agg)}
     assert rows[steal] == "4.00; 8.00 / 2.00; 3.00"
+
+
+def test_llama_servers_wait_for_a_core_is_reported_on_both_sides_of_the_pairs():
+    key = "llama-server's threads waiting for a core (ms/s): RigDash / direct (p50; max)"
+    assert key not in {row[1].strip() for row in report.table_rows(_agg([1.0, 1.0]))}  # results without the figure
+    rd = [{"ttft_ms": 110.0, "tokens_delivered": 1, "tokens_backend": 1}]
+    cost = {"cpu_s": {}, "redis": {}, "wall_s": 1.0, "llama_wait_ms_per_s": 180.0}
+    agg = {"level1": report.figures(rd, [{"ttft_ms": 100.0, "llama_wait_ms_per_s": 90.0}], [cost], [1], [], None)}
+    rows = {row[1].strip(): row[2] for row in report.table_rows(agg)}
+    assert rows[key] == "180.0; 180.0 / 90.0; 90.0"
