@@ -38,10 +38,12 @@ from typing import Any
 import httpx
 import psutil
 
-from bench import paint_cost, procstat, stats
+from bench import paint_cost, procstat
 from bench.browser import CHROMIUM, LAUNCH_ARGS
 from bench.httpstream import chat_payload, direct_chat
-from rigdash.launcher import ROOT, Stack, free_port, llama_server_command, wait_http
+from bench.run import PROMPTS, SEED  # the level-1 and level-2 prompts
+from bench.stack import bench_llama_command
+from rigdash.launcher import ROOT, Stack, free_port, wait_http
 
 Shown = tuple[str, int] | None  # (bench/paint_cost.py's page, batch interval ms); None: about:blank
 # Level 1: one stream. Level 2: four streams, as four RigDash turns decode at once; the chat page then gets a batch
@@ -50,13 +52,6 @@ PARTS: dict[int, dict[str, Shown]] = {
     1: {"blank": None, "text@10": ("text", 10), "chat@10": ("chat", 10), "chat@33": ("chat", 33)},
     4: {"blank": None, "chat@25": ("chat", 25), "chat@33": ("chat", 33)},
 }
-PROMPTS = [  # bench/run.py's level-1 and level-2 prompts
-    "Explain in detail how a lighthouse works, step by step.",
-    "Write a long story about a cat who learns to sail.",
-    "List 500 different fruits, numbered.",
-    "Describe the water cycle to a ten-year-old, in detail.",
-]
-SEED = 42
 READ_TIMEOUT_S = 120.0
 SETTLE_S = 1.0  # after a page is shown, before the read: past its first layout
 
@@ -108,22 +103,12 @@ async def _read_under(
 ) -> dict[str, Any]:
     """The payloads read at once while ``page`` shows what it shows; Chromium's CPU and the page's frames meanwhile,
     and how long llama-server's threads waited for a core. Rates and times are medians over the streams."""
-    cpu0, t0, steal0, wait0 = (
-        paint_cost.tree_cpu(root),
-        time.monotonic(),
-        procstat.steal_s(),
-        procstat.run_delay_s(llama_pid),
-    )
+    cpu0, counters0 = paint_cost.tree_cpu(root), procstat.Counters.read(llama_pid)
     frames0 = await page.evaluate("window.rdFrames || 0")
     records = await asyncio.gather(*(direct_chat(port, p, timeout_s=READ_TIMEOUT_S) for p in payloads))
-    cpu1, t1, steal1, wait1 = (
-        paint_cost.tree_cpu(root),
-        time.monotonic(),
-        procstat.steal_s(),
-        procstat.run_delay_s(llama_pid),
-    )
+    cpu1, window = paint_cost.tree_cpu(root), procstat.Counters.read(llama_pid).since(counters0)
     frames1 = await page.evaluate("window.rdFrames || 0")
-    wall = t1 - t0
+    wall = window["wall_s"]
     errors = [r.error for r in records if r.error]
 
     def med(values: list[float | None]) -> float | None:
@@ -139,8 +124,8 @@ async def _read_under(
         "error": "; ".join(e for e in errors if e) or None,
         "chromium_cpu_ms_per_s": round(1000 * paint_cost.cpu_between(cpu0, cpu1) / wall, 1),
         "frames_per_s": round((frames1 - frames0) / wall, 1),
-        "llama_wait_ms_per_s": round(1000 * (wait1 - wait0) / wall, 1),
-        "steal_pct": round(100 * (stats.steal_share(steal1 - steal0, wall, psutil.cpu_count() or 1) or 0.0), 2),
+        "llama_wait_ms_per_s": round(window["llama_wait_ms_per_s"] or 0.0, 1),
+        "steal_pct": round(100 * (window["steal_share"] or 0.0), 2),
     }
 
 
@@ -203,7 +188,7 @@ def run(*, rounds: int, tokens: int, out: Path | None = None) -> dict[int, list[
     try:
         llama = stack.start(
             "llama-server",
-            llama_server_command(port=port, slots=4, ctx=4 * 2304, extra=["--no-cache-prompt"]),
+            bench_llama_command(port),
             log_path=log_dir / "llama-server.log",
         )
         wait_http(f"http://127.0.0.1:{port}/health", timeout_s=180, proc=llama)

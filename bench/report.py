@@ -190,14 +190,7 @@ def figures(
         },
         **cost_figures(costs, tokens, idle),
         "steal_pct": steal_figures(costs, direct),
-        "llama_wait_ms_per_s": {
-            "rigdash": stats.summarize(
-                [c["llama_wait_ms_per_s"] for c in costs if c.get("llama_wait_ms_per_s") is not None], 1
-            ),
-            "direct": stats.summarize(
-                [d["llama_wait_ms_per_s"] for d in direct if d.get("llama_wait_ms_per_s") is not None], 1
-            ),
-        },
+        "llama_wait_ms_per_s": both_sides(costs, direct, "llama_wait_ms_per_s", digits=1),
         "longtasks": {"count": len(longtasks), "max_ms": max((t["duration"] for t in longtasks), default=0.0)},
     }
 
@@ -208,14 +201,19 @@ def steal_figures(costs: list[dict[str, Any]], direct: list[dict[str, Any]]) -> 
     A VM whose host is busy elsewhere loses CPU time it never sees as its own; when that share differs between
     the two sides of a pair, the paired ratios measure the host, not RigDash. (Results from before 2026-12-03
     have no steal figures.)"""
+    return both_sides(costs, direct, "steal_share", scale=100, digits=3)
 
-    def pct(values: list[Any]) -> dict[str, Any]:
-        return stats.summarize([100 * v for v in values if v is not None], 3)
 
-    return {
-        "rigdash": pct([c.get("steal_share") for c in costs]),
-        "direct": pct([d.get("steal_share") for d in direct]),
-    }
+def both_sides(
+    costs: list[dict[str, Any]], direct: list[dict[str, Any]], key: str, *, scale: float = 1.0, digits: int
+) -> dict[str, Any]:
+    """``key`` summarized over RigDash's windows (``costs``) and over the paired direct reads, each value times
+    ``scale``; windows without it (results from before the figure existed) are left out."""
+
+    def summary(items: list[dict[str, Any]]) -> dict[str, Any]:
+        return stats.summarize([scale * x[key] for x in items if x.get(key) is not None], digits)
+
+    return {"rigdash": summary(costs), "direct": summary(direct)}
 
 
 SIGN_PAIRS = 6  # pairs all on one side of a target: 1 chance in 64 that RigDash had no effect (a sign test)
@@ -278,6 +276,16 @@ def _cost_rows(add: Any, label: str, a: dict[str, Any]) -> None:
         "report; aim <= 0.3", _le(a["redis_ops_per_token"], 0.3))  # fmt: skip
 
 
+def _both_sides_row(add: Any, label: str, figure: str, sides: dict[str, Any] | None, digits: int) -> None:
+    """A reported row of ``both_sides``' two summaries, "p50; max / p50; max"; none for results without them."""
+    r, d = (sides or {}).get("rigdash") or {}, (sides or {}).get("direct") or {}
+    if not (r.get("n") or d.get("n")):
+        return
+    add(label, f"{figure}: RigDash / direct (p50; max)",
+        f"{stats.fmt(r.get('p50'), digits)}; {stats.fmt(r.get('max'), digits)} / "
+        f"{stats.fmt(d.get('p50'), digits)}; {stats.fmt(d.get('max'), digits)}", "(reported)", None)  # fmt: skip
+
+
 def table_rows(agg: dict[str, Any]) -> list[list[str]]:
     rows: list[list[str]] = []
 
@@ -305,18 +313,11 @@ def table_rows(agg: dict[str, Any]) -> list[list[str]]:
         add(label, "backend's own tok/s with RigDash / without: paired (median; min..max)",
             f"{stats.fmt(b['p50'], 3)} ({stats.fmt(b['min'], 3)}..{stats.fmt(b['max'], 3)}){tag}", f">= {bmin}",
             None if drift else _ge(b["p50"], bmin))  # fmt: skip
-        steal = a.get("steal_pct") or {}
-        if (steal.get("rigdash") or {}).get("n") or (steal.get("direct") or {}).get("n"):
-            sr, sd = steal.get("rigdash") or {}, steal.get("direct") or {}
-            add(label, "  CPU the hypervisor took (steal, % of the machine): RigDash / direct (p50; max)",
-                f"{stats.fmt(sr.get('p50'), 2)}; {stats.fmt(sr.get('max'), 2)} / "
-                f"{stats.fmt(sd.get('p50'), 2)}; {stats.fmt(sd.get('max'), 2)}", "(reported)", None)  # fmt: skip
-        wait = a.get("llama_wait_ms_per_s") or {}
-        wr, wd = wait.get("rigdash") or {}, wait.get("direct") or {}
-        if key != "level3" and (wr.get("n") or wd.get("n")):  # level 3 reads the synthetic source, not llama-server
-            add(label, "  llama-server's threads waiting for a core (ms/s): RigDash / direct (p50; max)",
-                f"{stats.fmt(wr.get('p50'), 1)}; {stats.fmt(wr.get('max'), 1)} / "
-                f"{stats.fmt(wd.get('p50'), 1)}; {stats.fmt(wd.get('max'), 1)}", "(reported)", None)  # fmt: skip
+        _both_sides_row(add, label, "  CPU the hypervisor took (steal, % of the machine)", a.get("steal_pct"), 2)
+        if key != "level3":  # level 3 reads the synthetic source, not llama-server
+            _both_sides_row(
+                add, label, "  llama-server's threads waiting for a core (ms/s)", a.get("llama_wait_ms_per_s"), 1
+            )
         tp, ts = a["added_ttft_ms_paired"], a["added_ttft_ms_same_stream"]
         if key == "level3":
             t = a["ttft_ms"]

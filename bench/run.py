@@ -196,38 +196,28 @@ class Bench:
         async with httpx.AsyncClient(trust_env=False, timeout=10) as client:
             return list((await client.get(f"http://127.0.0.1:{port}{path}")).json())
 
-    def costs(self) -> tuple[dict[str, float], dict[str, int], float, float, float]:
-        return self.stack.cpu(), self.stack.redis_calls(), time.monotonic(), procstat.steal_s(), self.llama_wait_s()
-
-    def llama_wait_s(self) -> float:
-        """How long llama-server's threads have waited, runnable, for a core so far (bench/procstat.py)."""
-        pid = self.stack.pids.get("llama")
-        return procstat.run_delay_s(pid) if pid else 0.0
+    def costs(self) -> tuple[dict[str, float], dict[str, int], procstat.Counters]:
+        return self.stack.cpu(), self.stack.redis_calls(), procstat.Counters.read(self.stack.pids.get("llama"))
 
     @staticmethod
     def cost_delta(
-        before: tuple[dict[str, float], dict[str, int], float, float, float],
-        after: tuple[Any, Any, float, float, float],
+        before: tuple[dict[str, float], dict[str, int], procstat.Counters], after: tuple[Any, Any, procstat.Counters]
     ) -> dict:
+        """CPU per process and Redis calls over the window, with its length, steal and llama-server's wait for a core
+        (``procstat.Counters.since``)."""
         cpu = {k: after[0].get(k, 0.0) - v for k, v in before[0].items()}
-        wall = after[2] - before[2]
-        return {
-            "cpu_s": cpu, "redis": stats.calls_delta(before[1], after[1]), "wall_s": wall,
-            "steal_share": stats.steal_share(after[3] - before[3], wall, os.cpu_count() or 1),
-            "llama_wait_ms_per_s": 1000 * (after[4] - before[4]) / wall if wall > 0 else None,
-        }  # fmt: skip
+        return {"cpu_s": cpu, "redis": stats.calls_delta(before[1], after[1]), **after[2].since(before[2])}
 
     async def direct_round(self, port: int, payloads: list[dict[str, Any]], timeout_s: float) -> list[StreamRecord]:
         """The payloads read straight from the backend, at once; each record notes the CPU the hypervisor took
         from this machine meanwhile (steal), the figure that tells a slow VM from a slow pipeline, and how long
         llama-server's threads waited for a core."""
-        t0, steal0, wait0 = time.monotonic(), procstat.steal_s(), self.llama_wait_s()
+        pid = self.stack.pids.get("llama")
+        before = procstat.Counters.read(pid)
         records = list(await asyncio.gather(*(direct_chat(port, p, timeout_s=timeout_s) for p in payloads)))
-        wall = time.monotonic() - t0
-        share = stats.steal_share(procstat.steal_s() - steal0, wall, os.cpu_count() or 1)
-        wait = 1000 * (self.llama_wait_s() - wait0) / wall if wall > 0 else None
+        window = procstat.Counters.read(pid).since(before)
         for record in records:
-            record.steal_share, record.llama_wait_ms_per_s = share, wait
+            record.steal_share, record.llama_wait_ms_per_s = window["steal_share"], window["llama_wait_ms_per_s"]
         return records
 
     async def open_tabs(self, sessions: list[int], per_session: int) -> list[list[Tab]]:
@@ -619,6 +609,7 @@ class Bench:
     async def run(self) -> dict[str, Any]:
         started = datetime.now(UTC).isoformat(timespec="seconds")
         sys_before, own_before, load_before = psutil.cpu_times(), _tree_cpu(), os.getloadavg()
+        steal_before = procstat.steal_s()
         log(f"{self.plan.name} run; starting the stack in {self.var_dir}")
         try:
             await asyncio.to_thread(self.stack.start, log)
@@ -669,11 +660,10 @@ class Bench:
                     await self.browser.close()
             await asyncio.to_thread(self.stack.stop)
         wall = self.budget.elapsed()
-        sys_after = psutil.cpu_times()
-        busy = _busy(sys_after) - _busy(sys_before)
-        steal = getattr(sys_after, "steal", 0.0) - getattr(sys_before, "steal", 0.0)
+        busy = _busy(psutil.cpu_times()) - _busy(sys_before)
         results["meta"] = self._meta(started, wall, busy, own, load_before)
-        share = stats.steal_share(steal, wall, os.cpu_count() or 1)
+        stolen = procstat.steal_s() - steal_before
+        share = stats.steal_share(stolen, wall, os.cpu_count() or 1)
         results["meta"]["steal_pct_of_machine"] = None if share is None else round(100 * share, 2)
         return results
 

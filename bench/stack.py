@@ -37,6 +37,15 @@ LLAMA_QUEUE = "rig.bench-llama"
 SYNTH_QUEUE = "rig.bench-synthetic"
 
 
+SLOTS, CTX_PER_SLOT = 4, 2304
+
+
+def bench_llama_command(port: int, slots: int = SLOTS, ctx_per_slot: int = CTX_PER_SLOT) -> list[str]:
+    """llama-server as the benchmark runs it: ``slots`` slots of ``ctx_per_slot`` tokens, and ``--no-cache-prompt`` so
+    that a direct read and a RigDash turn of the same prompt both process it in full."""
+    return llama_server_command(port=port, slots=slots, ctx=slots * ctx_per_slot, extra=["--no-cache-prompt"])
+
+
 @dataclass
 class BenchStack:
     var_dir: Path
@@ -44,8 +53,8 @@ class BenchStack:
     flush_min_ms: int | None = None
     database_url: str | None = None
     redis_url: str | None = None
-    slots: int = 4
-    ctx_per_slot: int = 2304
+    slots: int = SLOTS
+    ctx_per_slot: int = CTX_PER_SLOT
     worker_concurrency: int = 16
     stack: Stack = field(default_factory=Stack)
     env: dict[str, str] = field(default_factory=dict)
@@ -90,12 +99,7 @@ class BenchStack:
             self.ports[name] = free_port()
         llama = self.stack.start(
             "llama-server",
-            llama_server_command(
-                port=self.ports["llama"],
-                slots=self.slots,
-                ctx=self.slots * self.ctx_per_slot,
-                extra=["--no-cache-prompt"],
-            ),
+            bench_llama_command(self.ports["llama"], self.slots, self.ctx_per_slot),
             log_path=self.log_dir / "llama-server.log",
         )
         self.pids["llama"] = llama.pid
