@@ -107,7 +107,7 @@ class BrowserTab:
 
     async def collect(self, turn_id: int) -> dict[str, Any]:
         """The flushes of one turn (times in seconds), the text the renderer holds, long tasks so far."""
-        data = await self.page.evaluate(
+        data: dict[str, Any] = await self.page.evaluate(
             """(turn) => ({
                 flushes: window.__bench.flushes.filter((f) => f.turn === turn),
                 text: window.__bench.last[turn] || "",

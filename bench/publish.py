@@ -14,6 +14,7 @@ import subprocess
 import sys
 import time
 import uuid
+from typing import Any
 from urllib.parse import urlparse
 
 TRANSPORTS = {"kombu": None, "rigdash": "rigdash.broker:Transport"}
@@ -51,9 +52,12 @@ def measure(redis_url: str, n: int, transport: str) -> None:
     app.conf.broker_transport = TRANSPORTS[transport]  # before the first connection is made
     queue = f"rigdash.bench.publish.{uuid.uuid4().hex[:8]}"
     conversation = [{"role": "user", "content": "Tell me about lighthouses. " * 20}]
-    ticket = {"turn_id": 1, "rig_id": 1, "model": "m", "messages": conversation, "params": {}, "max_tokens": 400}
-    kwargs = {"tickets": [{**ticket, "context_limit": None}]}
-    reprs = task_reprs([1], [StartTicket(**kwargs["tickets"][0])])  # as inference.dispatch sends it
+    ticket: dict[str, Any] = {
+        "turn_id": 1, "rig_id": 1, "model": "m", "messages": conversation, "params": {}, "max_tokens": 400,
+        "context_limit": None,
+    }  # fmt: skip
+    kwargs = {"tickets": [ticket]}
+    reprs = task_reprs([1], [StartTicket(**ticket)])  # as inference.dispatch sends it
 
     def round_us() -> tuple[float, float]:
         cpu, wall = time.process_time(), time.perf_counter()

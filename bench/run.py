@@ -108,7 +108,7 @@ def sha1(text: str) -> str:
 class Swarm:
     """The viewer/idle-socket subprocess (bench/swarm.py)."""
 
-    def __init__(self, port: int, cookie: str, groups: list[dict[str, int]]) -> None:
+    def __init__(self, port: int, cookie: str, groups: list[dict[str, Any]]) -> None:
         self.config = {"port": port, "cookie": cookie, "groups": groups, "deadline_s": 1500, "concurrency": 16}
         self.proc: asyncio.subprocess.Process | None = None
 
@@ -202,7 +202,7 @@ class Bench:
     @staticmethod
     def cost_delta(
         before: tuple[dict[str, float], dict[str, int], procstat.Counters], after: tuple[Any, Any, procstat.Counters]
-    ) -> dict:
+    ) -> dict[str, Any]:
         """CPU per process and Redis calls over the window, with its length, steal and llama-server's wait for a core
         (``procstat.Counters.since``)."""
         cpu = {k: after[0].get(k, 0.0) - v for k, v in before[0].items()}
@@ -270,7 +270,7 @@ class Bench:
         ]
         longtasks = []
         if page:
-            window = (before[2] - time.monotonic() + time.time(), time.time())  # this round, on time.time()
+            window = (before[2].t - time.monotonic() + time.time(), time.time())  # this round, on time.time()
             longtasks = [
                 analyze.place_longtask(t, page["flushes"])
                 for t in page["longtasks"]
@@ -464,7 +464,10 @@ class Bench:
         # The dashboard viewers watch the llama rig's live monitoring page socket (a rig.sample every second from
         # the sampler); the idle sockets are chat pages of a session with no turns.
         dashboard = f"/ws/monitoring/rigs/{self.stack.rig_id('llama')}/"
-        groups = [{"path": dashboard, "count": plan.l2_viewers}, {"session": idle, "count": plan.l2_idle}]
+        groups: list[dict[str, Any]] = [
+            {"path": dashboard, "count": plan.l2_viewers},
+            {"session": idle, "count": plan.l2_idle},
+        ]
         swarm = Swarm(self.stack.web_port, self.cookie, groups)
         log(f"L2: connecting {plan.l2_viewers} viewers and {plan.l2_idle} idle sockets")
         out["swarm_ready"] = await swarm.start()
@@ -667,7 +670,9 @@ class Bench:
         results["meta"]["steal_pct_of_machine"] = None if share is None else round(100 * share, 2)
         return results
 
-    def _meta(self, started: str, wall: float, busy: float, own: float, load_before: tuple[float, ...]) -> dict:
+    def _meta(
+        self, started: str, wall: float, busy: float, own: float, load_before: tuple[float, ...]
+    ) -> dict[str, Any]:
         cpu_model = ""
         with contextlib.suppress(OSError):
             for line in Path("/proc/cpuinfo").read_text().splitlines():

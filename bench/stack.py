@@ -259,7 +259,9 @@ class BenchStack:
 
         client = redis.Redis.from_url(self.env["REDIS_URL"])
         try:
-            return stats.command_calls(client.info("commandstats"))
+            info = client.info("commandstats")
+            assert isinstance(info, dict)  # a sync client: redis-py types it as maybe awaitable
+            return stats.command_calls(info)
         finally:
             client.close()
 

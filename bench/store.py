@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import sys
 import tempfile
 import time
 import uuid
@@ -89,4 +88,4 @@ def measure(database_url: str, redis_url: str, rounds: int) -> dict[int, tuple[f
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

@@ -50,7 +50,7 @@ async def watch(client: WSClient, viewer: Viewer) -> None:
         while True:
             arrived, frame = await client.recv_json()
             viewer.frames += 1
-            kind = frame.get("type")
+            kind = str(frame.get("type"))
             viewer.kinds[kind] = viewer.kinds.get(kind, 0) + 1
             if kind == "token":
                 seen = viewer.turns.setdefault(frame["turn"], TurnSeen())
