@@ -129,7 +129,7 @@ class FlushPace:
     ceiling from six): the batches the worker publishes per second, and the frames the web writes for them, stay
     under 2 / ``min_s`` until every turn is at the ceiling. Adding a whole ``min_s`` per turn kept them near
     1 / ``min_s``, but four turns of 30-34 tok/s then got 33 ms and their tokens waited for it: display lag
-    p50 23 ms at level 2 against 14 ms at 25 ms (docs/benchmarks.md, "A fast AMD EPYC").
+    p50 23 ms at level 2 against 14 ms at 25 ms (docs/benchmarks-history.md, "A fast AMD EPYC").
     A turn counts from its backend request to its end, so one still reading its prompt counts too: it is
     about to stream, and when sixteen turns start together (the benchmark's level 3) the first to get tokens
     do not publish at the short interval while the rest are still in their prompts (counting only from the

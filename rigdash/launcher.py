@@ -86,7 +86,7 @@ def llama_server_command(*, port: int, slots: int, ctx: int, extra: Sequence[str
     # with 1 thread or 2) and leaves a core to RigDash and the browser, whose CPU otherwise came out of decoding
     # (docs/benchmarks.md). Prompt processing is compute-bound and keeps every core (-tb), and so do several slots
     # decoding at once: llama.cpp gives any batch of more than one token its batch threads. One batch thread halved
-    # four slots' decode here (docs/benchmarks.md, "A slow AMD EPYC", item 4).
+    # four slots' decode here (docs/benchmarks-history.md, "A slow AMD EPYC", item 4).
     cores = os.cpu_count() or 2
     threads = os.environ.get("LLAMA_THREADS", str(max(1, cores - 1)))
     threads_batch = os.environ.get("LLAMA_THREADS_BATCH", str(cores))

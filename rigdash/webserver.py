@@ -5,7 +5,7 @@ docker-compose.yml and the Dockerfile run (``rigdash.launcher.web_command``); ev
 
 Why uvicorn and not Daphne: a token batch's websocket frame cost Daphne twice the CPU (Twisted queues each write
 for a later turn of the loop, autobahn formats log arguments it never logs). With 16 streams and 200 viewers (the
-benchmark's level 3) the web's CPU per token halved (docs/benchmarks.md, "Web server change"). The settings keep
+benchmark's level 3) the web's CPU per token halved (docs/benchmarks-history.md, "Web server change"). The settings keep
 what Daphne did: no access log, no trust in X-Forwarded-* headers (a client could claim any address), and no
 lifespan protocol (Channels' router has none). Unlike Daphne, a websocket message is bounded (WS_MAX_BYTES).
 

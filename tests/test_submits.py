@@ -224,7 +224,7 @@ def test_a_burst_of_submits_stores_its_turns_in_one_insert(settings, monkeypatch
 @pytest.mark.django_db(transaction=True)
 def test_a_lone_turns_way_to_its_backend_request_takes_few_queries(monkeypatch, settings):
     """Every query from a submit to the worker's backend request is on the turn's time to first token: on a busy
-    2-core rig each is a round trip and a wake-up of the database (docs/benchmarks.md, "Pipeline change: fewer
+    2-core rig each is a round trip and a wake-up of the database (docs/benchmarks-history.md, "Pipeline change: fewer
     round trips"). A lone submit on a rig with a free slot stores and dispatches its turn in one transaction, with
     no savepoint, before its Celery message goes; the worker's start reads the turn with its history, reads the
     owner's limits and claims it in one UPDATE. A change that adds a query here must say why."""
