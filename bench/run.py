@@ -612,7 +612,7 @@ class Bench:
     async def run(self) -> dict[str, Any]:
         started = datetime.now(UTC).isoformat(timespec="seconds")
         sys_before, own_before, load_before = psutil.cpu_times(), _tree_cpu(), os.getloadavg()
-        steal_before = procstat.steal_s()
+        counters_before = procstat.Counters.read()  # the whole run's steal
         log(f"{self.plan.name} run; starting the stack in {self.var_dir}")
         try:
             await asyncio.to_thread(self.stack.start, log)
@@ -665,8 +665,7 @@ class Bench:
         wall = self.budget.elapsed()
         busy = _busy(psutil.cpu_times()) - _busy(sys_before)
         results["meta"] = self._meta(started, wall, busy, own, load_before)
-        stolen = procstat.steal_s() - steal_before
-        share = stats.steal_share(stolen, wall, os.cpu_count() or 1)
+        share = procstat.Counters.read().since(counters_before)["steal_share"]
         results["meta"]["steal_pct_of_machine"] = None if share is None else round(100 * share, 2)
         return results
 
