@@ -442,5 +442,6 @@ def header(meta: dict[str, Any]) -> str:
             if meta.get("steal_pct_of_machine") is not None
             else ""
         )
+        + (f"\nCPUs (RIGDASH_DECODE_CPUS): {meta['cpu_split']}" if meta.get("cpu_split") else "")
         + (f"\nskipped (time budget): {'; '.join(meta['skipped'])}" if meta.get("skipped") else "")
     )

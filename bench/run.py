@@ -39,7 +39,7 @@ from bench.httpstream import StreamRecord, chat_payload, direct_chat
 from bench.rigclient import Tab, TurnWatch, run_turn
 from bench.stack import PYTHON, BenchStack
 from bench.synthetic import synthetic_token
-from rigdash.launcher import ROOT
+from rigdash.launcher import ROOT, cpu_split, keep_off_decode_cpus
 
 RESULTS_DIR = ROOT / "bench" / "results"
 SEED = 42
@@ -701,6 +701,7 @@ class Bench:
             "database": "own SQLite file" if not self.args.database_url else "--database-url",
             "redis": "private redis-server" if not self.args.redis_url else "--redis-url",
             "skipped": self.skipped,
+            "cpu_split": split.describe() if (split := cpu_split()) else None,
         }  # fmt: skip
 
 
@@ -745,11 +746,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--profile", action="store_true", help="sample web and worker with py-spy (pip install)")
     parser.add_argument("--out", default=None, help="JSON path (default bench/results/<time>-<mode>.json)")
     parser.add_argument(
+        "--decode-cpus",
+        default=None,
+        help="RIGDASH_DECODE_CPUS: llama-server alone on these CPUs (1, 2-7), RigDash, Chromium and the clients on"
+        " the rest",
+    )
+    parser.add_argument(
         "--browser-floor",
         action="store_true",
         help="instead: what Chromium painting a reply costs llama-server with no RigDash (bench/browser_floor.py)",
     )
     args = parser.parse_args(argv)
+    if args.decode_cpus is not None:
+        os.environ["RIGDASH_DECODE_CPUS"] = args.decode_cpus
+    # Under a split everything the benchmark starts but llama-server inherits the other CPUs: RigDash, the tap,
+    # the synthetic source, Chromium and the benchmark's own clients, in the direct reads and through RigDash alike.
+    keep_off_decode_cpus(cpu_split())
     if args.browser_floor:
         from bench import browser_floor
 

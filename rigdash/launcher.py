@@ -6,6 +6,7 @@ The process helpers here are also used by the test suite to start the same piece
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import signal
@@ -77,22 +78,87 @@ def wait_http(url: str, *, timeout_s: float, proc: subprocess.Popen[bytes] | Non
     raise TimeoutError(f"{url} did not answer within {timeout_s:g} s ({last})")
 
 
+@dataclass(frozen=True)
+class CpuSplit:
+    """``RIGDASH_DECODE_CPUS``: CPUs llama-server has to itself (``decode``) and the rest, for everything else."""
+
+    decode: frozenset[int]
+    rest: frozenset[int]
+
+    def describe(self) -> str:
+        return f"llama-server alone on CPU {_cpu_list(self.decode)}, everything else on CPU {_cpu_list(self.rest)}"
+
+
+def _cpu_list(cpus: frozenset[int]) -> str:
+    return ",".join(str(c) for c in sorted(cpus))
+
+
+def parse_cpu_split(spec: str, allowed: frozenset[int]) -> CpuSplit:
+    """``"1"``, ``"2-7"`` or ``"0,2-3"`` out of the CPUs this process may use; a clear error for anything else."""
+    decode: set[int] = set()
+    for part in spec.replace(" ", "").split(","):
+        lo, sep, hi = part.partition("-")
+        if not (lo.isdigit() and (not sep or hi.isdigit())) or (sep and int(hi) < int(lo)):
+            raise SystemExit(f"RIGDASH_DECODE_CPUS={spec!r}: expected CPU numbers and ranges such as 1 or 2-7 or 0,2-3")
+        decode.update(range(int(lo), int(hi if sep else lo) + 1))
+    if not decode <= allowed:
+        raise SystemExit(
+            f"RIGDASH_DECODE_CPUS={spec!r}: CPU {_cpu_list(frozenset(decode - allowed))} is not one this machine lets "
+            f"RigDash use (CPUs {_cpu_list(allowed)})"
+        )
+    if decode == allowed:
+        raise SystemExit(
+            f"RIGDASH_DECODE_CPUS={spec!r} leaves no CPU for RigDash and the rest: name fewer than all of "
+            f"CPUs {_cpu_list(allowed)}, or unset it to share every CPU"
+        )
+    return CpuSplit(frozenset(decode), allowed - frozenset(decode))
+
+
+def cpu_split() -> CpuSplit | None:
+    """The CPU split ``RIGDASH_DECODE_CPUS`` asks for (Linux only), or None: every process may run on every CPU.
+
+    Off by default. On a 2-core VM with the browser on the rig, other processes running on llama-server's core
+    cost its decode several points of its rate; a core of its own gives them back but puts RigDash and the
+    browser on the one left, which costs display lag, and a llama-server on fewer cores reads prompts and decodes
+    several slots' batches more slowly (docs/benchmarks.md, "Where targets are still missed").
+    """
+    spec = os.environ.get("RIGDASH_DECODE_CPUS", "").strip()
+    return _split_of(spec) if spec else None
+
+
+@functools.cache
+def _split_of(spec: str) -> CpuSplit:
+    # Cached: the first call sees every CPU this process may use; after keep_off_decode_cpus it sees only the rest.
+    if not hasattr(os, "sched_getaffinity") or not shutil.which("taskset"):
+        raise SystemExit("RIGDASH_DECODE_CPUS needs Linux's CPU affinity and taskset (util-linux): unset it here")
+    return parse_cpu_split(spec, frozenset(os.sched_getaffinity(0)))
+
+
+def keep_off_decode_cpus(split: CpuSplit | None) -> None:
+    """Move this process (and so every process it starts later) off llama-server's CPUs."""
+    if split is not None:
+        os.sched_setaffinity(0, split.rest)
+
+
 def llama_server_command(*, port: int, slots: int, ctx: int, extra: Sequence[str] = ()) -> list[str]:
     binary = os.environ.get("LLAMA_SERVER_BIN", "")
     model = os.environ.get("LLAMA_MODEL_PATH", "")
     if not (binary and Path(binary).exists() and model and Path(model).exists()):
         raise SystemExit("LLAMA_SERVER_BIN / LLAMA_MODEL_PATH are not set: run scripts/build-llama-server first")
+    split = cpu_split()
     # Decode is memory-bound: one thread fewer than the cores decodes as fast here (SmolLM2 on 2 cores: 143 tok/s
     # with 1 thread or 2) and leaves a core to RigDash and the browser, whose CPU otherwise came out of decoding
     # (docs/benchmarks.md). Prompt processing is compute-bound and keeps every core (-tb), and so do several slots
     # decoding at once: llama.cpp gives any batch of more than one token its batch threads. One batch thread halved
     # four slots' decode here (docs/benchmarks-history.md, "A slow AMD EPYC", item 4).
-    cores = os.cpu_count() or 2
-    threads = os.environ.get("LLAMA_THREADS", str(max(1, cores - 1)))
+    # With CPUs of its own (RIGDASH_DECODE_CPUS) it decodes on all of them: nothing else runs there.
+    cores = len(split.decode) if split else os.cpu_count() or 2
+    threads = os.environ.get("LLAMA_THREADS", str(cores if split else max(1, cores - 1)))
     threads_batch = os.environ.get("LLAMA_THREADS_BATCH", str(cores))
     alias = os.environ.get("LLAMA_MODEL_ALIAS", "SmolLM2-135M-Instruct-Q4_1")
+    pin = ["taskset", "--cpu-list", _cpu_list(split.decode)] if split else []
     return [
-        binary, "-m", model, "--host", "127.0.0.1", "--port", str(port), "--metrics", "--slots",
+        *pin, binary, "-m", model, "--host", "127.0.0.1", "--port", str(port), "--metrics", "--slots",
         "-np", str(slots), "-c", str(ctx), "-t", threads, "-tb", threads_batch, "--alias", alias, "--no-webui",
         *extra,
     ]  # fmt: skip
@@ -190,38 +256,6 @@ def ensure_redis(stack: Stack, var_dir: Path) -> str:
         return url
     log(f"no Redis answers at {url}: starting a private redis-server")
     return start_private_redis(stack, var_dir, var_dir / "redis.log")[0]
-    server = shutil.which("redis-server")
-    if not server:
-        raise SystemExit(
-            f"No Redis answers at {url} and redis-server is not installed.\n"
-            "Install it (Debian/Ubuntu: sudo apt-get install redis-server) or set REDIS_URL to a running Redis."
-        )
-    port = free_port()
-    log(f"no Redis at {url}: starting a private redis-server on 127.0.0.1:{port}")
-    stack.start(
-        "redis",
-        [
-            server,
-            "--bind",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-            "--dir",
-            str(var_dir),
-        ],
-        log_path=var_dir / "redis.log",
-    )
-    url = f"redis://127.0.0.1:{port}/0"
-    deadline = time.monotonic() + 10
-    while not redis_answers(url):
-        if time.monotonic() > deadline:
-            raise SystemExit("the private redis-server did not start; see var/redis.log")
-        time.sleep(0.1)
-    return url
 
 
 def manage(*args: str, env: dict[str, str]) -> None:
@@ -241,6 +275,10 @@ def run() -> int:
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     try:
+        split = cpu_split()
+        keep_off_decode_cpus(split)  # before anything starts: every process but llama-server inherits it
+        if split:
+            log(split.describe())
         env = {"REDIS_URL": ensure_redis(stack, var_dir), "LLAMA_SERVER_URL": llama_url.geturl()}
         for busy_port, what in ((port, "RIGDASH_PORT"), (llama_port, "LLAMA_SERVER_URL")):
             if port_open("127.0.0.1", busy_port):

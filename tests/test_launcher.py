@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -51,6 +52,70 @@ def test_llama_server_decodes_on_one_core_fewer_and_reads_prompts_on_all(monkeyp
     monkeypatch.setenv("LLAMA_THREADS", "3")
     monkeypatch.setenv("LLAMA_THREADS_BATCH", "5")
     assert threads(launcher.llama_server_command(port=1, slots=1, ctx=512)) == ("3", "5")
+
+
+ALL = frozenset({0, 1, 2, 3})
+
+
+@pytest.mark.parametrize(
+    ("spec", "decode", "rest"),
+    [("3", {3}, {0, 1, 2}), ("1-2", {1, 2}, {0, 3}), ("0, 2-3", {0, 2, 3}, {1})],
+)
+def test_decode_cpus_name_cpus_and_ranges_and_leave_the_rest_to_everything_else(spec, decode, rest):
+    from rigdash.launcher import parse_cpu_split
+
+    split = parse_cpu_split(spec, ALL)
+    assert (split.decode, split.rest) == (decode, rest)
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ("one", "expected CPU numbers and ranges"),
+        ("2-1", "expected CPU numbers and ranges"),
+        ("1,", "expected CPU numbers and ranges"),
+        ("-1", "expected CPU numbers and ranges"),
+        ("7", "CPU 7 is not one this machine lets RigDash use"),
+        ("0-3", "leaves no CPU for RigDash"),
+    ],
+)
+def test_bad_decode_cpus_stop_the_start_with_what_is_wrong(spec, message):
+    from rigdash.launcher import parse_cpu_split
+
+    with pytest.raises(SystemExit, match=message):
+        parse_cpu_split(spec, ALL)
+
+
+def test_with_decode_cpus_llama_server_runs_there_alone_on_all_of_them_and_the_launcher_moves_off(monkeypatch):
+    """RIGDASH_DECODE_CPUS: llama-server is started through taskset on its CPUs and decodes with one thread per CPU;
+    a process that calls keep_off_decode_cpus (the launcher, the benchmark) and what it starts later run on the
+    rest. Checked on real processes: the affinity the kernel reports."""
+    from rigdash import launcher
+
+    allowed = sorted(os.sched_getaffinity(0))
+    if len(allowed) < 2:
+        pytest.skip("needs two CPUs")
+    monkeypatch.delenv("LLAMA_THREADS", raising=False)
+    monkeypatch.delenv("LLAMA_THREADS_BATCH", raising=False)
+    monkeypatch.setenv("RIGDASH_DECODE_CPUS", str(allowed[-1]))
+    launcher._split_of.cache_clear()
+    cmd = launcher.llama_server_command(port=1, slots=1, ctx=512)
+    assert cmd[:3] == ["taskset", "--cpu-list", str(allowed[-1])]
+    assert (cmd[cmd.index("-t") + 1], cmd[cmd.index("-tb") + 1]) == ("1", "1")
+
+    code = "import os, sys; print(sorted(os.sched_getaffinity(0)))"
+    pinned = subprocess.run([*cmd[:3], sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert pinned.stdout.strip() == str([allowed[-1]])
+    # keep_off_decode_cpus in a child of its own, so that this test process keeps every CPU
+    moves_off = (
+        "from rigdash import launcher; launcher.keep_off_decode_cpus(launcher.cpu_split()); import subprocess, sys;"
+        f" subprocess.run([sys.executable, '-c', {code!r}], check=True)"
+    )
+    started_later = subprocess.run(
+        [sys.executable, "-c", moves_off], capture_output=True, text=True, check=True, cwd=launcher.ROOT
+    )
+    assert started_later.stdout.strip() == str(allowed[:-1])
+    launcher._split_of.cache_clear()
 
 
 def test_a_server_killed_by_an_illegal_instruction_says_how_to_rebuild():
