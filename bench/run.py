@@ -701,7 +701,7 @@ class Bench:
             "database": "own SQLite file" if not self.args.database_url else "--database-url",
             "redis": "private redis-server" if not self.args.redis_url else "--redis-url",
             "skipped": self.skipped,
-            "cpu_split": split.describe() if (split := cpu_split()) else None,
+            "cpu_split": f"{split.describe()}; {self.stack.llama_cpus}" if (split := cpu_split()) else None,
         }  # fmt: skip
 
 

@@ -23,6 +23,8 @@ from bench import stats
 from rigdash.launcher import (
     ROOT,
     Stack,
+    cpu_split,
+    describe_llama_cpus,
     free_port,
     llama_server_command,
     port_open,
@@ -60,6 +62,7 @@ class BenchStack:
     env: dict[str, str] = field(default_factory=dict)
     ports: dict[str, int] = field(default_factory=dict)
     pids: dict[str, int] = field(default_factory=dict)
+    llama_cpus: str | None = None  # under a CPU split, where the kernel says llama-server decodes and reads prompts
 
     @property
     def log_dir(self) -> Path:
@@ -139,6 +142,9 @@ class BenchStack:
         )
         self.pids["sampler"] = sampler.pid
         wait_http(f"http://127.0.0.1:{self.ports['llama']}/health", timeout_s=180, proc=llama)
+        if split := cpu_split():
+            self.llama_cpus = describe_llama_cpus(llama.pid, split)
+            log(self.llama_cpus)
         wait_http(f"http://127.0.0.1:{self.web_port}/static/rigdash/app.css", timeout_s=120, proc=web)
         for name in ("tap", "synthetic"):
             _wait_port(self.ports[name], 30)

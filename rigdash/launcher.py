@@ -6,7 +6,9 @@ The process helpers here are also used by the test suite to start the same piece
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import mmap
 import os
 import shutil
 import signal
@@ -85,22 +87,35 @@ class CpuSplit:
     decode: frozenset[int]
     rest: frozenset[int]
 
+    @property
+    def every(self) -> frozenset[int]:
+        return self.decode | self.rest
+
     def describe(self) -> str:
-        return f"llama-server alone on CPU {_cpu_list(self.decode)}, everything else on CPU {_cpu_list(self.rest)}"
+        decode, rest = _cpu_list(self.decode), _cpu_list(self.rest)
+        return f"llama-server's decode alone on CPU {decode}, everything else on CPU {rest}"
 
 
 def _cpu_list(cpus: frozenset[int]) -> str:
     return ",".join(str(c) for c in sorted(cpus))
 
 
-def parse_cpu_split(spec: str, allowed: frozenset[int]) -> CpuSplit:
-    """``"1"``, ``"2-7"`` or ``"0,2-3"`` out of the CPUs this process may use; a clear error for anything else."""
-    decode: set[int] = set()
-    for part in spec.replace(" ", "").split(","):
+def _cpu_numbers(text: str) -> set[int] | None:
+    """A CPU list as Linux writes it (``1``, ``2-7``, ``0,2-3``) as a set of CPUs; None if the text is not one."""
+    cpus: set[int] = set()
+    for part in "".join(text.split()).split(","):
         lo, sep, hi = part.partition("-")
         if not (lo.isdigit() and (not sep or hi.isdigit())) or (sep and int(hi) < int(lo)):
-            raise SystemExit(f"RIGDASH_DECODE_CPUS={spec!r}: expected CPU numbers and ranges such as 1 or 2-7 or 0,2-3")
-        decode.update(range(int(lo), int(hi if sep else lo) + 1))
+            return None
+        cpus.update(range(int(lo), int(hi if sep else lo) + 1))
+    return cpus
+
+
+def parse_cpu_split(spec: str, allowed: frozenset[int]) -> CpuSplit:
+    """``"1"``, ``"2-7"`` or ``"0,2-3"`` out of the CPUs this process may use; a clear error for anything else."""
+    decode = _cpu_numbers(spec)
+    if decode is None:
+        raise SystemExit(f"RIGDASH_DECODE_CPUS={spec!r}: expected CPU numbers and ranges such as 1 or 2-7 or 0,2-3")
     if not decode <= allowed:
         raise SystemExit(
             f"RIGDASH_DECODE_CPUS={spec!r}: CPU {_cpu_list(frozenset(decode - allowed))} is not one this machine lets "
@@ -119,8 +134,9 @@ def cpu_split() -> CpuSplit | None:
 
     Off by default. On a 2-core VM with the browser on the rig, other processes running on llama-server's core
     cost its decode several points of its rate; a core of its own gives them back but puts RigDash and the
-    browser on the one left, which costs display lag, and a llama-server on fewer cores reads prompts and decodes
-    several slots' batches more slowly (docs/benchmarks.md, "Where targets are still missed").
+    browser on the one left, which costs display lag (docs/benchmarks.md, "Where targets are still missed").
+    Prompts and several slots' batches still use every CPU where llama-server is built with OpenMP
+    (_split_launch); otherwise they are read more slowly, on the split's CPUs alone.
     """
     spec = os.environ.get("RIGDASH_DECODE_CPUS", "").strip()
     return _split_of(spec) if spec else None
@@ -132,6 +148,62 @@ def _split_of(spec: str) -> CpuSplit:
     if not hasattr(os, "sched_getaffinity") or not shutil.which("taskset"):
         raise SystemExit("RIGDASH_DECODE_CPUS needs Linux's CPU affinity and taskset (util-linux): unset it here")
     return parse_cpu_split(spec, frozenset(os.sched_getaffinity(0)))
+
+
+# libgomp's entry point for a parallel region (LLVM's libomp exports it too): the binary uses OpenMP's threads.
+OPENMP_MARK = b"GOMP_parallel"
+
+
+@functools.cache
+def follows_openmp_places(binary: str) -> bool:
+    """Whether this llama-server runs its compute threads on OpenMP (GGML_OPENMP, ggml's default where the compiler
+    has it, as in scripts/build-llama-server), so that OMP_PLACES binds each of them to a CPU of its own."""
+    try:
+        with open(binary, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as image:
+            return image.find(OPENMP_MARK) != -1
+    except (OSError, ValueError):
+        return False
+
+
+def _split_launch(split: CpuSplit, binary: str) -> tuple[list[str], int, int]:
+    """The command prefix that keeps llama-server's decode on the split's CPUs, and its decode and batch threads.
+
+    With OpenMP, thread i of every compute region runs on place i (OMP_PROC_BIND=close from the main thread's
+    place, the first): the decode's threads on the split's CPUs, a batch's (a prompt, several slots at once) on
+    every CPU, so prompts are read as fast as without the split. Without OpenMP only the whole process can be
+    pinned: it decodes and reads prompts on the split's CPUs alone."""
+    if not follows_openmp_places(binary):
+        return ["taskset", "--cpu-list", _cpu_list(split.decode)], len(split.decode), len(split.decode)
+    places = ",".join(f"{{{cpu}}}" for cpu in [*sorted(split.decode), *sorted(split.rest)])
+    prefix = ["taskset", "--cpu-list", _cpu_list(split.every), "env", f"OMP_PLACES={places}", "OMP_PROC_BIND=close"]
+    return prefix, len(split.decode), len(split.every)
+
+
+def thread_cpus(pid: int) -> dict[int, frozenset[int]]:
+    """Each thread of a running process and the CPUs the kernel lets it run on (Linux's /proc)."""
+    cpus: dict[int, frozenset[int]] = {}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(OSError):  # a thread that ended meanwhile
+            for line in (task / "status").read_text().splitlines():
+                if line.startswith("Cpus_allowed_list:"):
+                    cpus[int(task.name)] = frozenset(_cpu_numbers(line.split(":", 1)[1]) or ())
+    return cpus
+
+
+def describe_llama_cpus(pid: int, split: CpuSplit) -> str:
+    """What the kernel says of a running llama-server under the split: where it decodes and where it reads prompts.
+
+    Its main thread decodes a lone reply (llama-server's task loop); the other compute threads join it for
+    batches. A main thread outside the split's CPUs means the split did not take: said so, as a warning."""
+    cpus = thread_cpus(pid)
+    decode = cpus.get(pid, frozenset())
+    batch = frozenset().union(*cpus.values()) if cpus else frozenset()
+    if decode != split.decode:
+        return (
+            f"WARNING: llama-server's main thread may run on CPU {_cpu_list(decode)}, not only on "
+            f"CPU {_cpu_list(split.decode)}: RIGDASH_DECODE_CPUS did not take"
+        )
+    return f"llama-server decodes on CPU {_cpu_list(decode)} and reads prompts on CPU {_cpu_list(batch)}"
 
 
 def keep_off_decode_cpus(split: CpuSplit | None) -> None:
@@ -151,12 +223,15 @@ def llama_server_command(*, port: int, slots: int, ctx: int, extra: Sequence[str
     # (docs/benchmarks.md). Prompt processing is compute-bound and keeps every core (-tb), and so do several slots
     # decoding at once: llama.cpp gives any batch of more than one token its batch threads. One batch thread halved
     # four slots' decode here (docs/benchmarks-history.md, "A slow AMD EPYC", item 4).
-    # With CPUs of its own (RIGDASH_DECODE_CPUS) it decodes on all of them: nothing else runs there.
-    cores = len(split.decode) if split else os.cpu_count() or 2
-    threads = os.environ.get("LLAMA_THREADS", str(cores if split else max(1, cores - 1)))
-    threads_batch = os.environ.get("LLAMA_THREADS_BATCH", str(cores))
+    # With CPUs of its own (RIGDASH_DECODE_CPUS) it decodes on all of them, where nothing else runs (_split_launch).
+    if split:
+        pin, decode_threads, batch_threads = _split_launch(split, binary)
+    else:
+        cores = os.cpu_count() or 2
+        pin, decode_threads, batch_threads = [], max(1, cores - 1), cores
+    threads = os.environ.get("LLAMA_THREADS", str(decode_threads))
+    threads_batch = os.environ.get("LLAMA_THREADS_BATCH", str(batch_threads))
     alias = os.environ.get("LLAMA_MODEL_ALIAS", "SmolLM2-135M-Instruct-Q4_1")
-    pin = ["taskset", "--cpu-list", _cpu_list(split.decode)] if split else []
     return [
         *pin, binary, "-m", model, "--host", "127.0.0.1", "--port", str(port), "--metrics", "--slots",
         "-np", str(slots), "-c", str(ctx), "-t", threads, "-tb", threads_batch, "--alias", alias, "--no-webui",
@@ -304,6 +379,8 @@ def run() -> int:
             "web", web_command(host=host, port=port), env=env, log_path=var_dir / "log" / "web.log"
         )  # fmt: skip
         wait_http(f"{llama_url.geturl()}/health", timeout_s=120, proc=llama)
+        if split:
+            log(describe_llama_cpus(llama.pid, split))
         wait_http(f"http://127.0.0.1:{port}/static/rigdash/app.css", timeout_s=60, proc=web)
         log(f"RigDash is up: http://{host}:{port}/   (logs in {var_dir / 'log'}; Ctrl-C stops everything)")
         while (exited := stack.first_exited()) is None:

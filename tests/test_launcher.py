@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -86,10 +87,9 @@ def test_bad_decode_cpus_stop_the_start_with_what_is_wrong(spec, message):
         parse_cpu_split(spec, ALL)
 
 
-def test_with_decode_cpus_llama_server_runs_there_alone_on_all_of_them_and_the_launcher_moves_off(monkeypatch):
-    """RIGDASH_DECODE_CPUS: llama-server is started through taskset on its CPUs and decodes with one thread per CPU;
-    a process that calls keep_off_decode_cpus (the launcher, the benchmark) and what it starts later run on the
-    rest. Checked on real processes: the affinity the kernel reports."""
+@pytest.fixture
+def decode_on_last_cpu(monkeypatch):
+    """RIGDASH_DECODE_CPUS naming this machine's last CPU, LLAMA_THREADS* unset; the split's cache cleared around."""
     from rigdash import launcher
 
     allowed = sorted(os.sched_getaffinity(0))
@@ -99,9 +99,32 @@ def test_with_decode_cpus_llama_server_runs_there_alone_on_all_of_them_and_the_l
     monkeypatch.delenv("LLAMA_THREADS_BATCH", raising=False)
     monkeypatch.setenv("RIGDASH_DECODE_CPUS", str(allowed[-1]))
     launcher._split_of.cache_clear()
+    yield allowed
+    launcher._split_of.cache_clear()
+
+
+def _threads(cmd: list[str]) -> tuple[str, str]:
+    return cmd[cmd.index("-t") + 1], cmd[cmd.index("-tb") + 1]
+
+
+def test_with_decode_cpus_a_llama_server_without_openmp_runs_there_alone_and_the_launcher_moves_off(
+    decode_on_last_cpu, monkeypatch, tmp_path
+):
+    """RIGDASH_DECODE_CPUS with a llama-server not built with OpenMP (one of the user's own, say): only the whole
+    process can be pinned, so it is started through taskset on its CPUs and uses one thread per CPU for decode and
+    batches alike. A process that calls keep_off_decode_cpus (the launcher, the benchmark) and what it starts later
+    run on the rest. Checked on real processes: the affinity the kernel reports."""
+    from rigdash import launcher
+
+    allowed = decode_on_last_cpu
+    binary, model = tmp_path / "llama-server", tmp_path / "model.gguf"
+    binary.write_bytes(b"\x7fELF a build whose threads are ggml's own")
+    model.write_bytes(b"GGUF")
+    monkeypatch.setenv("LLAMA_SERVER_BIN", str(binary))
+    monkeypatch.setenv("LLAMA_MODEL_PATH", str(model))
     cmd = launcher.llama_server_command(port=1, slots=1, ctx=512)
-    assert cmd[:3] == ["taskset", "--cpu-list", str(allowed[-1])]
-    assert (cmd[cmd.index("-t") + 1], cmd[cmd.index("-tb") + 1]) == ("1", "1")
+    assert cmd[:4] == ["taskset", "--cpu-list", str(allowed[-1]), str(binary)]
+    assert _threads(cmd) == ("1", "1")
 
     code = "import os, sys; print(sorted(os.sched_getaffinity(0)))"
     pinned = subprocess.run([*cmd[:3], sys.executable, "-c", code], capture_output=True, text=True, check=True)
@@ -115,7 +138,64 @@ def test_with_decode_cpus_llama_server_runs_there_alone_on_all_of_them_and_the_l
         [sys.executable, "-c", moves_off], capture_output=True, text=True, check=True, cwd=launcher.ROOT
     )
     assert started_later.stdout.strip() == str(allowed[:-1])
-    launcher._split_of.cache_clear()
+
+
+def _cpu_ticks(pid: int, tid: int) -> int:
+    fields = Path(f"/proc/{pid}/task/{tid}/stat").read_text().rsplit(")", 1)[1].split()
+    return int(fields[11]) + int(fields[12])  # utime + stime
+
+
+def test_with_decode_cpus_the_real_llama_server_decodes_there_and_reads_prompts_on_every_cpu(decode_on_last_cpu):
+    """The embedded llama-server (built with OpenMP): OMP_PLACES binds its main thread, which decodes a lone reply,
+    to the split's CPU, and the batch thread to the others. A long prompt keeps both busy: it is read on every CPU,
+    as fast as without the split. Real process; the kernel's affinities and CPU time per thread."""
+    import httpx
+
+    from rigdash import launcher
+
+    allowed = decode_on_last_cpu
+    if not launcher.follows_openmp_places(os.environ.get("LLAMA_SERVER_BIN", "")):
+        pytest.fail("the embedded llama-server is built with OpenMP (scripts/build-llama-server): this one is not")
+    port = free_port()
+    cmd = launcher.llama_server_command(port=port, slots=1, ctx=2048, extra=["--no-cache-prompt"])
+    assert cmd[:3] == ["taskset", "--cpu-list", ",".join(map(str, allowed))]
+    assert _threads(cmd) == ("1", str(len(allowed)))
+    stack = Stack()
+    try:
+        proc = stack.start("llama-server", cmd)
+        wait_http(f"http://127.0.0.1:{port}/health", timeout_s=120, proc=proc)
+        cpus = launcher.thread_cpus(proc.pid)
+        assert cpus[proc.pid] == {allowed[-1]}
+        batch = [tid for tid, on in cpus.items() if not on & {allowed[-1]}]
+        assert batch, f"no llama-server thread off CPU {allowed[-1]}: {cpus}"
+        split = launcher.cpu_split()
+        assert split is not None
+        assert launcher.describe_llama_cpus(proc.pid, split) == (
+            f"llama-server decodes on CPU {allowed[-1]} and reads prompts on CPU {','.join(map(str, allowed))}"
+        )
+        before = {tid: _cpu_ticks(proc.pid, tid) for tid in [proc.pid, *batch]}
+        prompt = "Summarise the history of lighthouses and their keepers. " * 120  # about 1,300 tokens
+        body = {"messages": [{"role": "user", "content": prompt}], "max_tokens": 1, "temperature": 0}
+        reply = httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", json=body, timeout=120).json()
+        assert reply["timings"]["prompt_n"] > 1000
+        spent = {tid: _cpu_ticks(proc.pid, tid) - ticks for tid, ticks in before.items()}
+        # both sides of the split worked on the prompt (clock ticks of 10 ms; the read takes seconds here)
+        assert spent[proc.pid] >= 20 and sum(spent[t] for t in batch) >= 20, spent
+    finally:
+        stack.stop()
+
+
+def test_a_llama_server_whose_main_thread_is_not_on_the_split_cpus_is_reported(decode_on_last_cpu):
+    from rigdash import launcher
+
+    split = launcher.cpu_split()
+    assert split is not None
+    free = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])  # every CPU, as if unpinned
+    try:
+        assert launcher.describe_llama_cpus(free.pid, split).startswith("WARNING: llama-server's main thread may run")
+    finally:
+        free.kill()
+        free.wait()
 
 
 def test_a_server_killed_by_an_illegal_instruction_says_how_to_rebuild():
