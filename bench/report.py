@@ -9,6 +9,7 @@ Two estimates are given for each RigDash-vs-direct figure:
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from bench import analyze, stats
@@ -164,6 +165,7 @@ def figures(
             [r["decode_ratio_vs_ref"] for r in rd if r.get("decode_ratio_vs_ref") is not None], 4
         ),
         "backend_ratio_paired": stats.summarize(paired["backend"], 4),
+        "backend_ratios_paired": [round(x, 4) for x in paired["backend"]],  # each pair's, for the sign test
         "added_ttft_ms_paired": stats.summarize(paired["added_ttft_ms"], 2),
         "added_ttft_ms_same_stream": stats.summarize([p["to_backend"] + p["to_client"] for p in parts], 2),
         "ttft_parts_ms_p50": {
@@ -216,24 +218,42 @@ def both_sides(
     return {"rigdash": summary(costs), "direct": summary(direct)}
 
 
-SIGN_PAIRS = 6  # pairs all on one side of a target: 1 chance in 64 that RigDash had no effect (a sign test)
+SIGN_PAIRS = 6  # the fewest pairs that can give a scattered set a verdict: all six on one side, 1 chance in 64
+SIGN_P = 0.5**SIGN_PAIRS  # the sign test's level: that chance, for any number of pairs
 
 
-def paired_verdict(backend: dict[str, Any], target: float, independent: int | None = None) -> tuple[bool, str]:
+def sign_test_p(k: int, n: int) -> float:
+    """The chance that k or more of n pairs fall on one side of the target if RigDash's cost were the target's
+    (each pair then as likely above as below): the one-sided binomial tail."""
+    return sum(math.comb(n, i) for i in range(k, n + 1)) / (1 << n)
+
+
+def paired_verdict(
+    backend: dict[str, Any], target: float, independent: int | None = None, ratios: list[float] | None = None
+) -> tuple[bool, str]:
     """Whether the paired rows get no verdict (the machine drifted), and the tag that says why.
 
     Paired runs mean something when the backend's speed ratio held steady from pair to pair: a steady ratio below 1
     is RigDash's own cost, a scattered one (max over 1.25 x min) may be the machine drifting between runs. A scatter
-    still gives a verdict when at least ``SIGN_PAIRS`` pairs all fall on one side of the target: the pairs alternate
-    which side runs first, so drift alone would put them on both sides. ``independent``: how many of the pairs are
-    independent of one another (levels 2 and 3 run a round's turns at once: a round counts once); default, all."""
+    still gives a verdict when a sign test says the pairs fall on one side of the target more often than drift
+    would put them there (at most SIGN_P, the chance of six pairs of six): the pairs alternate which side runs
+    first, so drift alone would put them on both sides as often. ``independent``: how many of the pairs are
+    independent of one another (levels 2 and 3 run a round's turns at once: a round counts once; then only all
+    pairs on one side count, one unit a round); default, all. ``ratios``: each pair's ratio (older results have
+    only the summary, and then only all pairs on one side count)."""
     n = backend["n"] or 0
     if n >= 2 and backend["max"] <= 1.25 * backend["min"]:
         return False, ""
     units = n if independent is None else min(n, independent)
-    if units >= SIGN_PAIRS and (backend["max"] < target or backend["min"] >= target):
+    if n and (backend["max"] < target or backend["min"] >= target):
         side = "below" if backend["max"] < target else "at or above"
-        return False, f" [scattered, but all {n} pairs {side} {target}]"
+        if units >= SIGN_PAIRS:
+            return False, f" [scattered, but all {n} pairs {side} {target}]"
+    elif ratios and len(ratios) == n and units == n:
+        below = sum(r < target for r in ratios)
+        k, side = max((below, "below"), (n - below, "at or above"))
+        if (p := sign_test_p(k, n)) <= SIGN_P:
+            return False, f" [scattered, but {k} of {n} pairs {side} {target}: sign test p = {p:.3f}]"
     return True, " [machine drift: no verdict]"
 
 
@@ -299,7 +319,7 @@ def table_rows(agg: dict[str, Any]) -> list[list[str]]:
             continue
         rmin, bmin = (0.97, 0.97) if key == "level3" else (0.99, 0.98)
         d, s, b = a["decode_ratio_paired"], a["decode_ratio_same_stream"], a["backend_ratio_paired"]
-        drift, tag = paired_verdict(b, bmin, a.get("independent_pairs"))
+        drift, tag = paired_verdict(b, bmin, a.get("independent_pairs"), a.get("backend_ratios_paired"))
         add(label, "decode tok/s, RigDash client / direct: paired runs (median; min)",
             f"{stats.fmt(d['p50'], 3)} ({stats.fmt(d['min'], 3)}; n={d['n']}){tag}", f">= {rmin}",
             None if drift else _ge(d["p50"], rmin))  # fmt: skip

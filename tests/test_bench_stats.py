@@ -178,6 +178,24 @@ def test_scattered_pairs_all_on_one_side_of_the_target_still_get_a_verdict():
     assert {row[1]: row[4] for row in report.table_rows(_agg(five))}[key] == "-"
 
 
+def test_scattered_pairs_mostly_on_one_side_get_a_verdict_from_the_sign_test_at_the_same_level():
+    """Eleven of thirteen pairs below the target is as unlikely under drift alone as six of six (p 0.011 against
+    0.016), as in the full run of 2026-12-03 17:26; ten of thirteen (p 0.046) is not."""
+    key = "backend's own tok/s with RigDash / without: paired (median; min..max)"
+    eleven = [0.81, 0.83, 0.85, 0.87, 0.88, 0.90, 0.90, 0.91, 0.92, 0.94, 0.95, 1.02, 1.08]
+    rows = {row[1]: (row[2], row[4]) for row in report.table_rows(_agg(eleven))}
+    assert rows[key][1] == "MISS" and "11 of 13 pairs below 0.98: sign test p = 0.011" in rows[key][0]
+    ten = [0.81, 0.83, 0.85, 0.87, 0.88, 0.90, 0.90, 0.91, 0.92, 0.94, 0.99, 1.02, 1.08]
+    assert {row[1]: row[4] for row in report.table_rows(_agg(ten))}[key] == "-"
+    above = [0.95, 0.97, 0.99, 1.00, 1.01, 1.02, 1.03, 1.04, 1.05, 1.07, 1.10, 1.15, 1.25]
+    rows = {row[1]: (row[2], row[4]) for row in report.table_rows(_agg(above))}
+    assert rows[key][1] == "ok" and "11 of 13 pairs at or above 0.98" in rows[key][0]
+    agg = _agg(eleven)
+    agg["level1"]["independent_pairs"] = 4  # turns run a round at a time: not thirteen independent pairs
+    assert {row[1]: row[4] for row in report.table_rows(agg)}[key] == "-"
+    assert report.sign_test_p(6, 6) == report.SIGN_P == 1 / 64
+
+
 def test_a_long_task_is_placed_among_its_turns_flushes():
     flushes = [{"start": 10.0}, {"start": 10.5}, {"start": None}, {"start": 12.0}]
     placed = analyze.place_longtask({"start": 11.0, "duration": 55}, flushes)
