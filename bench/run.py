@@ -748,8 +748,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--decode-cpus",
         default=None,
-        help="RIGDASH_DECODE_CPUS: llama-server alone on these CPUs (1, 2-7), RigDash, Chromium and the clients on"
-        " the rest",
+        help="RIGDASH_DECODE_CPUS: llama-server's decode alone on these CPUs (1, 2-7), its prompts on every CPU;"
+        " RigDash, Chromium and the clients on the rest",
     )
     parser.add_argument(
         "--browser-floor",
