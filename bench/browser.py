@@ -12,8 +12,10 @@ and a requestAnimationFrame callback the start of the next frame (an upper bound
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
 import time
+from pathlib import Path
 from typing import Any
 
 CHROMIUM = os.environ.get("CHROMIUM_PATH") or shutil.which("chromium") or "/usr/bin/chromium"
@@ -72,8 +74,24 @@ INIT_SCRIPT = r"""
 """
 
 
+def launcher_on_cpus(cpus: frozenset[int], folder: Path) -> str:
+    """A script that starts Chromium on ``cpus`` (``taskset``), for Playwright's ``executable_path``: Chromium and
+    every process it starts then run there, whatever this process's own CPUs (a user's browser, which RigDash's
+    launcher does not pin, unlike the benchmark's processes, which ``keep_off_decode_cpus`` keeps off the decode's)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    script = folder / "chromium-on-cpus"
+    cpu_list = ",".join(str(cpu) for cpu in sorted(cpus))
+    script.write_text(f'#!/bin/sh\nexec taskset --cpu-list {cpu_list} {shlex.quote(CHROMIUM)} "$@"\n')
+    script.chmod(0o755)
+    return str(script)
+
+
 class BrowserTab:
-    def __init__(self, web_port: int, cookie_value: str, cookie_name: str = "sessionid") -> None:
+    def __init__(
+        self, web_port: int, cookie_value: str, cookie_name: str = "sessionid", *, executable: str | None = None
+    ) -> None:
+        """``executable``: what Playwright starts instead of Chromium itself (``launcher_on_cpus``)."""
+        self.executable = executable or CHROMIUM
         self.base = f"http://127.0.0.1:{web_port}"
         self.cookie = {"name": cookie_name, "value": cookie_value, "url": self.base}
         self._pw: Any = None
@@ -87,7 +105,7 @@ class BrowserTab:
         if not os.path.exists(CHROMIUM):
             raise SystemExit(f"Chromium not found at {CHROMIUM} (Debian: apt-get install chromium)")
         self._pw = await async_playwright().start()
-        self.browser = await self._pw.chromium.launch(executable_path=CHROMIUM, args=LAUNCH_ARGS)
+        self.browser = await self._pw.chromium.launch(executable_path=self.executable, args=LAUNCH_ARGS)
         context = await self.browser.new_context(viewport={"width": 1200, "height": 800})
         await context.add_cookies([self.cookie])
         await context.add_init_script(INIT_SCRIPT)

@@ -463,5 +463,6 @@ def header(meta: dict[str, Any]) -> str:
             else ""
         )
         + (f"\nCPUs (RIGDASH_DECODE_CPUS): {meta['cpu_split']}" if meta.get("cpu_split") else "")
+        + (f"; Chromium on CPU {meta['chromium_cpus']}" if meta.get("cpu_split") and meta.get("chromium_cpus") else "")
         + (f"\nskipped (time budget): {'; '.join(meta['skipped'])}" if meta.get("skipped") else "")
     )

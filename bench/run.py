@@ -162,6 +162,7 @@ class Bench:
         )
         self.levels = {f"l{x}" if x.isdigit() else x for x in args.levels.split(",")}
         self.browser: Any = None
+        self.chromium_cpus: str | None = None  # the CPUs Chromium may run on, read once it started
         self.cookie = ""
         self.model = ""
         self.skipped: list[str] = []
@@ -629,13 +630,19 @@ class Bench:
             profilers = profile.start(pids, self.var_dir / "profile")
         try:
             if not self.args.no_browser:
-                from bench.browser import BrowserTab
+                from bench.browser import BrowserTab, launcher_on_cpus
 
-                self.browser = BrowserTab(self.stack.web_port, prepared["cookie_value"])
+                # Under a split the benchmark keeps itself, and so what it starts, off the decode's CPUs. A browser
+                # the user starts is not RigDash's to move: Chromium runs on every CPU unless --pin-browser.
+                executable = None
+                if not self.args.pin_browser and (split := cpu_split()) is not None:
+                    executable = launcher_on_cpus(split.every, self.var_dir)
+                self.browser = BrowserTab(self.stack.web_port, prepared["cookie_value"], executable=executable)
                 await self.browser.start()
                 chromium = _chromium_pid()
                 if chromium:
                     self.stack.pids["chromium"] = chromium
+                    self.chromium_cpus = _cpus_of(chromium)
             log("stack up; warming up (one direct and one RigDash turn, not counted)")
             results["warm_up"] = await self.warm_up()
             log(f"warm-up: llama-server decodes {self.llama_tps:.0f} tok/s here now")
@@ -702,7 +709,17 @@ class Bench:
             "redis": "private redis-server" if not self.args.redis_url else "--redis-url",
             "skipped": self.skipped,
             "cpu_split": f"{split.describe()}; {self.stack.llama_cpus}" if (split := cpu_split()) else None,
+            "chromium_cpus": self.chromium_cpus,
         }  # fmt: skip
+
+
+def _cpus_of(pid: int | None) -> str | None:
+    """The CPUs a process may run on, as a list (``0,1``); None without the process."""
+    if pid is None:
+        return None
+    with contextlib.suppress(psutil.Error):
+        return ",".join(str(cpu) for cpu in sorted(psutil.Process(pid).cpu_affinity() or ()))
+    return None
 
 
 def _chromium_pid() -> int | None:
@@ -749,7 +766,13 @@ def main(argv: list[str] | None = None) -> int:
         "--decode-cpus",
         default=None,
         help="RIGDASH_DECODE_CPUS: llama-server's decode alone on these CPUs (1, 2-7), its prompts on every CPU;"
-        " RigDash, Chromium and the clients on the rest",
+        " RigDash and the clients on the rest, Chromium on every CPU (see --pin-browser)",
+    )
+    parser.add_argument(
+        "--pin-browser",
+        action="store_true",
+        help="with --decode-cpus: Chromium off the decode's CPUs too, as a browser started with taskset; without it"
+        " Chromium runs on every CPU, as a browser the user starts (RigDash's launcher pins only what it starts)",
     )
     parser.add_argument(
         "--browser-floor",
@@ -760,7 +783,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.decode_cpus is not None:
         os.environ["RIGDASH_DECODE_CPUS"] = args.decode_cpus
     # Under a split everything the benchmark starts but llama-server inherits the other CPUs: RigDash, the tap,
-    # the synthetic source, Chromium and the benchmark's own clients, in the direct reads and through RigDash alike.
+    # the synthetic source and the benchmark's own clients, in the direct reads and through RigDash alike. Chromium
+    # is started on every CPU again, as a user's browser would run (unless --pin-browser).
     keep_off_decode_cpus(cpu_split())
     if args.browser_floor:
         from bench import browser_floor
