@@ -93,7 +93,7 @@ class CpuSplit:
 
     def describe(self) -> str:
         decode, rest = _cpu_list(self.decode), _cpu_list(self.rest)
-        return f"llama-server's decode alone on CPU {decode}, everything else on CPU {rest}"
+        return f"llama-server's decode alone on CPU {decode}, RigDash's processes on CPU {rest}"
 
 
 def _cpu_list(cpus: frozenset[int]) -> str:
@@ -354,6 +354,11 @@ def run() -> int:
         keep_off_decode_cpus(split)  # before anything starts: every process but llama-server inherits it
         if split:
             log(split.describe())
+            # A browser on the rig is the user's: it runs wherever it was started, the decode's CPUs included.
+            log(
+                f"a browser on this machine is not moved: start it with taskset --cpu-list {_cpu_list(split.rest)}"
+                " to keep it off the decode too"
+            )
         env = {"REDIS_URL": ensure_redis(stack, var_dir), "LLAMA_SERVER_URL": llama_url.geturl()}
         for busy_port, what in ((port, "RIGDASH_PORT"), (llama_port, "LLAMA_SERVER_URL")):
             if port_open("127.0.0.1", busy_port):
