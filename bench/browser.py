@@ -18,6 +18,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from rigdash.launcher import cpu_list
+
 CHROMIUM = os.environ.get("CHROMIUM_PATH") or shutil.which("chromium") or "/usr/bin/chromium"
 LAUNCH_ARGS = [
     "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
@@ -80,8 +82,7 @@ def launcher_on_cpus(cpus: frozenset[int], folder: Path) -> str:
     launcher does not pin, unlike the benchmark's processes, which ``keep_off_decode_cpus`` keeps off the decode's)."""
     folder.mkdir(parents=True, exist_ok=True)
     script = folder / "chromium-on-cpus"
-    cpu_list = ",".join(str(cpu) for cpu in sorted(cpus))
-    script.write_text(f'#!/bin/sh\nexec taskset --cpu-list {cpu_list} {shlex.quote(CHROMIUM)} "$@"\n')
+    script.write_text(f'#!/bin/sh\nexec taskset --cpu-list {cpu_list(cpus)} {shlex.quote(CHROMIUM)} "$@"\n')
     script.chmod(0o755)
     return str(script)
 

@@ -39,7 +39,7 @@ from bench.httpstream import StreamRecord, chat_payload, direct_chat
 from bench.rigclient import Tab, TurnWatch, run_turn
 from bench.stack import PYTHON, BenchStack
 from bench.synthetic import synthetic_token
-from rigdash.launcher import ROOT, cpu_split, keep_off_decode_cpus
+from rigdash.launcher import ROOT, cpu_list, cpu_split, keep_off_decode_cpus
 
 RESULTS_DIR = ROOT / "bench" / "results"
 SEED = 42
@@ -718,7 +718,7 @@ def _cpus_of(pid: int | None) -> str | None:
     if pid is None:
         return None
     with contextlib.suppress(psutil.Error):
-        return ",".join(str(cpu) for cpu in sorted(psutil.Process(pid).cpu_affinity() or ()))
+        return cpu_list(frozenset(psutil.Process(pid).cpu_affinity() or ()))
     return None
 
 

@@ -92,11 +92,12 @@ class CpuSplit:
         return self.decode | self.rest
 
     def describe(self) -> str:
-        decode, rest = _cpu_list(self.decode), _cpu_list(self.rest)
+        decode, rest = cpu_list(self.decode), cpu_list(self.rest)
         return f"llama-server's decode alone on CPU {decode}, RigDash's processes on CPU {rest}"
 
 
-def _cpu_list(cpus: frozenset[int]) -> str:
+def cpu_list(cpus: frozenset[int]) -> str:
+    """CPUs as Linux and taskset write them: 0,1,3."""
     return ",".join(str(c) for c in sorted(cpus))
 
 
@@ -118,13 +119,13 @@ def parse_cpu_split(spec: str, allowed: frozenset[int]) -> CpuSplit:
         raise SystemExit(f"RIGDASH_DECODE_CPUS={spec!r}: expected CPU numbers and ranges such as 1 or 2-7 or 0,2-3")
     if not decode <= allowed:
         raise SystemExit(
-            f"RIGDASH_DECODE_CPUS={spec!r}: CPU {_cpu_list(frozenset(decode - allowed))} is not one this machine lets "
-            f"RigDash use (CPUs {_cpu_list(allowed)})"
+            f"RIGDASH_DECODE_CPUS={spec!r}: CPU {cpu_list(frozenset(decode - allowed))} is not one this machine lets "
+            f"RigDash use (CPUs {cpu_list(allowed)})"
         )
     if decode == allowed:
         raise SystemExit(
             f"RIGDASH_DECODE_CPUS={spec!r} leaves no CPU for RigDash and the rest: name fewer than all of "
-            f"CPUs {_cpu_list(allowed)}, or unset it to share every CPU"
+            f"CPUs {cpu_list(allowed)}, or unset it to share every CPU"
         )
     return CpuSplit(frozenset(decode), allowed - frozenset(decode))
 
@@ -173,9 +174,9 @@ def _split_launch(split: CpuSplit, binary: str) -> tuple[list[str], int, int]:
     every CPU, so prompts are read as fast as without the split. Without OpenMP only the whole process can be
     pinned: it decodes and reads prompts on the split's CPUs alone."""
     if not follows_openmp_places(binary):
-        return ["taskset", "--cpu-list", _cpu_list(split.decode)], len(split.decode), len(split.decode)
+        return ["taskset", "--cpu-list", cpu_list(split.decode)], len(split.decode), len(split.decode)
     places = ",".join(f"{{{cpu}}}" for cpu in [*sorted(split.decode), *sorted(split.rest)])
-    prefix = ["taskset", "--cpu-list", _cpu_list(split.every), "env", f"OMP_PLACES={places}", "OMP_PROC_BIND=close"]
+    prefix = ["taskset", "--cpu-list", cpu_list(split.every), "env", f"OMP_PLACES={places}", "OMP_PROC_BIND=close"]
     return prefix, len(split.decode), len(split.every)
 
 
@@ -200,10 +201,10 @@ def describe_llama_cpus(pid: int, split: CpuSplit) -> str:
     batch = frozenset().union(*cpus.values()) if cpus else frozenset()
     if decode != split.decode:
         return (
-            f"WARNING: llama-server's main thread may run on CPU {_cpu_list(decode)}, not only on "
-            f"CPU {_cpu_list(split.decode)}: RIGDASH_DECODE_CPUS did not take"
+            f"WARNING: llama-server's main thread may run on CPU {cpu_list(decode)}, not only on "
+            f"CPU {cpu_list(split.decode)}: RIGDASH_DECODE_CPUS did not take"
         )
-    return f"llama-server decodes on CPU {_cpu_list(decode)} and reads prompts on CPU {_cpu_list(batch)}"
+    return f"llama-server decodes on CPU {cpu_list(decode)} and reads prompts on CPU {cpu_list(batch)}"
 
 
 def keep_off_decode_cpus(split: CpuSplit | None) -> None:
@@ -356,7 +357,7 @@ def run() -> int:
             log(split.describe())
             # A browser on the rig is the user's: it runs wherever it was started, the decode's CPUs included.
             log(
-                f"a browser on this machine is not moved: start it with taskset --cpu-list {_cpu_list(split.rest)}"
+                f"a browser on this machine is not moved: start it with taskset --cpu-list {cpu_list(split.rest)}"
                 " to keep it off the decode too"
             )
         env = {"REDIS_URL": ensure_redis(stack, var_dir), "LLAMA_SERVER_URL": llama_url.geturl()}
