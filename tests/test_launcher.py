@@ -37,21 +37,23 @@ def test_without_redis_or_redis_server_the_message_says_how_to_get_one(tmp_path,
         ensure_redis(Stack(), tmp_path)
 
 
+def _threads(cmd: list[str]) -> tuple[str, str]:
+    """A llama-server command's -t and -tb: its decode threads and its batch threads."""
+    return cmd[cmd.index("-t") + 1], cmd[cmd.index("-tb") + 1]
+
+
 def test_llama_server_decodes_on_one_core_fewer_and_reads_prompts_on_all(monkeypatch):
     """Decode is memory-bound: cores - 1 threads decode as fast and leave a core to RigDash and the browser."""
     from rigdash import launcher
-
-    def threads(cmd: list[str]) -> tuple[str, str]:
-        return cmd[cmd.index("-t") + 1], cmd[cmd.index("-tb") + 1]
 
     monkeypatch.delenv("LLAMA_THREADS", raising=False)
     monkeypatch.delenv("LLAMA_THREADS_BATCH", raising=False)
     for cores, expected in ((2, ("1", "2")), (1, ("1", "1")), (16, ("15", "16"))):
         monkeypatch.setattr(launcher.os, "cpu_count", lambda cores=cores: cores)
-        assert threads(launcher.llama_server_command(port=1, slots=1, ctx=512)) == expected
+        assert _threads(launcher.llama_server_command(port=1, slots=1, ctx=512)) == expected
     monkeypatch.setenv("LLAMA_THREADS", "3")
     monkeypatch.setenv("LLAMA_THREADS_BATCH", "5")
-    assert threads(launcher.llama_server_command(port=1, slots=1, ctx=512)) == ("3", "5")
+    assert _threads(launcher.llama_server_command(port=1, slots=1, ctx=512)) == ("3", "5")
 
 
 ALL = frozenset({0, 1, 2, 3})
@@ -100,10 +102,6 @@ def decode_on_last_cpu(monkeypatch):
     launcher._split_of.cache_clear()
     yield allowed
     launcher._split_of.cache_clear()
-
-
-def _threads(cmd: list[str]) -> tuple[str, str]:
-    return cmd[cmd.index("-t") + 1], cmd[cmd.index("-tb") + 1]
 
 
 def test_with_decode_cpus_a_llama_server_without_openmp_runs_there_alone_and_the_launcher_moves_off(
