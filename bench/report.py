@@ -443,6 +443,19 @@ def _flush(meta: dict[str, Any]) -> str:
     return str(high) if low == high else f"{low}-{high}"
 
 
+def _split_holds(meta: dict[str, Any]) -> str:
+    """Under the split, whether it held whatever streamed, or lifted while several replies did (and how often)."""
+    holds = meta.get("cpu_split_holds")
+    if not meta.get("cpu_split") or holds is None:
+        return ""  # no split, or JSON from before 2026-12-03 21:30 (the split always held then)
+    if holds == "always":
+        return "; the split holds whatever streams (RIGDASH_DECODE_CPUS_HOLD=always)"
+    return (
+        "; RigDash's processes on every CPU while several replies stream"
+        f" ({meta.get('cpu_share_moves', 0)} moves, one way or the other)"
+    )
+
+
 def _sampling(meta: dict[str, Any]) -> str:
     """The sampler's pace (results before 2026-11-30 06:00 UTC sampled every second, idle or not)."""
     if "sample_idle_interval_s" not in meta:
@@ -464,5 +477,6 @@ def header(meta: dict[str, Any]) -> str:
         )
         + (f"\nCPUs (RIGDASH_DECODE_CPUS): {meta['cpu_split']}" if meta.get("cpu_split") else "")
         + (f"; Chromium on CPU {meta['chromium_cpus']}" if meta.get("cpu_split") and meta.get("chromium_cpus") else "")
+        + _split_holds(meta)
         + (f"\nskipped (time budget): {'; '.join(meta['skipped'])}" if meta.get("skipped") else "")
     )

@@ -710,6 +710,8 @@ class Bench:
             "skipped": self.skipped,
             "cpu_split": f"{split.describe()}; {self.stack.llama_cpus}" if (split := cpu_split()) else None,
             "chromium_cpus": self.chromium_cpus,
+            "cpu_split_holds": None if split is None else ("always" if self.stack.cpu_share is None else "one-reply"),
+            "cpu_share_moves": None if self.stack.cpu_share is None else self.stack.cpu_share.moves,
         }  # fmt: skip
 
 
@@ -775,6 +777,12 @@ def main(argv: list[str] | None = None) -> int:
         " Chromium runs on every CPU, as a browser the user starts (RigDash's launcher pins only what it starts)",
     )
     parser.add_argument(
+        "--split-always",
+        action="store_true",
+        help="with --decode-cpus: RigDash off the decode's CPUs whatever streams (RIGDASH_DECODE_CPUS_HOLD=always);"
+        " without it RigDash's processes use every CPU while several replies stream",
+    )
+    parser.add_argument(
         "--browser-floor",
         action="store_true",
         help="instead: what Chromium painting a reply costs llama-server with no RigDash (bench/browser_floor.py)",
@@ -782,6 +790,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.decode_cpus is not None:
         os.environ["RIGDASH_DECODE_CPUS"] = args.decode_cpus
+    if args.split_always:
+        os.environ["RIGDASH_DECODE_CPUS_HOLD"] = "always"
     # Under a split everything the benchmark starts but llama-server inherits the other CPUs: RigDash, the tap,
     # the synthetic source and the benchmark's own clients, in the direct reads and through RigDash alike. Chromium
     # is started on every CPU again, as a user's browser would run (unless --pin-browser).

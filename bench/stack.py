@@ -20,6 +20,7 @@ from typing import Any
 import psutil
 
 from bench import stats
+from rigdash.cpushare import CpuShare, hold_mode
 from rigdash.launcher import (
     ROOT,
     Stack,
@@ -63,6 +64,7 @@ class BenchStack:
     ports: dict[str, int] = field(default_factory=dict)
     pids: dict[str, int] = field(default_factory=dict)
     llama_cpus: str | None = None  # under a CPU split, where the kernel says llama-server decodes and reads prompts
+    cpu_share: CpuShare | None = None  # under a CPU split that holds while one reply streams
 
     @property
     def log_dir(self) -> Path:
@@ -116,6 +118,12 @@ class BenchStack:
             [PYTHON, "-m", "bench.synthetic", "--port", str(self.ports["synthetic"])],
             log_path=self.log_dir / "synthetic.log",
         ).pid
+        # Under the split, RigDash's processes (and the benchmark's stand-ins on the backend's side: the tap, the
+        # synthetic source) use every CPU while several replies stream, as the launcher's do (rigdash/cpushare.py).
+        split = cpu_split()
+        if split and hold_mode() == "one-reply":
+            self.cpu_share = CpuShare(split, log=log)
+        share = self.cpu_share
         worker = self.stack.start(
             "worker",
             worker_command(
@@ -124,8 +132,9 @@ class BenchStack:
                 name=f"bench{os.getpid()}@%h",
                 beat_schedule=self.var_dir / "celerybeat-schedule",
             ),
-            env=self.env,
+            env={**self.env, **(share.worker_env() if share else {})},
             log_path=self.log_dir / "worker.log",
+            pass_fds=share.pass_fds if share else (),
         )
         self.pids["worker"] = worker.pid
         web = self.stack.start(
@@ -142,9 +151,11 @@ class BenchStack:
         )
         self.pids["sampler"] = sampler.pid
         wait_http(f"http://127.0.0.1:{self.ports['llama']}/health", timeout_s=180, proc=llama)
-        if split := cpu_split():
+        if split:
             self.llama_cpus = describe_llama_cpus(llama.pid, split)
             log(self.llama_cpus)
+        if share:
+            share.watch([pid for name, pid in self.pids.items() if name != "llama"])
         wait_http(f"http://127.0.0.1:{self.web_port}/static/rigdash/app.css", timeout_s=120, proc=web)
         for name in ("tap", "synthetic"):
             _wait_port(self.ports[name], 30)

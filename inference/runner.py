@@ -41,6 +41,7 @@ from inference.backends import backend_for
 from inference.backends.base import BackendError, BackendStats, ChatRequest, OnSent, StreamChunk
 from inference.models import Rig, Turn
 from inference.redislink import RedisLink
+from rigdash import cpushare
 from rigdash.env import RigDashConfig
 
 log = logging.getLogger(__name__)
@@ -135,20 +136,26 @@ class FlushPace:
     do not publish at the short interval while the rest are still in their prompts (counting only from the
     first token was not measured)."""
 
-    def __init__(self, min_s: float, max_s: float) -> None:
+    def __init__(self, min_s: float, max_s: float, on_change: Callable[[int], None] | None = None) -> None:
         self.min_s, self.max_s = min_s, max_s
         self.streaming = 0
+        self.on_change = on_change  # told the new count (the CPU split's signal: rigdash/cpushare.py)
+
+    def _count(self, step: int) -> None:
+        self.streaming += step
+        if self.on_change is not None:
+            self.on_change(self.streaming)
 
     def interval(self) -> float:
         return min(self.max_s, self.min_s * (max(1, self.streaming) + 1) / 2)
 
     @contextlib.contextmanager
     def streaming_turn(self) -> Iterator[None]:
-        self.streaming += 1
+        self._count(+1)
         try:
             yield
         finally:
-            self.streaming -= 1
+            self._count(-1)
 
 
 # Per event loop, keyed by the loop itself: an id can be reused by a later loop once the first is collected (tests
@@ -163,7 +170,7 @@ def _pace_for_loop() -> FlushPace:
     min_s, max_s = conf.flush_min_interval_ms / 1000, conf.flush_interval_ms / 1000  # the settings keep min <= max
     pace = _paces.get(loop)
     if pace is None or (pace.min_s, pace.max_s) != (min_s, max_s):  # new settings (tests override them)
-        pace = _paces[loop] = FlushPace(min_s, max_s)
+        pace = _paces[loop] = FlushPace(min_s, max_s, on_change=cpushare.worker_signal().streams)
     return pace
 
 

@@ -269,7 +269,7 @@ class Stack:
     procs: list[tuple[str, subprocess.Popen[bytes]]] = field(default_factory=list)
 
     def start(self, name: str, cmd: Sequence[str], *, env: dict[str, str] | None = None,
-              log_path: Path | None = None) -> subprocess.Popen[bytes]:  # fmt: skip
+              log_path: Path | None = None, pass_fds: Sequence[int] = ()) -> subprocess.Popen[bytes]:  # fmt: skip
         out = open(log_path, "ab") if log_path else None  # noqa: SIM115 - lives as long as the process
         proc = subprocess.Popen(
             list(cmd),
@@ -278,6 +278,7 @@ class Stack:
             stdout=out,
             stderr=subprocess.STDOUT if out else None,
             start_new_session=True,
+            pass_fds=tuple(pass_fds),
         )
         self.procs.append((name, proc))
         return proc
@@ -353,8 +354,17 @@ def run() -> int:
     try:
         split = cpu_split()
         keep_off_decode_cpus(split)  # before anything starts: every process but llama-server inherits it
+        share = None
         if split:
+            from rigdash.cpushare import CpuShare, hold_mode  # it imports this module
+
             log(split.describe())
+            if hold_mode() == "one-reply":
+                share = CpuShare(split, log=log)
+                log(
+                    "while several replies stream, RigDash's processes use every CPU"
+                    " (RIGDASH_DECODE_CPUS_HOLD=always keeps them off the decode's)"
+                )
             # A browser on the rig is the user's: it runs wherever it was started, the decode's CPUs included.
             log(
                 f"a browser on this machine is not moved: start it with taskset --cpu-list {cpu_list(split.rest)}"
@@ -376,7 +386,8 @@ def run() -> int:
             "worker",
             worker_command(queues=["rig.embedded", "rigdash.default"], concurrency=slots, name="rigdash@%h",
                            beat_schedule=var_dir / "celerybeat-schedule"),
-            env=env, log_path=var_dir / "log" / "worker.log",
+            env={**env, **(share.worker_env() if share else {})}, log_path=var_dir / "log" / "worker.log",
+            pass_fds=share.pass_fds if share else (),
         )  # fmt: skip
         stack.start(
             "sampler", [PYTHON, "manage.py", "rigdash_sampler"], env=env, log_path=var_dir / "log" / "sampler.log"
@@ -387,6 +398,8 @@ def run() -> int:
         wait_http(f"{llama_url.geturl()}/health", timeout_s=120, proc=llama)
         if split:
             log(describe_llama_cpus(llama.pid, split))
+        if share:  # RigDash's processes: everything started but llama-server
+            share.watch([proc.pid for name, proc in stack.procs if name != "llama-server"])
         wait_http(f"http://127.0.0.1:{port}/static/rigdash/app.css", timeout_s=60, proc=web)
         log(f"RigDash is up: http://{host}:{port}/   (logs in {var_dir / 'log'}; Ctrl-C stops everything)")
         while (exited := stack.first_exited()) is None:

@@ -198,6 +198,22 @@ def other_user(db: Any) -> Any:
 
 
 @pytest.fixture
+def decode_on_last_cpu(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[int]]:
+    """RIGDASH_DECODE_CPUS naming this machine's last CPU, LLAMA_THREADS* unset; the split's cache cleared around."""
+    from rigdash import launcher
+
+    allowed = sorted(os.sched_getaffinity(0))
+    if len(allowed) < 2:
+        pytest.skip("needs two CPUs")
+    monkeypatch.delenv("LLAMA_THREADS", raising=False)
+    monkeypatch.delenv("LLAMA_THREADS_BATCH", raising=False)
+    monkeypatch.setenv("RIGDASH_DECODE_CPUS", str(allowed[-1]))
+    launcher._split_of.cache_clear()
+    yield allowed
+    launcher._split_of.cache_clear()
+
+
+@pytest.fixture
 def admin_user(db: Any) -> Any:
     return _user("admin", is_staff=True, is_superuser=True)
 

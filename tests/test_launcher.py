@@ -88,22 +88,6 @@ def test_bad_decode_cpus_stop_the_start_with_what_is_wrong(spec, message):
         parse_cpu_split(spec, ALL)
 
 
-@pytest.fixture
-def decode_on_last_cpu(monkeypatch):
-    """RIGDASH_DECODE_CPUS naming this machine's last CPU, LLAMA_THREADS* unset; the split's cache cleared around."""
-    from rigdash import launcher
-
-    allowed = sorted(os.sched_getaffinity(0))
-    if len(allowed) < 2:
-        pytest.skip("needs two CPUs")
-    monkeypatch.delenv("LLAMA_THREADS", raising=False)
-    monkeypatch.delenv("LLAMA_THREADS_BATCH", raising=False)
-    monkeypatch.setenv("RIGDASH_DECODE_CPUS", str(allowed[-1]))
-    launcher._split_of.cache_clear()
-    yield allowed
-    launcher._split_of.cache_clear()
-
-
 def test_with_decode_cpus_a_llama_server_without_openmp_runs_there_alone_and_the_launcher_moves_off(
     decode_on_last_cpu, monkeypatch, tmp_path
 ):

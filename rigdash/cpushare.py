@@ -1,0 +1,170 @@
+"""Under the CPU split, RigDash's processes keep off the decode's CPUs only while at most one reply streams.
+
+``RIGDASH_DECODE_CPUS`` gives llama-server's decode CPUs of its own and runs RigDash on the rest (rigdash/launcher.py).
+That suits one reply: nothing takes the decode's core from under it, and llama-server waited 56.6 ms a second under
+RigDash instead of 172.3 (docs/benchmarks-history.md, "An AMD EPYC, 2026-12-03 19:00"). With several replies
+llama.cpp decodes them together on its batch threads, every CPU, and RigDash, with every stream's batches and
+frames to send, had one core left: 87.3 ms of added TTFT at level 2 where sharing every core added 29.9, and 303.5
+ms at level 3's p99 against 144.2. So the split holds while one reply streams, and lifts while several do:
+
+- the worker says how many replies stream (``StreamsSignal``): one byte on a pipe the launcher gave it, at each
+  change between "one or none" and "several", never per token;
+- the launcher (``CpuShare``) lets RigDash's processes, every thread of them, run on every CPU as soon as a second
+  reply streams, and moves them back once at most one has streamed for ``HOLD_S``, so that a rig whose users send
+  by turns does not move thirty threads back and forth at every reply.
+
+``RIGDASH_DECODE_CPUS_HOLD=always`` keeps the split whatever streams, as before 2026-12-03 21:30.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import select
+import threading
+import time
+from collections.abc import Callable, Sequence
+
+import psutil
+
+from rigdash.launcher import CpuSplit, cpu_list, thread_cpus
+
+ENV_FD = "RIGDASH_CPU_SHARE_FD"
+SEVERAL, ONE = b"S", b"1"
+HOLD_S = 2.0
+HOLD_MODES = ("one-reply", "always")
+
+
+def hold_mode() -> str:
+    """``RIGDASH_DECODE_CPUS_HOLD``: ``one-reply`` (the default) or ``always``; a clear error for anything else."""
+    mode = os.environ.get("RIGDASH_DECODE_CPUS_HOLD", "").strip() or "one-reply"
+    if mode not in HOLD_MODES:
+        raise SystemExit(
+            f"RIGDASH_DECODE_CPUS_HOLD={mode!r}: expected one-reply (the split holds while at most one reply "
+            "streams) or always"
+        )
+    return mode
+
+
+class StreamsSignal:
+    """The worker's side: ``SEVERAL`` when a second reply starts streaming, ``ONE`` when at most one is left.
+
+    Called from the worker's event loop (``inference.runner.FlushPace``). The pipe is non-blocking: a launcher that
+    stopped reading costs the worker nothing, and one that went away turns the signal off."""
+
+    def __init__(self, fd: int | None) -> None:
+        self.fd = fd
+        self.several = False
+        if fd is not None:
+            os.set_blocking(fd, False)
+
+    @classmethod
+    def from_env(cls) -> StreamsSignal:
+        value = os.environ.get(ENV_FD, "")
+        if not value.isdigit():
+            return cls(None)
+        try:
+            return cls(int(value))
+        except OSError:  # not an open descriptor of this process (an environment copied into another process)
+            return cls(None)
+
+    def streams(self, count: int) -> None:
+        several = count >= 2
+        if self.fd is None or several == self.several:
+            return
+        self.several = several
+        try:
+            os.write(self.fd, SEVERAL if several else ONE)
+        except BlockingIOError:  # 64 KiB of changes unread: the launcher is busy; the next change says it again
+            self.several = not several
+        except OSError:  # the launcher is gone
+            self.fd = None
+
+
+@functools.cache
+def worker_signal() -> StreamsSignal:
+    """This process's signal: off unless the launcher started it with the pipe (``CpuShare.worker_env``)."""
+    return StreamsSignal.from_env()
+
+
+class CpuShare:
+    """The launcher's side: moves RigDash's processes, every thread and child of them, between the split's other
+    CPUs and every CPU as the worker's ``StreamsSignal`` says. Start the worker with ``worker_env()`` and
+    ``pass_fds``, then call ``watch`` with the processes to move."""
+
+    def __init__(self, split: CpuSplit, *, hold_s: float = HOLD_S, log: Callable[[str], None] = print) -> None:
+        self.split, self.hold_s, self.log = split, hold_s, log
+        self._read_fd, self._write_fd = os.pipe()
+        self.pids: list[int] = []
+        self.shared = False  # RigDash's processes may run on every CPU now
+        self.moves = 0
+        self._thread: threading.Thread | None = None
+
+    @property
+    def pass_fds(self) -> tuple[int, ...]:
+        return (self._write_fd,)
+
+    def worker_env(self) -> dict[str, str]:
+        return {ENV_FD: str(self._write_fd), "RIGDASH_DECODE_CPUS_HOLD": "one-reply"}
+
+    def watch(self, pids: Sequence[int]) -> None:
+        """Start moving ``pids`` (the worker among them, already started with the pipe) as the signal says."""
+        self.pids = list(pids)
+        os.close(self._write_fd)  # the worker holds the only writer now: its exit ends the watch
+        self._thread = threading.Thread(target=self._run, name="rigdash-cpushare", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        back_at: float | None = None  # when RigDash's processes go back off the decode's CPUs
+        while True:
+            timeout = None if back_at is None else max(0.0, back_at - time.monotonic())
+            readable, _, _ = select.select([self._read_fd], [], [], timeout)
+            if not readable:  # one reply or none for hold_s
+                self._move(shared=False)
+                back_at = None
+                continue
+            data = os.read(self._read_fd, 4096)
+            if not data:  # the worker exited
+                os.close(self._read_fd)
+                return
+            if data[-1:] == SEVERAL:
+                back_at = None
+                self._move(shared=True)
+            elif self.shared and back_at is None:
+                back_at = time.monotonic() + self.hold_s
+
+    def _move(self, *, shared: bool) -> None:
+        if shared == self.shared:
+            return
+        cpus = self.split.every if shared else self.split.rest
+        threads = move_processes(self.pids, cpus)
+        self.shared, self.moves = shared, self.moves + 1
+        self.log(
+            f"several replies stream: RigDash's processes may use every CPU ({threads} threads)"
+            if shared
+            else f"one reply or none: RigDash's processes back on CPU {cpu_list(self.split.rest)} ({threads} threads)"
+        )
+
+
+def move_processes(pids: Sequence[int], cpus: frozenset[int]) -> int:
+    """Let every thread of ``pids`` and of their children run on ``cpus``; how many threads were moved. A process
+    or thread that ends meanwhile is skipped."""
+    every: set[int] = set()
+    for pid in pids:
+        every.add(pid)
+        with contextlib.suppress(psutil.Error):
+            every.update(child.pid for child in psutil.Process(pid).children(recursive=True))
+    moved = 0
+    for pid in sorted(every):
+        try:
+            tids = thread_cpus(pid)
+        except OSError:  # it ended
+            continue
+        for tid in tids:
+            try:
+                os.sched_setaffinity(tid, cpus)
+            except (ProcessLookupError, PermissionError):
+                continue
+            moved += 1
+    return moved

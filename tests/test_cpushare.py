@@ -1,0 +1,216 @@
+"""The CPU split lifts while several replies stream (rigdash/cpushare.py): the worker's signal, the launcher's moves.
+
+Real processes, real pipes, and the kernel's own record of where each thread may run (/proc). The last test runs a
+real Celery worker against the real llama-server with two replies at once.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from typing import Any
+
+import pytest
+
+from inference.runner import FlushPace
+from rigdash import cpushare
+from rigdash.cpushare import ONE, SEVERAL, CpuShare, StreamsSignal, hold_mode
+from rigdash.launcher import ROOT, CpuSplit, Stack, cpu_list, thread_cpus, worker_command
+from tests.conftest import LOG_DIR, wait_until
+
+
+def _read_all(fd: int) -> bytes:
+    os.set_blocking(fd, False)
+    try:
+        return os.read(fd, 4096)
+    except BlockingIOError:
+        return b""
+
+
+def test_the_worker_says_when_a_second_reply_streams_and_when_one_is_left():
+    """One byte per change between "one or none" and "several", from the pace's own count: never per token."""
+    read_fd, write_fd = os.pipe()
+    signal = StreamsSignal(write_fd)
+    pace = FlushPace(0.01, 0.033, on_change=signal.streams)
+    with pace.streaming_turn():
+        assert _read_all(read_fd) == b""  # one reply: the split holds
+        with pace.streaming_turn():
+            assert _read_all(read_fd) == SEVERAL
+            with pace.streaming_turn():
+                assert _read_all(read_fd) == b""  # still several
+            assert _read_all(read_fd) == b""
+        assert _read_all(read_fd) == ONE
+    assert _read_all(read_fd) == b""  # none: no change from one
+    assert pace.streaming == 0
+    os.close(read_fd)
+    os.close(write_fd)
+
+
+def test_a_worker_whose_launcher_went_away_streams_on():
+    read_fd, write_fd = os.pipe()
+    os.close(read_fd)
+    signal = StreamsSignal(write_fd)
+    signal.streams(2)  # EPIPE (Python ignores SIGPIPE): the signal turns itself off, nothing raised
+    assert signal.fd is None
+    signal.streams(1)
+    os.close(write_fd)
+
+
+def test_without_the_launchers_pipe_the_signal_is_off(monkeypatch):
+    monkeypatch.delenv(cpushare.ENV_FD, raising=False)
+    assert StreamsSignal.from_env().fd is None
+    read_fd, write_fd = os.pipe()
+    os.close(write_fd)
+    monkeypatch.setenv(cpushare.ENV_FD, str(write_fd))  # a number that is no open descriptor here
+    assert StreamsSignal.from_env().fd is None
+    os.close(read_fd)
+
+
+@pytest.mark.parametrize("value, expected", [("", "one-reply"), ("one-reply", "one-reply"), (" always ", "always")])
+def test_the_hold_is_one_reply_unless_always(monkeypatch, value, expected):
+    monkeypatch.setenv("RIGDASH_DECODE_CPUS_HOLD", value)
+    assert hold_mode() == expected
+
+
+def test_a_bad_hold_stops_the_start_with_what_is_expected(monkeypatch):
+    monkeypatch.setenv("RIGDASH_DECODE_CPUS_HOLD", "sometimes")
+    with pytest.raises(SystemExit, match=r"RIGDASH_DECODE_CPUS_HOLD='sometimes': expected one-reply .* or always"):
+        hold_mode()
+
+
+# A stand-in for the worker: it starts two threads and a child, then tells its StreamsSignal each count it reads.
+STAND_IN = textwrap.dedent(
+    """
+    import subprocess, sys, threading, time
+    from rigdash.cpushare import StreamsSignal
+    signal = StreamsSignal.from_env()
+    for _ in range(2):
+        threading.Thread(target=time.sleep, args=(60,), daemon=True).start()
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    print(child.pid, flush=True)
+    for line in sys.stdin:
+        signal.streams(int(line))
+    child.kill()
+    """
+)
+
+
+def _cpus_of_tree(pids: list[int]) -> dict[int, frozenset[int]]:
+    cpus: dict[int, frozenset[int]] = {}
+    for pid in pids:
+        cpus.update(thread_cpus(pid))
+    return cpus
+
+
+def _split(allowed: list[int]) -> CpuSplit:
+    return CpuSplit(decode=frozenset(allowed[-1:]), rest=frozenset(allowed[:-1]))
+
+
+def test_every_thread_and_child_moves_to_every_cpu_with_several_replies_and_back_after_the_hold(decode_on_last_cpu):
+    allowed = decode_on_last_cpu
+    split = _split(allowed)
+    said: list[str] = []
+    share = CpuShare(split, hold_s=0.4, log=said.append)
+    proc = subprocess.Popen(
+        ["taskset", "--cpu-list", ",".join(map(str, allowed[:-1])), sys.executable, "-c", STAND_IN],
+        env={**os.environ, **share.worker_env()},
+        pass_fds=share.pass_fds,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+    )
+    assert proc.stdin is not None and proc.stdout is not None
+    try:
+        child = int(proc.stdout.readline())
+        share.watch([proc.pid])
+        tree = [proc.pid, child]
+        assert len(_cpus_of_tree(tree)) >= 4  # the main thread, two sleepers, the child
+        assert set(_cpus_of_tree(tree).values()) == {split.rest}
+
+        def tell(count: int) -> None:
+            assert proc.stdin is not None
+            proc.stdin.write(f"{count}\n")
+            proc.stdin.flush()
+
+        tell(1)
+        tell(2)
+        wait_until(lambda: set(_cpus_of_tree(tree).values()) == {split.every}, timeout_s=5, what="every CPU")
+        assert share.shared and share.moves == 1
+        tell(1)
+        time.sleep(0.15)  # within the hold: they stay on every CPU
+        assert set(_cpus_of_tree(tree).values()) == {split.every}
+        tell(2)  # several again before the hold ran out: no move at all
+        time.sleep(0.5)
+        assert share.moves == 1 and set(_cpus_of_tree(tree).values()) == {split.every}
+        started = time.monotonic()
+        tell(1)
+        wait_until(lambda: set(_cpus_of_tree(tree).values()) == {split.rest}, timeout_s=5, what="back on the rest")
+        assert time.monotonic() - started >= 0.35  # not before the hold
+        assert share.moves == 2 and not share.shared
+        assert said[0].startswith("several replies stream: RigDash's processes may use every CPU")
+        assert said[1].startswith(f"one reply or none: RigDash's processes back on CPU {cpu_list(split.rest)} (")
+        proc.stdin.close()  # the stand-in exits: the pipe's writer is gone and the watch ends
+        proc.wait(timeout=10)
+        assert share._thread is not None
+        share._thread.join(timeout=5)
+        assert not share._thread.is_alive()
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+@pytest.mark.llama
+@pytest.mark.django_db(transaction=True)
+def test_a_real_worker_lifts_the_split_while_two_replies_stream(
+    decode_on_last_cpu, service_env, owner, llama_url, model_name
+):
+    """A Celery worker as the launcher starts it under the split (off the decode's CPU, with the pipe), on a queue
+    of its own, and two turns on the real llama-server at once: its threads may use every CPU while both
+    stream, and go back to the rest once they have ended and the hold is over."""
+    from inference import services
+    from inference.models import ChatSession, Rig, Turn
+
+    allowed = decode_on_last_cpu
+    split = _split(allowed)
+    queue = f"rig.cpushare{os.getpid()}"
+    rig = Rig.objects.create(name="cpushare-rig", kind=Rig.Kind.LLAMACPP, base_url=llama_url, queue=queue, slots=2)
+    sessions = [ChatSession.objects.create(owner=owner, rig=rig, model_name=model_name) for _ in range(2)]
+    said: list[str] = []
+    share = CpuShare(split, hold_s=0.5, log=said.append)
+    stack = Stack()
+    try:
+        name = f"cpushare{os.getpid()}@localhost"
+        worker = stack.start(
+            "worker",
+            ["taskset", "--cpu-list", ",".join(map(str, allowed[:-1])),
+             *worker_command(queues=[queue], concurrency=2, name=name, beat_schedule=None)],
+            env={**service_env, **share.worker_env()},
+            log_path=LOG_DIR / "worker-cpushare.log",
+            pass_fds=share.pass_fds,
+        )  # fmt: skip
+        share.watch([worker.pid])
+        from rigdash.celery import app
+
+        wait_until(lambda: any(name in r for r in app.control.ping(timeout=0.5)), timeout_s=60, what="the worker")
+        assert set(thread_cpus(worker.pid).values()) == {split.rest}
+        params: dict[str, Any] = {"temperature": 0, "max_tokens": 300}
+        text = "Tell a long story about a lighthouse."
+        requests = [services.SubmitRequest(user=owner, session_id=s.pk, text=text, params=params) for s in sessions]
+        turns = services.turn_submit_many(requests)
+        assert all(isinstance(t, Turn) for t in turns), turns
+        wait_until(lambda: share.shared, timeout_s=60, what="the split lifted")
+        assert set(thread_cpus(worker.pid).values()) == {split.every}
+        wait_until(
+            lambda: all(Turn.objects.get(pk=t.pk).status == Turn.Status.DONE for t in turns if isinstance(t, Turn)),
+            timeout_s=120,
+            what="both replies",
+        )
+        wait_until(lambda: not share.shared, timeout_s=10, what="the split back")
+        assert set(thread_cpus(worker.pid).values()) == {split.rest}
+        assert share.moves == 2, said
+    finally:
+        stack.stop()
