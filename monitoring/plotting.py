@@ -24,6 +24,7 @@ MEMORY_TRACES = [
     ("host_used_bytes", "system RAM used (GiB)", GIB),
     ("host_total_bytes", "system RAM total (GiB)", GIB),
     ("backend_rss_bytes", "backend process RSS (GiB)", GIB),
+    ("backend_vram_bytes", "backend process VRAM (GiB)", GIB),
     ("gpu0_memory_used_bytes", "GPU 0 memory used (GiB)", GIB),
 ]
 

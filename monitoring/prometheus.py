@@ -22,12 +22,14 @@ GAUGES = {
     "host_used_bytes": ("rigdash_host_memory_used_bytes", "System RAM in use"),
     "host_total_bytes": ("rigdash_host_memory_total_bytes", "System RAM"),
     "backend_rss_bytes": ("rigdash_backend_resident_bytes", "Resident memory of the backend process"),
+    "backend_vram_bytes": ("rigdash_backend_vram_bytes", "GPU memory NVML attributes to the backend process"),
     "llamacpp_tokens_predicted_total": ("rigdash_backend_tokens_predicted_total", "Backend counter of decoded tokens"),
     "llamacpp_prompt_tokens_total": ("rigdash_backend_prompt_tokens_total", "Backend counter of prompt tokens"),
 }
 GPU_GAUGES = {
     "memory_used_bytes": ("rigdash_gpu_memory_used_bytes", "GPU memory used"),
     "memory_total_bytes": ("rigdash_gpu_memory_total_bytes", "GPU memory"),
+    "memory_reserved_bytes": ("rigdash_gpu_memory_reserved_bytes", "GPU memory the driver reserves for itself"),
     "utilization_pct": ("rigdash_gpu_utilization_percent", "GPU utilisation"),
     "power_w": ("rigdash_gpu_power_watts", "GPU power draw"),
     "temperature_c": ("rigdash_gpu_temperature_celsius", "GPU temperature"),

@@ -24,6 +24,7 @@ from monitoring.collectors import Unavailable, host, llamacpp, nvml
 
 LOOPBACK = {"127.0.0.1", "localhost", "::1"}
 METRICS_EVERY_S = 5.0  # llama-server's /metrics counters move when a request ends; /slots is read every tick
+GIB = 1024**3
 
 
 @dataclass
@@ -222,11 +223,13 @@ class RigSampler:
                 i = gpu["index"]
                 series[f"gpu{i}_memory_used_bytes"] = gpu["memory_used_bytes"]
                 series[f"gpu{i}_memory_total_bytes"] = gpu["memory_total_bytes"]
+                series[f"gpu{i}_memory_reserved_bytes"] = gpu["memory_reserved_bytes"]
                 series[f"gpu{i}_utilization_pct"] = gpu["utilization_gpu_pct"]
                 series[f"gpu{i}_power_w"] = gpu["power_w"]
                 series[f"gpu{i}_temperature_c"] = gpu["temperature_c"]
             detail["gpus"] = gpus
             detail["sources"]["gpu"] = {"ok": True, "error": ""}
+            self._backend_vram(series, detail)
         except Unavailable as exc:
             detail["gpus"] = []
             detail["sources"]["gpu"] = {"ok": False, "error": str(exc)}
@@ -253,9 +256,24 @@ class RigSampler:
         detail["process"] = process
         detail["sources"]["process"] = {"ok": True, "error": ""}
 
+    def _backend_vram(self, series: dict[str, float], detail: dict[str, Any]) -> None:
+        """The backend process's own VRAM, as NVML attributes it to the pid found for its port."""
+        if self.backend_pid is None or "process" not in detail:
+            return
+        try:
+            vram = nvml.process_vram(self.backend_pid)
+        except Unavailable as exc:
+            detail["process"]["vram_error"] = str(exc)
+            return
+        detail["process"]["vram_bytes"] = vram
+        if vram is not None:
+            series["backend_vram_bytes"] = vram
+
     def _placement(self, detail: dict[str, Any]) -> dict[str, Any]:
         """Where the weights live. Ollama says (size vs size_vram in /api/ps). llama.cpp reports no layer
-        split over HTTP, so with no GPU the answer is "system RAM"; with GPUs it says it cannot tell."""
+        split over HTTP, so with no GPU the answer is "system RAM". With GPUs, the VRAM NVML attributes to its
+        process (the CUDA context included) bounds it: less VRAM than the weights take means some of them are in
+        system RAM; more tells nothing about the split."""
         loaded = detail.get("loaded_models")
         if loaded:
             size = sum(m["size_bytes"] for m in loaded)
@@ -266,7 +284,32 @@ class RigSampler:
             return {"vram_fraction": round(fraction, 4), "spill": spill, "label": label}
         if not detail.get("gpus"):
             return {"vram_fraction": 0.0, "spill": False, "label": "CPU only: weights and KV cache in system RAM"}
-        return {"vram_fraction": None, "spill": None, "label": "GPU present: layer split not reported by llama-server"}
+        return self._llamacpp_gpu_placement(detail)
+
+    def _llamacpp_gpu_placement(self, detail: dict[str, Any]) -> dict[str, Any]:
+        unknown = {"vram_fraction": None, "spill": None}
+        process = detail.get("process")
+        vram = process.get("vram_bytes") if process else None
+        if vram is None:
+            if not process:
+                why = detail["sources"].get("process", {}).get("error") or "its process was not found"
+            else:
+                why = process.get("vram_error") or "NVML attributes no VRAM to its process"
+            return {**unknown, "label": f"GPU present: layer split not reported by llama-server ({why})"}
+        weights = self.weight_bytes
+        if weights and vram < weights:
+            return {
+                "vram_fraction": None,
+                "spill": True,
+                "label": f"llama.cpp: its process holds {vram / GIB:.2f} GiB of VRAM, less than the"
+                f" {weights / GIB:.2f} GiB of weights: at least {(weights - vram) / GIB:.2f} GiB of them in system RAM",
+            }
+        of_weights = f" for {weights / GIB:.2f} GiB of weights" if weights else ""
+        return {
+            **unknown,
+            "label": f"llama.cpp: its process holds {vram / GIB:.2f} GiB of VRAM{of_weights} (CUDA context"
+            " included; the layer split is not reported)",
+        }
 
     def _queue_and_turns(self, series: dict[str, float], detail: dict[str, Any]) -> None:
         try:

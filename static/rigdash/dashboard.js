@@ -106,7 +106,7 @@
     $("[data-testid=kv-facts]").textContent = kv;
 
     const placement = d.placement || {};
-    $("[data-testid=placement]").textContent = `${placement.label || ""} · weights ${gib(s.weight_bytes)} · system RAM ${gib(s.host_used_bytes)} / ${gib(s.host_total_bytes)} used · backend process ${gib(s.backend_rss_bytes)} resident`;
+    $("[data-testid=placement]").textContent = `${placement.label || ""} · weights ${gib(s.weight_bytes)} · system RAM ${gib(s.host_used_bytes)} / ${gib(s.host_total_bytes)} used · backend process ${gib(s.backend_rss_bytes)} resident${s.backend_vram_bytes === undefined ? "" : `, ${gib(s.backend_vram_bytes)} in VRAM`}`;
     if (d.loaded_models) {
       const loaded = d.loaded_models.map((m) => `${m.name} (${gib(m.size_bytes)}, ${fmt(100 * (1 - (m.cpu_fraction ?? 1)), 0)} % in VRAM, context ${m.context_length ?? "?"})`);
       $("[data-testid=placement]").textContent += ` · loaded: ${loaded.join(", ") || "none"}`;
@@ -114,7 +114,7 @@
     $("[data-testid=spill]").hidden = !placement.spill;
     const gpu = sources.gpu;
     $("[data-testid=gpu]").textContent = gpu && gpu.ok
-      ? (d.gpus || []).map((g) => `GPU ${g.index} ${g.name}: ${gib(g.memory_used_bytes)} / ${gib(g.memory_total_bytes)}, ${g.utilization_gpu_pct} %, ${fmt(g.power_w, 0)} W, ${g.temperature_c} °C`).join(" · ")
+      ? (d.gpus || []).map((g) => `GPU ${g.index} ${g.name}: ${gib(g.memory_used_bytes)} / ${gib(g.memory_total_bytes)}${g.memory_reserved_bytes ? ` (${gib(g.memory_reserved_bytes)} reserved by the driver)` : ""}, ${g.utilization_gpu_pct} %, ${fmt(g.power_w, 0)} W, ${g.temperature_c} °C`).join(" · ")
       : `GPU: unavailable (${gpu ? gpu.error : "no reading"})`;
 
     const signals = [

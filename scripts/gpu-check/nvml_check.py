@@ -1,0 +1,110 @@
+"""On a GPU machine: RigDash's NVML collector (monitoring/collectors/nvml.py) against what the GPU really holds.
+
+Reads ``nvml.gpus()`` idle, while a child process holds 8 GiB, while the child runs bf16 matrix products, and after it
+exits; also NVML's per-process memory (can a backend's own VRAM be told by its pid?). Needs torch and nvidia-ml-py,
+as the device machine's python3 has. Prints ``NVML CHECK PASSED`` or ``FAILED``.
+"""
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from typing import Any
+
+sys.path.insert(0, os.getcwd())
+import pynvml
+
+from monitoring.collectors import nvml
+
+GIB = 1024**3
+HELD_GIB = 8
+CHILD = rf"""
+import sys, time, torch
+x = torch.empty({HELD_GIB} * 1024**3, dtype=torch.uint8, device="cuda"); x.fill_(1); torch.cuda.synchronize()
+print("ready", flush=True)
+sys.stdin.readline()
+a = torch.randn(8192, 8192, dtype=torch.bfloat16, device="cuda"); b = torch.randn_like(a)
+end = time.time() + 6
+while time.time() < end:
+    for _ in range(20): c = a @ b
+    torch.cuda.synchronize()
+print("done", flush=True)
+sys.stdin.readline()
+"""
+
+
+def processes() -> dict[int, int | None]:
+    """pid -> bytes, as NVML attributes compute memory to processes."""
+    handle = pynvml.nvmlDeviceGetHandleByIndex(0)
+    return {p.pid: p.usedGpuMemory for p in pynvml.nvmlDeviceGetComputeRunningProcesses(handle)}
+
+
+def memory_versions() -> dict[str, Any]:
+    handle = pynvml.nvmlDeviceGetHandleByIndex(0)
+    v1 = pynvml.nvmlDeviceGetMemoryInfo(handle)
+    out: dict[str, Any] = {"v1": {"total": v1.total, "free": v1.free, "used": v1.used}}
+    try:
+        v2 = pynvml.nvmlDeviceGetMemoryInfo(handle, version=pynvml.nvmlMemory_v2)
+        out["v2"] = {"total": v2.total, "reserved": v2.reserved, "free": v2.free, "used": v2.used}
+    except (AttributeError, pynvml.NVMLError) as exc:
+        out["v2"] = repr(exc)
+    return out
+
+
+def main() -> int:
+    pynvml.nvmlInit()
+    print("driver", pynvml.nvmlSystemGetDriverVersion())
+    started = time.perf_counter()
+    idle = nvml.gpus()
+    print(f"first gpus() call: {1000 * (time.perf_counter() - started):.1f} ms")
+    print("idle:", json.dumps(idle))
+    print("idle NVML memory v1/v2:", memory_versions())
+    costs = []
+    for _ in range(50):
+        started = time.perf_counter()
+        nvml.gpus()
+        costs.append(time.perf_counter() - started)
+    print(f"gpus() per call: median {1e3 * statistics.median(costs):.2f} ms, max {1e3 * max(costs):.2f} ms (50 calls)")
+
+    child = subprocess.Popen([sys.executable, "-c", CHILD], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert child.stdin is not None and child.stdout is not None
+    print("child:", child.stdout.readline().strip(), "pid", child.pid)
+    held = nvml.gpus()
+    print(f"child holds {HELD_GIB} GiB:", json.dumps(held))
+    rise = held[0]["memory_used_bytes"] - idle[0]["memory_used_bytes"]
+    print(f"used rose by {rise / GIB:.3f} GiB (the tensor and the child's CUDA context)")
+    print("NVML memory v1/v2:", memory_versions())
+    own = processes().get(child.pid)
+    print(f"the child's memory by pid: {own / GIB:.3f} GiB" if own else f"the child's pid is not attributed ({own})")
+    child.stdin.write("go\n")
+    child.stdin.flush()
+    series = []
+    started = time.time()
+    while time.time() - started < 6.5:
+        g = nvml.gpus()[0]
+        series.append(
+            (round(time.time() - started, 1), g["utilization_gpu_pct"], round(g["power_w"]), g["temperature_c"])
+        )
+        time.sleep(0.5)
+    print("under load (s, util %, W, C):", series)
+    print("child:", child.stdout.readline().strip())
+    child.stdin.write("bye\n")
+    child.stdin.flush()
+    child.wait(timeout=30)
+    time.sleep(1.0)
+    after = nvml.gpus()
+    print("after the child exited:", json.dumps(after))
+    ok = (
+        idle[0]["memory_total_bytes"] > 16 * GIB
+        and HELD_GIB * GIB < rise < (HELD_GIB + 2) * GIB
+        and max(s[1] for s in series) > 50
+        and abs(after[0]["memory_used_bytes"] - idle[0]["memory_used_bytes"]) < 0.1 * GIB
+    )
+    print("NVML CHECK", "PASSED" if ok else "FAILED")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
