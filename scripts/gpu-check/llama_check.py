@@ -26,8 +26,6 @@ for _name, _error in (("ollama", "ResponseError"), ("pydantic", "ValidationError
     except ImportError:
         _stub = sys.modules[_name] = types.ModuleType(_name)
         setattr(_stub, _error, type(_error, (Exception,), {}))
-import pynvml  # noqa: E402
-
 from inference.backends import gguf  # noqa: E402
 from monitoring.collectors import llamacpp, nvml  # noqa: E402
 
@@ -38,15 +36,12 @@ LOG_LINES = re.compile(r"offload|buffer size|CUDA0|llama_kv_cache: size|memory_b
 
 if os.environ.get("DRY"):
     nvml.gpus = lambda: [{"memory_used_bytes": 0.0, "utilization_gpu_pct": 0.0}]
-    pynvml.nvmlDeviceGetHandleByIndex = lambda index: None
-    pynvml.nvmlDeviceGetComputeRunningProcesses = lambda handle: []
+    nvml.process_vram = lambda pid: None
 
 
 def vram_of(pid: int) -> float | None:
-    for p in pynvml.nvmlDeviceGetComputeRunningProcesses(pynvml.nvmlDeviceGetHandleByIndex(0)):
-        if p.pid == pid and p.usedGpuMemory is not None:
-            return float(p.usedGpuMemory) / MIB
-    return None
+    vram = nvml.process_vram(pid)  # what the sampler reads for the backend's pid
+    return None if vram is None else vram / MIB
 
 
 def complete(body: dict[str, Any]) -> dict[str, Any]:

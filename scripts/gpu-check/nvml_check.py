@@ -61,6 +61,12 @@ def main() -> int:
     print(f"first gpus() call: {1000 * (time.perf_counter() - started):.1f} ms")
     print("idle:", json.dumps(idle))
     print("idle NVML memory v1/v2:", memory_versions())
+    smi = subprocess.run(
+        ["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits", "-i", "0"],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    smi_used = float(smi.stdout.strip()) * 2**20
+    print(f"used: the collector {idle[0]['memory_used_bytes'] / 2**20:.0f} MiB, nvidia-smi {smi_used / 2**20:.0f} MiB")
     costs = []
     for _ in range(50):
         started = time.perf_counter()
@@ -76,8 +82,9 @@ def main() -> int:
     rise = held[0]["memory_used_bytes"] - idle[0]["memory_used_bytes"]
     print(f"used rose by {rise / GIB:.3f} GiB (the tensor and the child's CUDA context)")
     print("NVML memory v1/v2:", memory_versions())
-    own = processes().get(child.pid)
-    print(f"the child's memory by pid: {own / GIB:.3f} GiB" if own else f"the child's pid is not attributed ({own})")
+    print("NVML's processes (pid: bytes):", processes())
+    own = nvml.process_vram(child.pid)  # what the sampler reads for a backend's pid
+    print(f"nvml.process_vram(child): {own / GIB:.3f} GiB" if own else f"the child's pid is not attributed ({own})")
     child.stdin.write("go\n")
     child.stdin.flush()
     series = []
@@ -98,7 +105,10 @@ def main() -> int:
     print("after the child exited:", json.dumps(after))
     ok = (
         idle[0]["memory_total_bytes"] > 16 * GIB
+        and abs(idle[0]["memory_used_bytes"] - smi_used) < 64 * 2**20
         and HELD_GIB * GIB < rise < (HELD_GIB + 2) * GIB
+        and own is not None
+        and HELD_GIB * GIB < own < (HELD_GIB + 2) * GIB
         and max(s[1] for s in series) > 50
         and abs(after[0]["memory_used_bytes"] - idle[0]["memory_used_bytes"]) < 0.1 * GIB
     )
