@@ -7,8 +7,9 @@ llama.cpp decodes them together on its batch threads, every CPU, and RigDash, wi
 frames to send, had one core left: 87.3 ms of added TTFT at level 2 where sharing every core added 29.9, and 303.5
 ms at level 3's p99 against 144.2. So the split holds while one reply streams, and lifts while several do:
 
-- the worker says how many replies stream (``StreamsSignal``): one byte on a pipe the launcher gave it, at each
-  change between "one or none" and "several", never per token;
+- the worker says when a reply starts and stops streaming (``StreamsSignal``): one byte on a pipe the launcher gave
+  it, ``+`` or ``-``, twice a reply and never per token. The launcher adds them up, so replies streaming in
+  different processes count together (a prefork pool's children share the pipe);
 - the launcher (``CpuShare``) lets RigDash's processes, every thread of them, run on every CPU as soon as a second
   reply streams, and moves them back once at most one has streamed for ``HOLD_S``, so that a rig whose users send
   by turns does not move thirty threads back and forth at every reply.
@@ -31,7 +32,7 @@ import psutil
 from rigdash.launcher import CpuSplit, cpu_list, thread_cpus
 
 ENV_FD = "RIGDASH_CPU_SHARE_FD"
-SEVERAL, ONE = b"S", b"1"
+START, STOP = b"+", b"-"
 HOLD_S = 2.0
 HOLD_MODES = ("one-reply", "always")
 
@@ -48,14 +49,17 @@ def hold_mode() -> str:
 
 
 class StreamsSignal:
-    """The worker's side: ``SEVERAL`` when a second reply starts streaming, ``ONE`` when at most one is left.
+    """The worker's side: ``START`` when a reply starts streaming, ``STOP`` when it stops.
 
-    Called from the worker's event loop (``inference.runner.FlushPace``). The pipe is non-blocking: a launcher that
-    stopped reading costs the worker nothing, and one that went away turns the signal off."""
+    Called from the worker's event loop (``inference.runner.FlushPace``) with the loop's new count of streaming
+    replies; the count's step is what is sent. The pipe is non-blocking: what a full pipe refuses is kept and sent
+    with the next change, in order (the launcher adds the bytes up, so none may be lost), and a launcher that went
+    away turns the signal off."""
 
     def __init__(self, fd: int | None) -> None:
         self.fd = fd
-        self.several = False
+        self.count = 0
+        self.unsent = b""
         if fd is not None:
             os.set_blocking(fd, False)
 
@@ -70,16 +74,18 @@ class StreamsSignal:
             return cls(None)
 
     def streams(self, count: int) -> None:
-        several = count >= 2
-        if self.fd is None or several == self.several:
+        step, self.count = count - self.count, count
+        if self.fd is None or step == 0:
             return
-        self.several = several
+        data = self.unsent + (START if step > 0 else STOP) * abs(step)
         try:
-            os.write(self.fd, SEVERAL if several else ONE)
-        except BlockingIOError:  # 64 KiB of changes unread: the launcher is busy; the next change says it again
-            self.several = not several
+            written = os.write(self.fd, data)
+        except BlockingIOError:  # 64 KiB unread: the launcher is busy; the next change sends these first
+            written = 0
         except OSError:  # the launcher is gone
-            self.fd = None
+            self.fd, self.unsent = None, b""
+            return
+        self.unsent = data[written:]
 
 
 @functools.cache
@@ -98,6 +104,7 @@ class CpuShare:
         self._read_fd, self._write_fd = os.pipe()
         self.pids: list[int] = []
         self.shared = False  # RigDash's processes may run on every CPU now
+        self.streaming = 0  # replies streaming, every process of the worker together
         self.moves = 0
         self._thread: threading.Thread | None = None
 
@@ -125,10 +132,11 @@ class CpuShare:
                 back_at = None
                 continue
             data = os.read(self._read_fd, 4096)
-            if not data:  # the worker exited
+            if not data:  # every writer exited: the worker and any children it forked
                 os.close(self._read_fd)
                 return
-            if data[-1:] == SEVERAL:
+            self.streaming = max(0, self.streaming + data.count(START) - data.count(STOP))
+            if self.streaming >= 2:
                 back_at = None
                 self._move(shared=True)
             elif self.shared and back_at is None:

@@ -13,11 +13,12 @@ import textwrap
 import time
 from typing import Any
 
+import psutil
 import pytest
 
 from inference.runner import FlushPace
 from rigdash import cpushare
-from rigdash.cpushare import ONE, SEVERAL, CpuShare, StreamsSignal, hold_mode
+from rigdash.cpushare import START, STOP, CpuShare, StreamsSignal, hold_mode
 from rigdash.launcher import ROOT, CpuSplit, Stack, cpu_list, thread_cpus, worker_command
 from tests.conftest import LOG_DIR, wait_until
 
@@ -30,21 +31,45 @@ def _read_all(fd: int) -> bytes:
         return b""
 
 
-def test_the_worker_says_when_a_second_reply_streams_and_when_one_is_left():
-    """One byte per change between "one or none" and "several", from the pace's own count: never per token."""
+def test_the_worker_says_when_each_reply_starts_and_stops_streaming():
+    """One byte when a reply starts streaming and one when it stops, from the pace's own count: never per token."""
     read_fd, write_fd = os.pipe()
     signal = StreamsSignal(write_fd)
     pace = FlushPace(0.01, 0.033, on_change=signal.streams)
     with pace.streaming_turn():
-        assert _read_all(read_fd) == b""  # one reply: the split holds
+        assert _read_all(read_fd) == START
         with pace.streaming_turn():
-            assert _read_all(read_fd) == SEVERAL
-            with pace.streaming_turn():
-                assert _read_all(read_fd) == b""  # still several
+            assert _read_all(read_fd) == START
+            pace.interval()  # a batch: nothing sent
             assert _read_all(read_fd) == b""
-        assert _read_all(read_fd) == ONE
-    assert _read_all(read_fd) == b""  # none: no change from one
+        assert _read_all(read_fd) == STOP
+    assert _read_all(read_fd) == STOP
     assert pace.streaming == 0
+    os.close(read_fd)
+    os.close(write_fd)
+
+
+def test_what_a_full_pipe_refuses_is_sent_with_the_next_change_in_order():
+    """The launcher adds the bytes up: one lost would leave it counting a reply that ended."""
+    read_fd, write_fd = os.pipe()
+    signal = StreamsSignal(write_fd)
+    os.set_blocking(write_fd, False)
+    for size in (4096, 1):  # fill the pipe to its last byte
+        while True:
+            try:
+                os.write(write_fd, b"x" * size)
+            except BlockingIOError:
+                break
+    signal.streams(1)
+    signal.streams(2)
+    assert signal.unsent == START + START
+    drained = b""
+    while chunk := _read_all(read_fd):
+        drained += chunk
+    assert START not in drained
+    signal.streams(1)
+    assert signal.unsent == b""
+    assert _read_all(read_fd) == START + START + STOP
     os.close(read_fd)
     os.close(write_fd)
 
@@ -105,6 +130,10 @@ def _cpus_of_tree(pids: list[int]) -> dict[int, frozenset[int]]:
     return cpus
 
 
+def _tree_of(pid: int) -> list[int]:
+    return [pid, *(child.pid for child in psutil.Process(pid).children(recursive=True))]
+
+
 def _split(allowed: list[int]) -> CpuSplit:
     return CpuSplit(decode=frozenset(allowed[-1:]), rest=frozenset(allowed[:-1]))
 
@@ -163,14 +192,59 @@ def test_every_thread_and_child_moves_to_every_cpu_with_several_replies_and_back
         proc.wait()
 
 
+def test_replies_streaming_in_two_processes_count_together(decode_on_last_cpu):
+    """A prefork pool's children share the launcher's pipe, one reply each: together they are several."""
+    allowed = decode_on_last_cpu
+    split = _split(allowed)
+    share = CpuShare(split, hold_s=0.3, log=lambda line: None)
+    procs = [
+        subprocess.Popen(
+            ["taskset", "--cpu-list", ",".join(map(str, allowed[:-1])), sys.executable, "-c", STAND_IN],
+            env={**os.environ, **share.worker_env()},
+            pass_fds=share.pass_fds,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            cwd=ROOT,
+        )
+        for _ in range(2)
+    ]
+    try:
+        tree = []
+        for proc in procs:
+            assert proc.stdout is not None
+            tree += [proc.pid, int(proc.stdout.readline())]
+        share.watch([proc.pid for proc in procs])
+
+        def tell(proc: subprocess.Popen[str], count: int) -> None:
+            assert proc.stdin is not None
+            proc.stdin.write(f"{count}\n")
+            proc.stdin.flush()
+
+        tell(procs[0], 1)
+        time.sleep(0.3)
+        assert not share.shared  # one reply in all
+        tell(procs[1], 1)
+        wait_until(lambda: set(_cpus_of_tree(tree).values()) == {split.every}, timeout_s=5, what="every CPU")
+        tell(procs[0], 0)
+        wait_until(lambda: set(_cpus_of_tree(tree).values()) == {split.rest}, timeout_s=5, what="back on the rest")
+        assert share.moves == 2 and share.streaming == 1
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait()
+
+
 @pytest.mark.llama
 @pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("pool", ["threads", "prefork"])
 def test_a_real_worker_lifts_the_split_while_two_replies_stream(
-    decode_on_last_cpu, service_env, owner, llama_url, model_name
+    decode_on_last_cpu, service_env, owner, llama_url, model_name, pool
 ):
     """A Celery worker as the launcher starts it under the split (off the decode's CPU, with the pipe), on a queue
     of its own, and two turns on the real llama-server at once: its threads may use every CPU while both
-    stream, and go back to the rest once they have ended and the hold is over."""
+    stream, and go back to the rest once they have ended and the hold is over. Under a prefork pool each reply
+    may stream in a child of its own: the launcher counts them together."""
     from inference import services
     from inference.models import ChatSession, Rig, Turn
 
@@ -188,29 +262,30 @@ def test_a_real_worker_lifts_the_split_while_two_replies_stream(
             "worker",
             ["taskset", "--cpu-list", ",".join(map(str, allowed[:-1])),
              *worker_command(queues=[queue], concurrency=2, name=name, beat_schedule=None)],
-            env={**service_env, **share.worker_env()},
-            log_path=LOG_DIR / "worker-cpushare.log",
+            env={**service_env, **share.worker_env(), "RIGDASH_WORKER_POOL": pool},
+            log_path=LOG_DIR / f"worker-cpushare-{pool}.log",
             pass_fds=share.pass_fds,
         )  # fmt: skip
         share.watch([worker.pid])
         from rigdash.celery import app
 
         wait_until(lambda: any(name in r for r in app.control.ping(timeout=0.5)), timeout_s=60, what="the worker")
-        assert set(thread_cpus(worker.pid).values()) == {split.rest}
+        assert set(_cpus_of_tree(_tree_of(worker.pid)).values()) == {split.rest}
         params: dict[str, Any] = {"temperature": 0, "max_tokens": 300}
         text = "Tell a long story about a lighthouse."
         requests = [services.SubmitRequest(user=owner, session_id=s.pk, text=text, params=params) for s in sessions]
-        turns = services.turn_submit_many(requests)
+        # One submit each: two tasks, which a prefork pool runs in two children (a burst would be one task).
+        turns = [services.turn_submit_many([request])[0] for request in requests]
         assert all(isinstance(t, Turn) for t in turns), turns
         wait_until(lambda: share.shared, timeout_s=60, what="the split lifted")
-        assert set(thread_cpus(worker.pid).values()) == {split.every}
+        assert set(_cpus_of_tree(_tree_of(worker.pid)).values()) == {split.every}
         wait_until(
             lambda: all(Turn.objects.get(pk=t.pk).status == Turn.Status.DONE for t in turns if isinstance(t, Turn)),
             timeout_s=120,
             what="both replies",
         )
         wait_until(lambda: not share.shared, timeout_s=10, what="the split back")
-        assert set(thread_cpus(worker.pid).values()) == {split.rest}
+        assert set(_cpus_of_tree(_tree_of(worker.pid)).values()) == {split.rest}
         assert share.moves == 2, said
     finally:
         stack.stop()
