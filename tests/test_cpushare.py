@@ -138,12 +138,9 @@ def _split(allowed: list[int]) -> CpuSplit:
     return CpuSplit(decode=frozenset(allowed[-1:]), rest=frozenset(allowed[:-1]))
 
 
-def test_every_thread_and_child_moves_to_every_cpu_with_several_replies_and_back_after_the_hold(decode_on_last_cpu):
-    allowed = decode_on_last_cpu
-    split = _split(allowed)
-    said: list[str] = []
-    share = CpuShare(split, hold_s=0.4, log=said.append)
-    proc = subprocess.Popen(
+def _start_stand_in(share: CpuShare, allowed: list[int]) -> subprocess.Popen[str]:
+    """STAND_IN off the decode's CPU with the launcher's pipe, as the launcher starts the worker."""
+    return subprocess.Popen(
         ["taskset", "--cpu-list", ",".join(map(str, allowed[:-1])), sys.executable, "-c", STAND_IN],
         env={**os.environ, **share.worker_env()},
         pass_fds=share.pass_fds,
@@ -152,6 +149,14 @@ def test_every_thread_and_child_moves_to_every_cpu_with_several_replies_and_back
         text=True,
         cwd=ROOT,
     )
+
+
+def test_every_thread_and_child_moves_to_every_cpu_with_several_replies_and_back_after_the_hold(decode_on_last_cpu):
+    allowed = decode_on_last_cpu
+    split = _split(allowed)
+    said: list[str] = []
+    share = CpuShare(split, hold_s=0.4, log=said.append)
+    proc = _start_stand_in(share, allowed)
     assert proc.stdin is not None and proc.stdout is not None
     try:
         child = int(proc.stdout.readline())
@@ -197,18 +202,7 @@ def test_replies_streaming_in_two_processes_count_together(decode_on_last_cpu):
     allowed = decode_on_last_cpu
     split = _split(allowed)
     share = CpuShare(split, hold_s=0.3, log=lambda line: None)
-    procs = [
-        subprocess.Popen(
-            ["taskset", "--cpu-list", ",".join(map(str, allowed[:-1])), sys.executable, "-c", STAND_IN],
-            env={**os.environ, **share.worker_env()},
-            pass_fds=share.pass_fds,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-            cwd=ROOT,
-        )
-        for _ in range(2)
-    ]
+    procs = [_start_stand_in(share, allowed) for _ in range(2)]
     try:
         tree = []
         for proc in procs:
