@@ -299,7 +299,7 @@ class RigSampler:
         weights = self.weight_bytes
         if weights and vram < weights:
             return {
-                "vram_fraction": None,
+                **unknown,
                 "spill": True,
                 "label": f"llama.cpp: its process holds {vram / GIB:.2f} GiB of VRAM, less than the"
                 f" {weights / GIB:.2f} GiB of weights: at least {(weights - vram) / GIB:.2f} GiB of them in system RAM",
