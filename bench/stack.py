@@ -20,7 +20,7 @@ from typing import Any
 import psutil
 
 from bench import stats
-from rigdash.cpushare import CpuShare, hold_mode
+from rigdash.cpushare import CpuShare, share_for
 from rigdash.launcher import (
     ROOT,
     Stack,
@@ -121,9 +121,7 @@ class BenchStack:
         # Under the split, RigDash's processes (and the benchmark's stand-ins on the backend's side: the tap, the
         # synthetic source) use every CPU while several replies stream, as the launcher's do (rigdash/cpushare.py).
         split = cpu_split()
-        if split and hold_mode() == "one-reply":
-            self.cpu_share = CpuShare(split, log=log)
-        share = self.cpu_share
+        share = self.cpu_share = share_for(split, log=log)
         worker = self.stack.start(
             "worker",
             worker_command(

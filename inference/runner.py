@@ -139,12 +139,12 @@ class FlushPace:
     def __init__(self, min_s: float, max_s: float, on_change: Callable[[int], None] | None = None) -> None:
         self.min_s, self.max_s = min_s, max_s
         self.streaming = 0
-        self.on_change = on_change  # told the new count (the CPU split's signal: rigdash/cpushare.py)
+        self.on_change = on_change  # told each step of the count (the CPU split's signal: rigdash/cpushare.py)
 
     def _count(self, step: int) -> None:
         self.streaming += step
         if self.on_change is not None:
-            self.on_change(self.streaming)
+            self.on_change(step)
 
     def interval(self) -> float:
         return min(self.max_s, self.min_s * (max(1, self.streaming) + 1) / 2)

@@ -51,14 +51,13 @@ def hold_mode() -> str:
 class StreamsSignal:
     """The worker's side: ``START`` when a reply starts streaming, ``STOP`` when it stops.
 
-    Called from the worker's event loop (``inference.runner.FlushPace``) with the loop's new count of streaming
-    replies; the count's step is what is sent. The pipe is non-blocking: what a full pipe refuses is kept and sent
-    with the next change, in order (the launcher adds the bytes up, so none may be lost), and a launcher that went
-    away turns the signal off."""
+    Called from the worker's event loop (``inference.runner.FlushPace``) with each step of a pace's count; the
+    launcher keeps the sum, so a pace replaced, or a second loop, cannot skew it. The pipe is non-blocking: what a
+    full pipe refuses is kept and sent with the next change, in order (the launcher adds the bytes up, so none may
+    be lost), and a launcher that went away turns the signal off."""
 
     def __init__(self, fd: int | None) -> None:
         self.fd = fd
-        self.count = 0
         self.unsent = b""
         if fd is not None:
             os.set_blocking(fd, False)
@@ -73,8 +72,8 @@ class StreamsSignal:
         except OSError:  # not an open descriptor of this process (an environment copied into another process)
             return cls(None)
 
-    def streams(self, count: int) -> None:
-        step, self.count = count - self.count, count
+    def streams(self, step: int) -> None:
+        """``step``: +1 when a reply starts streaming, -1 when it stops."""
         if self.fd is None or step == 0:
             return
         data = self.unsent + (START if step > 0 else STOP) * abs(step)
@@ -92,6 +91,14 @@ class StreamsSignal:
 def worker_signal() -> StreamsSignal:
     """This process's signal: off unless the launcher started it with the pipe (``CpuShare.worker_env``)."""
     return StreamsSignal.from_env()
+
+
+def share_for(split: CpuSplit | None, *, log: Callable[[str], None]) -> CpuShare | None:
+    """The launcher's ``CpuShare`` for ``split``: none without a split, or where it holds whatever streams
+    (``RIGDASH_DECODE_CPUS_HOLD=always``)."""
+    if split is None or hold_mode() == "always":
+        return None
+    return CpuShare(split, log=log)
 
 
 class CpuShare:
@@ -113,7 +120,7 @@ class CpuShare:
         return (self._write_fd,)
 
     def worker_env(self) -> dict[str, str]:
-        return {ENV_FD: str(self._write_fd), "RIGDASH_DECODE_CPUS_HOLD": "one-reply"}
+        return {ENV_FD: str(self._write_fd)}
 
     def watch(self, pids: Sequence[int]) -> None:
         """Start moving ``pids`` (the worker among them, already started with the pipe) as the signal says."""

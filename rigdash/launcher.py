@@ -354,13 +354,12 @@ def run() -> int:
     try:
         split = cpu_split()
         keep_off_decode_cpus(split)  # before anything starts: every process but llama-server inherits it
-        share = None
-        if split:
-            from rigdash.cpushare import CpuShare, hold_mode  # it imports this module
+        from rigdash.cpushare import share_for  # it imports this module
 
+        share = share_for(split, log=log)
+        if split:
             log(split.describe())
-            if hold_mode() == "one-reply":
-                share = CpuShare(split, log=log)
+            if share:
                 log(
                     "while several replies stream, RigDash's processes use every CPU"
                     " (RIGDASH_DECODE_CPUS_HOLD=always keeps them off the decode's)"

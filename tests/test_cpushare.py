@@ -18,7 +18,7 @@ import pytest
 
 from inference.runner import FlushPace
 from rigdash import cpushare
-from rigdash.cpushare import START, STOP, CpuShare, StreamsSignal, hold_mode
+from rigdash.cpushare import START, STOP, CpuShare, StreamsSignal, hold_mode, share_for
 from rigdash.launcher import ROOT, CpuSplit, Stack, cpu_list, thread_cpus, worker_command
 from tests.conftest import LOG_DIR, wait_until
 
@@ -60,14 +60,14 @@ def test_what_a_full_pipe_refuses_is_sent_with_the_next_change_in_order():
                 os.write(write_fd, b"x" * size)
             except BlockingIOError:
                 break
-    signal.streams(1)
-    signal.streams(2)
+    signal.streams(+1)
+    signal.streams(+1)
     assert signal.unsent == START + START
     drained = b""
     while chunk := _read_all(read_fd):
         drained += chunk
     assert START not in drained
-    signal.streams(1)
+    signal.streams(-1)
     assert signal.unsent == b""
     assert _read_all(read_fd) == START + START + STOP
     os.close(read_fd)
@@ -78,9 +78,9 @@ def test_a_worker_whose_launcher_went_away_streams_on():
     read_fd, write_fd = os.pipe()
     os.close(read_fd)
     signal = StreamsSignal(write_fd)
-    signal.streams(2)  # EPIPE (Python ignores SIGPIPE): the signal turns itself off, nothing raised
+    signal.streams(+1)  # EPIPE (Python ignores SIGPIPE): the signal turns itself off, nothing raised
     assert signal.fd is None
-    signal.streams(1)
+    signal.streams(-1)
     os.close(write_fd)
 
 
@@ -106,7 +106,20 @@ def test_a_bad_hold_stops_the_start_with_what_is_expected(monkeypatch):
         hold_mode()
 
 
-# A stand-in for the worker: it starts two threads and a child, then tells its StreamsSignal each count it reads.
+def test_the_launcher_shares_only_under_a_split_that_lifts(monkeypatch, decode_on_last_cpu):
+    split = _split(decode_on_last_cpu)
+    monkeypatch.delenv("RIGDASH_DECODE_CPUS_HOLD", raising=False)
+    assert share_for(None, log=print) is None
+    share = share_for(split, log=print)
+    assert isinstance(share, CpuShare) and share.split == split
+    os.close(share._read_fd)
+    os.close(share._write_fd)
+    monkeypatch.setenv("RIGDASH_DECODE_CPUS_HOLD", "always")
+    assert share_for(split, log=print) is None
+
+
+# A stand-in for the worker: it starts two threads and a child, then tells its StreamsSignal each step between the
+# counts it reads.
 STAND_IN = textwrap.dedent(
     """
     import subprocess, sys, threading, time
@@ -116,8 +129,10 @@ STAND_IN = textwrap.dedent(
         threading.Thread(target=time.sleep, args=(60,), daemon=True).start()
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     print(child.pid, flush=True)
-    for line in sys.stdin:
-        signal.streams(int(line))
+    count = 0
+    for line in sys.stdin:  # each line: how many replies stream now
+        signal.streams(int(line) - count)
+        count = int(line)
     child.kill()
     """
 )
