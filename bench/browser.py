@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from rigdash.launcher import cpu_list
+from rigdash.cpus import cpu_list
 
 CHROMIUM = os.environ.get("CHROMIUM_PATH") or shutil.which("chromium") or "/usr/bin/chromium"
 LAUNCH_ARGS = [

@@ -44,9 +44,9 @@ def measure(redis_url: str, n: int, transport: str) -> None:
     django.setup()
     import redis
 
-    from inference.dispatch import task_reprs
+    from inference.queue.dispatch import task_reprs
+    from inference.queue.tickets import StartTicket
     from inference.tasks import turns_run_task
-    from inference.tickets import StartTicket
     from rigdash.celery import app
 
     app.conf.broker_transport = TRANSPORTS[transport]  # before the first connection is made
@@ -57,7 +57,7 @@ def measure(redis_url: str, n: int, transport: str) -> None:
         "context_limit": None,
     }  # fmt: skip
     kwargs = {"tickets": [ticket]}
-    reprs = task_reprs([1], [StartTicket(**ticket)])  # as inference.dispatch sends it
+    reprs = task_reprs([1], [StartTicket(**ticket)])  # as inference.queue.dispatch sends it
 
     def round_us() -> tuple[float, float]:
         cpu, wall = time.process_time(), time.perf_counter()

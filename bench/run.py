@@ -39,7 +39,8 @@ from bench.httpstream import StreamRecord, chat_payload, direct_chat
 from bench.rigclient import Tab, TurnWatch, run_turn
 from bench.stack import PYTHON, BenchStack
 from bench.synthetic import synthetic_token
-from rigdash.launcher import ROOT, cpu_list, cpu_split, keep_off_decode_cpus
+from rigdash.cpus import cpu_list
+from rigdash.launcher import ROOT, cpu_split, keep_off_decode_cpus
 
 RESULTS_DIR = ROOT / "bench" / "results"
 SEED = 42
@@ -304,7 +305,7 @@ class Bench:
         result.update(figures)
         if "ttft_parts_ms" in result and stored["started_at"] and ref.get("t_request"):
             # send->backend request, split: the web stores the turn / it reaches the worker, which sends its request;
-            # and when the worker's claim came, from the request (after it for a ticketed turn, inference/tickets.py)
+            # and when the worker's claim came, from the request (after it for a ticketed turn: queue/tickets.py)
             result["ttft_parts_ms"] |= {
                 "submit": (stored["created_at"] - mine.t_send) * 1000,
                 "stored_to_request": (ref["t_request"] - stored["created_at"]) * 1000,

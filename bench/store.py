@@ -1,7 +1,7 @@
-"""What the web's store of a burst of submits costs: ``services.turn_submit_many`` for bursts of 1, 4 and 16
-sessions' submits (one at a time, level 2's four, level 3's sixteen), wall time and SQL statements per burst,
-median of the rounds, the first two left out (warm-up). It includes what runs at the commit: the pages' turn.queued,
-the Celery message (to a throwaway queue) and the board.
+"""What the web's store of a burst of submits costs: ``turn_submit_many`` (inference/turns/submit.py) for
+bursts of 1, 4 and 16 sessions' submits (one at a time, level 2's four, level 3's sixteen), wall time and SQL
+statements per burst, median of the rounds, the first two left out (warm-up). It includes what runs at the commit:
+the pages' turn.queued, the Celery message (to a throwaway queue) and the board.
 
     .venv/bin/python -m bench.store [--database-url postgres://postgres@127.0.0.1:5432/rigdash_bench] [--rounds 20]
 
@@ -54,8 +54,8 @@ def measure(database_url: str, redis_url: str, rounds: int) -> dict[int, tuple[f
     from django.db import connection
     from django.test.utils import CaptureQueriesContext
 
-    from inference import services
     from inference.models import ChatSession, Rig, Turn
+    from inference.turns import submit
 
     call_command("migrate", verbosity=0)
     run = uuid.uuid4().hex[:8]
@@ -71,11 +71,11 @@ def measure(database_url: str, redis_url: str, rounds: int) -> dict[int, tuple[f
             statements = 0
             for i in range(rounds):
                 requests: list[Any] = [
-                    services.SubmitRequest(user=owner, session_id=s.pk, text=f"round {i}") for s in sessions
+                    submit.SubmitRequest(user=owner, session_id=s.pk, text=f"round {i}") for s in sessions
                 ]
                 with CaptureQueriesContext(connection) as queries:
                     start = time.perf_counter()
-                    stored = services.turn_submit_many(requests)
+                    stored = submit.turn_submit_many(requests)
                     times.append((time.perf_counter() - start) * 1000)
                 if not all(isinstance(turn, Turn) for turn in stored):
                     raise SystemExit(f"a submit was refused: {stored}")

@@ -11,6 +11,7 @@ class InferenceConfig(AppConfig):
     def ready(self) -> None:
         from django.contrib.auth.models import User
 
+        from inference import tasks  # noqa: F401  the queue and the board send these tasks by name, from any process
         from inference.models import Rig
         from inference.signals import rig_changed, user_saved
 

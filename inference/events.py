@@ -13,7 +13,7 @@ Event types (one consumer handler each):
 - ``models.pull_end``       a download ended: ok, or error {code, message}.
 - ``models.changed``        a model was deleted or unloaded (pages re-read the rig's models).
 
-The admin board (group ``board``, staff sockets only; inference/consumers_board.py):
+The admin board (group ``board``, staff sockets only; inference/consumers/board.py):
 - ``board.turn``      one turn's board row (user, rig, model, state, tokens...) when it is queued, starts or ends.
 - ``board.progress``  a running turn's tokens so far, tokens/s and context fill, at most ~2 per second.
 - ``board.queue``     a rig's waiting turns and their queue positions, after each dispatch.
@@ -36,16 +36,14 @@ from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
 from django.conf import settings
 
+from rigdash.groups import user_group
+
 
 def session_group(session_id: int) -> str:
     return f"chat.session.{session_id}"
 
 
 BOARD_GROUP = "board"
-
-
-def user_group(user_id: int) -> str:
-    return f"user.{user_id}"
 
 
 def _layer() -> Any:
@@ -66,29 +64,13 @@ def token_batch_message(
     return {"type": "chat.token", "turn": turn_id, "seq_from": seq_from, "seq_to": seq_to, "frame": frame}
 
 
-PUBSUB_LAYERS = ("rigdash.channel_layer.FanoutPubSubChannelLayer", "channels_redis.pubsub.RedisPubSubChannelLayer")
-
-
 def pubsub_publication(group: str, message: dict[str, Any]) -> tuple[str, bytes] | None:
-    """The Redis pub/sub channel and bytes that ``group_send(group, message)`` would publish, when the layer is
-    channels_redis' pub/sub layer on ``settings.REDIS_URL`` alone; None otherwise.
+    """The Redis channel and bytes that ``group_send(group, message)`` would publish, when the layer is a pub/sub
+    layer on ``settings.REDIS_URL`` (rigdash/channel_layer.py); None otherwise. The worker publishes a token batch
+    in the same Redis round trip as its append to the live list."""
+    from rigdash import channel_layer  # channels_redis: imported at first use (a worker preloads it, rigdash.celery)
 
-    The worker publishes a token batch in the same Redis pipeline as its append to the live list: one round
-    trip per batch instead of two. The channel name is channels_redis' own rule (``<prefix>__group__<group>``);
-    tests/test_bench_pipeline.py checks it against the installed channels_redis.
-    """
-    channel = _group_channel(group)
-    return None if channel is None else (channel, _layer().serialize(message))
-
-
-def _group_channel(group: str) -> str | None:
-    config: dict[str, Any] = settings.CHANNEL_LAYERS.get("default", {})
-    if config.get("BACKEND") not in PUBSUB_LAYERS:
-        return None
-    options: dict[str, Any] = config.get("CONFIG", {})
-    if options.get("hosts") != [settings.REDIS_URL] or options.get("symmetric_encryption_keys"):
-        return None
-    return f"{options.get('prefix', 'asgi')}__group__{group}"
+    return channel_layer.publication(group, message)
 
 
 def board_watched() -> bool:
@@ -96,7 +78,9 @@ def board_watched() -> bool:
 
     A board subscribes before it reads its snapshot from the database, so a change committed while nobody was
     subscribed is in the snapshot of whichever board opens next: building and sending its row can be skipped."""
-    channel = _group_channel(BOARD_GROUP)
+    from rigdash import channel_layer
+
+    channel = channel_layer.group_channel(BOARD_GROUP)
     if channel is None:
         return True
     counts: list[tuple[bytes, int]] = _sync_redis(settings.REDIS_URL).pubsub_numsub(channel)  # type: ignore[assignment]
@@ -111,9 +95,8 @@ def _sync_redis(url: str) -> redis.Redis:
 def send_sync(*messages: tuple[str, dict[str, Any]]) -> None:
     """``group_send`` from synchronous code (services, views, tasks), in order, in one pipelined round trip.
 
-    The PUBLISHes go out from the calling thread. ``async_to_sync(group_send)`` hopped to the event loop and
-    waited for it: in the web's database thread that is the loop that is also writing every socket's frames,
-    so a stored turn's three announcements waited behind the fan-out (level 3 of docs/benchmarks.md)."""
+    The PUBLISHes go out from the calling thread: ``async_to_sync(group_send)`` would hop to the event loop and wait
+    for it, and in the web's database thread that is the loop that also writes every socket's frames."""
     publications = [pubsub_publication(group, message) for group, message in messages]
     if all(p is not None for p in publications):
         pipe = _sync_redis(settings.REDIS_URL).pipeline(transaction=False)

@@ -76,7 +76,7 @@ class Turn(models.Model):
     cancel_requested = models.BooleanField(default=False)
     stats = models.JSONField(default=dict, blank=True)
     worker = models.CharField(max_length=200, blank=True)
-    # Fair queue and quotas (inference/dispatch.py, inference/quotas.py): when the turn was handed to
+    # Fair queue and quotas (inference/queue/dispatch.py, inference/queue/quotas.py): when the turn was handed to
     # Celery, the reply-token cap it was granted (counted against the daily allowance while it runs)
     # and the token counts stored at its end (for usage and daily quotas).
     dispatched_at = models.DateTimeField(null=True, blank=True)
@@ -115,7 +115,7 @@ class Quota(models.Model):
     """Limits for one user, one group, or everyone (neither set). Empty fields set no limit.
 
     A user's own quota wins field by field; else the most generous of their groups' quotas; else the
-    default quota (see inference/quotas.py).
+    default quota (see inference/queue/quotas.py).
     """
 
     user = models.OneToOneField(

@@ -2,8 +2,9 @@ from __future__ import annotations
 
 from django.urls import path
 
-from inference.consumers import ChatConsumer, RigModelsConsumer
-from inference.consumers_board import BoardConsumer
+from inference.consumers.board import BoardConsumer
+from inference.consumers.chat import ChatConsumer
+from inference.consumers.models import RigModelsConsumer
 
 websocket_urlpatterns = [
     path("ws/chat/<int:session_id>/", ChatConsumer.as_asgi()),

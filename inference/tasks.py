@@ -1,4 +1,5 @@
-"""Thin Celery tasks: take an id, call the runner or a service."""
+"""Thin Celery tasks: take an id, call one service. Their names are the contract with senders (the queue and the
+board send them by name: inference/queue/dispatch.py, inference/board/model_admin.py)."""
 
 from __future__ import annotations
 
@@ -6,22 +7,25 @@ from typing import Any
 
 from celery import shared_task
 
-from inference import dispatch, model_admin, services, starts
+from inference.board import model_admin
+from inference.queue import dispatch
+from inference.turns import lifecycle
+from inference.worker import start
 
 
 @shared_task(name="inference.turn_run")
 def turn_run_task(turn_id: int) -> str:
-    return starts.turn_run(turn_id)
+    return start.turn_run(turn_id)
 
 
 @shared_task(name="inference.turns_run")
 def turns_run_task(turn_ids: list[int], tickets: list[dict[str, Any]] | None = None) -> dict[int, str]:
-    return starts.turns_run(turn_ids, tickets=tickets)
+    return start.turns_run(turn_ids, tickets=tickets)
 
 
 @shared_task(name="inference.turn_reap_stale")
 def turn_reap_stale_task(older_than_s: float = 60.0) -> list[int]:
-    return services.turn_reap_stale(older_than_s=older_than_s)
+    return lifecycle.turn_reap_stale(older_than_s=older_than_s)
 
 
 @shared_task(name="inference.model_pull")

@@ -1,23 +1,43 @@
+"""HTTP routes: the chat and its JSON API (namespace ``inference``); the admin board, users, quotas, audit log and the
+usage pages (namespace ``board``). Staff-only routes answer 404 to everyone else."""
+
 from __future__ import annotations
 
 from django.urls import path
 
-from inference import views, views_models
+from inference.views import board, chat, models, usage
 
 app_name = "inference"
 
 urlpatterns = [
-    path("", views.session_list, name="session_list"),
-    path("sessions/new", views.session_create, name="session_create"),
-    path("sessions/<int:session_id>/", views.session_detail, name="session_detail"),
-    path("api/sessions/<int:session_id>/turns", views.api_session_turns, name="api_session_turns"),
-    path("api/turns/<int:turn_id>", views.api_turn_detail, name="api_turn_detail"),
-    path("api/turns/<int:turn_id>/cancel", views.api_turn_cancel, name="api_turn_cancel"),
-    path("api/rigs/<int:rig_id>/models", views.api_rig_models, name="api_rig_models"),
-    # Model management (staff only; 404 for everyone else): inference/views_models.py
-    path("rigs/<int:rig_id>/models/", views_models.rig_models_page, name="rig_models"),
-    path("api/rigs/<int:rig_id>/models/state", views_models.api_rig_models_state, name="api_rig_models_state"),
-    path("api/rigs/<int:rig_id>/models/pull", views_models.api_rig_models_pull, name="api_rig_models_pull"),
-    path("api/rigs/<int:rig_id>/models/delete", views_models.api_rig_models_delete, name="api_rig_models_delete"),
-    path("api/rigs/<int:rig_id>/models/unload", views_models.api_rig_models_unload, name="api_rig_models_unload"),
+    path("", chat.session_list, name="session_list"),
+    path("sessions/new", chat.session_create, name="session_create"),
+    path("sessions/<int:session_id>/", chat.session_detail, name="session_detail"),
+    path("api/sessions/<int:session_id>/turns", chat.api_session_turns, name="api_session_turns"),
+    path("api/turns/<int:turn_id>", chat.api_turn_detail, name="api_turn_detail"),
+    path("api/turns/<int:turn_id>/cancel", chat.api_turn_cancel, name="api_turn_cancel"),
+    path("api/rigs/<int:rig_id>/models", chat.api_rig_models, name="api_rig_models"),
+    # Model management (staff only)
+    path("rigs/<int:rig_id>/models/", models.rig_models_page, name="rig_models"),
+    path("api/rigs/<int:rig_id>/models/state", models.api_rig_models_state, name="api_rig_models_state"),
+    path("api/rigs/<int:rig_id>/models/pull", models.api_rig_models_pull, name="api_rig_models_pull"),
+    path("api/rigs/<int:rig_id>/models/delete", models.api_rig_models_delete, name="api_rig_models_delete"),
+    path("api/rigs/<int:rig_id>/models/unload", models.api_rig_models_unload, name="api_rig_models_unload"),
 ]
+
+board_urlpatterns = (
+    [
+        path("board/", board.board_page, name="board"),
+        path("board/api/turns", board.api_board_turns, name="api_turns"),
+        path("board/api/turns/<int:turn_id>/cancel", board.api_board_cancel, name="api_cancel"),
+        path("board/users/", board.users_page, name="users"),
+        path("board/users/<int:user_id>/", board.user_action, name="user_action"),
+        path("board/quotas/", board.quotas_page, name="quotas"),
+        path("board/quotas/<int:quota_id>/", board.quotas_page, name="quota_edit"),
+        path("board/quotas/<int:quota_id>/delete", board.quota_delete, name="quota_delete"),
+        path("board/audit/", board.audit_page, name="audit"),
+        path("usage/", usage.usage_page, name="usage"),
+        path("usage.csv", usage.usage_csv, name="usage_csv"),
+    ],
+    "board",
+)

@@ -10,6 +10,7 @@ from channels.db import database_sync_to_async
 from inference.models import Rig
 from monitoring import events
 from monitoring.selectors import redact_users
+from rigdash.access import is_staff
 from rigdash.ws import CLOSE_NOT_FOUND, GroupJsonConsumer
 
 
@@ -34,7 +35,7 @@ class RigMonitorConsumer(GroupJsonConsumer):
 
     async def rig_sample(self, event: dict[str, Any]) -> None:
         user = self.scope["user"]
-        await self.send(text_data=sample_frame(event, viewer=user.get_username(), is_staff=user.is_staff))
+        await self.send(text_data=sample_frame(event, viewer=user.get_username(), is_staff=is_staff(user)))
 
 
 _frames: dict[tuple[Any, ...], str] = {}
@@ -43,8 +44,8 @@ _FRAMES_KEPT = 512
 
 def sample_frame(event: dict[str, Any], *, viewer: str, is_staff: bool) -> str:
     """A rig sample's browser frame, serialised once per sample and kind of viewer in this process: staff see
-    it whole, every other user with the others' names hidden. Fifty dashboards of one rig cost one json.dumps a
-    second, not fifty (the idle figure in docs/benchmarks.md)."""
+    it whole, every other user with the others' names hidden: fifty dashboards of one rig cost one json.dumps a
+    second, not fifty."""
     ts = event["sample"].get("ts")
     key = (event["rig"], ts, True, "") if is_staff else (event["rig"], ts, False, viewer)
     if ts is not None and (frame := _frames.get(key)) is not None:

@@ -10,9 +10,9 @@ from celery import Celery
 from django.conf import settings
 from django.db import connection
 
-from inference import live
 from inference.backends import backend_for
 from inference.backends.base import BackendError
+from inference.live import state as live
 from inference.models import Rig
 
 

@@ -2,7 +2,7 @@
 
 An idle rig (``sampling.is_idle``: no busy slot, no turn waiting or running, an empty queue) is sampled every
 RIGDASH_SAMPLE_IDLE_INTERVAL_S instead: with nothing moving, its dashboards lose nothing, and the sampler's
-reads and the dashboards' frames were most of RigDash's idle CPU (docs/benchmarks.md). A worker whose turn gets
+reads and the dashboards' frames are most of an idle RigDash's CPU. A worker whose turn gets
 its first token says so (``inference.events.rig_decoding``), and the rig is sampled at once and at the full pace
 from then on. A turn whose prompt takes longer than the idle interval is seen at the next idle tick.
 
@@ -36,8 +36,7 @@ log = logging.getLogger(__name__)
 RESTART_DELAY_S = 2.0
 MAINTENANCE_EVERY_S = 60.0
 # How soon a rig changed without a signal (a queryset update, another database client) is noticed. A rig saved or
-# deleted through the ORM is noticed at once (inference.events.rigs_changed_sync); reading the list every 2 s was
-# a tenth of the sampler's idle CPU (docs/benchmarks.md).
+# deleted through the ORM is noticed at once (inference.events.rigs_changed_sync), so the list is read rarely.
 RIG_REFRESH_S = 30.0
 
 

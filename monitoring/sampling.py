@@ -6,19 +6,18 @@ and the others still count. Nothing here writes: ``monitoring.services`` stores 
 
 from __future__ import annotations
 
-import functools
 import time
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlparse
 
 from channels.db import database_sync_to_async
-from django.db.models import QuerySet
 
-from inference import live
 from inference.backends import backend_for
 from inference.backends.base import BackendError, ModelArchitecture
-from inference.models import Rig, Turn
+from inference.live import state as live
+from inference.models import Rig
+from inference.turns import selectors as turn_selectors
 from monitoring import decode
 from monitoring.collectors import Unavailable, host, llamacpp, nvml
 
@@ -70,8 +69,7 @@ class RigSampler:
     def complete(self, sample: Sample) -> None:
         """Add the rig's queue and turns to ``sample``, then the roofline (which, for Ollama, needs the turns' rates).
         Blocking: call it where the database may be used, in the same hop as the sample's store
-        (``sampler.rig_loop``): one thread hop a tick instead of one for the turns and one for the store
-        (docs/benchmarks.md)."""
+        (``sampler.rig_loop``): one thread hop a tick instead of one for the turns and one for the store."""
         self._queue_and_turns(sample.series, sample.detail)
         self._roofline(sample.series, sample.detail)
 
@@ -315,9 +313,9 @@ class RigSampler:
         try:
             redis_client = live.sync_client()
             # Celery's Redis transport keeps a queue's messages in one list, and a message sent with a priority in a
-            # list of its own (``<queue>\x06\x16<p>``); RigDash sends none (inference.dispatch), so one LLEN a tick.
+            # list of its own (``<queue>\x06\x16<p>``); RigDash sends none, so one LLEN a tick.
             series["queue_depth"] = float(redis_client.llen(self.rig.queue))  # type: ignore[arg-type]
-            turns = _active_turns(self.rig.pk)
+            turns = turn_selectors.rig_active_turns(self.rig.pk)
             if turns:
                 with redis_client.pipeline(transaction=False) as pipe:
                     for turn in turns:
@@ -358,29 +356,3 @@ def is_idle(sample: Sample) -> bool:
     if "active_turns" not in series:
         return False
     return not any(series.get(name, 0.0) for name in ("active_turns", "queue_depth", "busy_slots", "deferred_requests"))
-
-
-@functools.lru_cache(maxsize=256)
-def _active_turns_query(rig_id: int) -> QuerySet[Turn, Any]:
-    """The rig's active turns' query, built once per rig and never evaluated itself: building it (filter, joins,
-    values) was half of the tick's read, 0.5 ms of CPU a call on the slow Xeon (docs/benchmarks.md)."""
-    return (
-        Turn.objects.filter(session__rig_id=rig_id, status__in=Turn.ACTIVE)
-        .order_by("created_at")
-        .values("id", "status", "created_at", "started_at", "session__owner__username", "session__model_name")
-    )
-
-
-def _active_turns(rig_id: int) -> list[dict[str, Any]]:
-    rows = _active_turns_query(rig_id).all()  # a fresh copy each tick: the cached one never holds results
-    return [
-        {
-            "id": row["id"],
-            "status": row["status"],
-            "user": row["session__owner__username"],
-            "model": row["session__model_name"],
-            "created_at": row["created_at"].isoformat(),
-            "started_at": row["started_at"].isoformat() if row["started_at"] else None,
-        }
-        for row in rows
-    ]

@@ -7,7 +7,8 @@ from typing import Any
 
 from django.utils import timezone
 
-from inference.models import Rig, Turn
+from inference.models import Rig
+from inference.turns import selectors as turn_selectors
 from monitoring import decode
 from monitoring.models import RigSample
 
@@ -43,12 +44,7 @@ def rig_latest(rig: Rig) -> dict[str, Any] | None:
 
 def rig_latency(rig: Rig, *, turns: int = 20) -> dict[str, Any]:
     """Inter-token gaps and TTFT of the rig's most recent finished turns, with gap percentiles."""
-    recent = list(
-        Turn.objects.filter(session__rig=rig, finished_at__isnull=False, stats__has_key="ttft_ms")
-        .order_by("-finished_at")
-        .values("id", "finished_at", "stats")[:turns]
-    )
-    recent.reverse()
+    recent = turn_selectors.rig_recent_finished(rig.pk, limit=turns)
     gaps: list[float] = []
     per_turn = []
     for row in recent:

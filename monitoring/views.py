@@ -14,6 +14,7 @@ from django.views.decorators.http import require_GET
 from inference.models import Rig
 from monitoring import plotting, selectors
 from monitoring.health import health_report
+from rigdash.access import is_staff
 
 
 @require_GET
@@ -31,7 +32,7 @@ def _viewer_sample(request: HttpRequest, rig: Rig) -> dict[str, object] | None:
     latest = selectors.rig_latest(rig)
     if latest is None:
         return None
-    return selectors.redact_users(latest, viewer=request.user.get_username(), is_staff=request.user.is_staff)
+    return selectors.redact_users(latest, viewer=request.user.get_username(), is_staff=is_staff(request.user))
 
 
 @login_required
@@ -81,7 +82,7 @@ def _metrics_allowed(request: HttpRequest) -> bool:
     header = request.headers.get("Authorization", "")
     if token and header.startswith("Bearer ") and hmac.compare_digest(header[7:].encode(), token.encode()):
         return True
-    return bool(request.user.is_authenticated and request.user.is_staff)
+    return is_staff(request.user)
 
 
 @require_GET

@@ -2,8 +2,8 @@
 
 kombu's Redis channel builds a new redis-py client object for each command it sends outside its consumer loop
 (``Channel.conn_or_acquire``): every publish, queue length and ack. redis-py 6 fills its response-callback tables
-for each new client: 63-301 us of CPU per ``apply_async`` here (of 624-944 us; ``python -m bench.publish``), which
-a submit pays on the way to the turn's first token (docs/benchmarks.md). A client object holds no connection of
+for each new client, a large share of an ``apply_async``'s CPU (``python -m bench.publish`` measures it), which a
+submit pays on the way to the turn's first token. A client object holds no connection of
 its own: it takes one from the channel's pool for each command and gives it back, and redis-py documents it as safe
 to share between threads (pipelines, which are not, are still made per use). So the channel keeps one.
 

@@ -20,9 +20,8 @@ app.autodiscover_tasks()
 def preload_before_fork(**_: Any) -> None:
     """Import and build at start what a worker's first turns would otherwise do while the user waits: httpx's
     async stack (anyio, imported lazily on first use), the IDNA codec, the TLS context and the channel layer
-    (channels_redis, imported at the first turn's first message to its page: 16 ms of CPU here, while llama-server
-    reads that turn's prompt). Under a prefork pool this runs in the parent, before the fork; 16 children each
-    importing anyio as their turns started cost 30 ms of CPU apiece (docs/benchmarks.md)."""
+    (channels_redis, imported at the first turn's first message to its page, while llama-server reads that turn's
+    prompt). Under a prefork pool this runs in the parent, before the fork, so no child imports them again."""
     import contextlib
     import encodings.idna  # noqa: F401
     import importlib
@@ -31,9 +30,13 @@ def preload_before_fork(**_: Any) -> None:
         with contextlib.suppress(ImportError):  # another httpx/anyio layout: the child imports what it needs
             importlib.import_module(module)
     from inference.backends import llamacpp
-    from rigdash import channel_layer  # noqa: F401
+    from inference.worker import pace
+    from rigdash import channel_layer, cpushare  # noqa: F401
 
     llamacpp.tls_context()
+    # The CPU split hears when replies start and stop streaming (rigdash/cpushare.py). Registered before any fork,
+    # so a prefork pool's children have it too; each process opens its own signal when it first streams.
+    pace.streaming_listeners.append(lambda step: cpushare.worker_signal().streams(step))
 
 
 @task_prerun.connect

@@ -2,8 +2,8 @@
 
 Channels hands every group message to every member socket through that socket's own queue: per socket, the
 payload is deserialised, a receive task wakes and ends, ``asyncio.wait`` wakes the consumer's task, the
-handler runs and a new receive task is created. With 200 sockets watching 16 streams that was most of the
-web process's CPU (docs/benchmarks.md). Here the layer's reader deserialises a message once and calls each
+handler runs and a new receive task is created: with hundreds of sockets watching many streams, most of the web
+process's CPU. Here the layer's reader deserialises a message once and calls each
 waiting member's handler itself, in the order the messages came, before it reads the next message.
 
 A socket takes a message directly only when nothing can overtake it or be overtaken: its consumer names
@@ -24,15 +24,17 @@ import asyncio
 import logging
 from typing import Any, Protocol
 
+from channels.layers import get_channel_layer
 from channels_redis.pubsub import RedisPubSubChannelLayer, RedisPubSubLoopLayer, RedisSingleShardConnection
 from channels_redis.utils import _wrap_close, decode_hosts
+from django.conf import settings
 
 logger = logging.getLogger(__name__)
 
 # How long one read of the subscription waits for a message before the loop goes round again. A message wakes the
 # read at once, whatever this is. channels_redis waits 0.1 s: ten empty reads a second, each through redis-py's
-# timeout and retry machinery, cost 0.37 % of a core per subscribed process with nothing to deliver (measured on
-# the Intel Xeon, docs/benchmarks.md), a fifth of the 2 % an idle RigDash may use. Subscribing and unsubscribing
+# timeout and retry machinery, are a large share of the idle budget (../shared performance targets: 2 % of a core).
+# Subscribing and unsubscribing
 # only write to the connection, so they never wait for the read to end.
 RECEIVE_WAIT_S = 5.0
 
@@ -128,3 +130,26 @@ class FanoutShardConnection(RedisSingleShardConnection):  # type: ignore[misc]
                         continue
                 layer.queued.add(channel)
             queue.put_nowait(data)
+
+
+# The layers whose group_send is a PUBLISH to ``<prefix>__group__<group>`` (channels_redis' own naming rule).
+PUBSUB_LAYERS = ("rigdash.channel_layer.FanoutPubSubChannelLayer", "channels_redis.pubsub.RedisPubSubChannelLayer")
+
+
+def group_channel(group: str) -> str | None:
+    """The Redis pub/sub channel of ``group``, when the configured layer is a pub/sub layer on ``settings.REDIS_URL``
+    alone (no encryption); None otherwise. tests/test_bench_pipeline.py checks it against the installed
+    channels_redis."""
+    config: dict[str, Any] = settings.CHANNEL_LAYERS.get("default", {})
+    if config.get("BACKEND") not in PUBSUB_LAYERS:
+        return None
+    options: dict[str, Any] = config.get("CONFIG", {})
+    if options.get("hosts") != [settings.REDIS_URL] or options.get("symmetric_encryption_keys"):
+        return None
+    return f"{options.get('prefix', 'asgi')}__group__{group}"
+
+
+def publication(group: str, message: dict[str, Any]) -> tuple[str, bytes] | None:
+    """The channel and the bytes ``group_send(group, message)`` would publish (see ``group_channel``)."""
+    channel = group_channel(group)
+    return None if channel is None else (channel, get_channel_layer().serialize(message))

@@ -1,11 +1,10 @@
 """Under the CPU split, RigDash's processes keep off the decode's CPUs only while at most one reply streams.
 
 ``RIGDASH_DECODE_CPUS`` gives llama-server's decode CPUs of its own and runs RigDash on the rest (rigdash/launcher.py).
-That suits one reply: nothing takes the decode's core from under it, and llama-server waited 56.6 ms a second under
-RigDash instead of 172.3 (docs/benchmarks-history.md, "An AMD EPYC, 2026-12-03 19:00"). With several replies
-llama.cpp decodes them together on its batch threads, every CPU, and RigDash, with every stream's batches and
-frames to send, had one core left: 87.3 ms of added TTFT at level 2 where sharing every core added 29.9, and 303.5
-ms at level 3's p99 against 144.2. So the split holds while one reply streams, and lifts while several do:
+That suits one reply: nothing takes the decode's core from under it, and llama-server waits far less for a core.
+With several replies llama.cpp decodes them together on its batch threads, every CPU, and RigDash, with every
+stream's batches and frames to send, would have one core left: its added TTFT grows several times
+(docs/changelog.md). So the split holds while one reply streams, and lifts while several do:
 
 - the worker says when a reply starts and stops streaming (``StreamsSignal``): one byte on a pipe the launcher gave
   it, ``+`` or ``-``, twice a reply and never per token. The launcher adds them up, so replies streaming in
@@ -14,7 +13,7 @@ ms at level 3's p99 against 144.2. So the split holds while one reply streams, a
   reply streams, and moves them back once at most one has streamed for ``HOLD_S``, so that a rig whose users send
   by turns does not move thirty threads back and forth at every reply.
 
-``RIGDASH_DECODE_CPUS_HOLD=always`` keeps the split whatever streams, as before 2026-12-03 21:30.
+``RIGDASH_DECODE_CPUS_HOLD=always`` keeps the split whatever streams.
 """
 
 from __future__ import annotations
@@ -29,7 +28,7 @@ from collections.abc import Callable, Sequence
 
 import psutil
 
-from rigdash.launcher import CpuSplit, cpu_list, thread_cpus
+from rigdash.cpus import CpuSplit, cpu_list, thread_cpus
 
 ENV_FD = "RIGDASH_CPU_SHARE_FD"
 START, STOP = b"+", b"-"
@@ -51,7 +50,7 @@ def hold_mode() -> str:
 class StreamsSignal:
     """The worker's side: ``START`` when a reply starts streaming, ``STOP`` when it stops.
 
-    Called from the worker's event loop (``inference.runner.FlushPace``) with each step of a pace's count; the
+    Called from the worker's event loop (``inference.worker.pace.FlushPace``) with each step of a pace's count; the
     launcher keeps the sum, so a pace replaced, or a second loop, cannot skew it. The pipe is non-blocking: what a
     full pipe refuses is kept and sent with the next change, in order (the launcher adds the bytes up, so none may
     be lost), and a launcher that went away turns the signal off."""

@@ -80,5 +80,5 @@ class RigDashConfig:
     sample_downsampled_retention_d: float = 30.0
     metrics_token: str = ""
     # The interval while one turn streams alone on a worker; each more streaming turn adds half as much, up to
-    # flush_interval_ms (inference.runner.FlushPace).
+    # flush_interval_ms (inference.worker.pace.FlushPace).
     flush_min_interval_ms: int = 10

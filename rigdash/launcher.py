@@ -6,7 +6,6 @@ The process helpers here are also used by the test suite to start the same piece
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import mmap
 import os
@@ -22,6 +21,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlparse
+
+from rigdash.cpus import CpuSplit, _cpu_numbers, cpu_list, thread_cpus
+from rigdash.cpushare import share_for
 
 ROOT = Path(__file__).resolve().parent.parent
 PYTHON = sys.executable
@@ -80,38 +82,6 @@ def wait_http(url: str, *, timeout_s: float, proc: subprocess.Popen[bytes] | Non
     raise TimeoutError(f"{url} did not answer within {timeout_s:g} s ({last})")
 
 
-@dataclass(frozen=True)
-class CpuSplit:
-    """``RIGDASH_DECODE_CPUS``: CPUs llama-server has to itself (``decode``) and the rest, for everything else."""
-
-    decode: frozenset[int]
-    rest: frozenset[int]
-
-    @property
-    def every(self) -> frozenset[int]:
-        return self.decode | self.rest
-
-    def describe(self) -> str:
-        decode, rest = cpu_list(self.decode), cpu_list(self.rest)
-        return f"llama-server's decode alone on CPU {decode}, RigDash's processes on CPU {rest}"
-
-
-def cpu_list(cpus: frozenset[int]) -> str:
-    """CPUs as Linux and taskset write them: 0,1,3."""
-    return ",".join(str(c) for c in sorted(cpus))
-
-
-def _cpu_numbers(text: str) -> set[int] | None:
-    """A CPU list as Linux writes it (``1``, ``2-7``, ``0,2-3``) as a set of CPUs; None if the text is not one."""
-    cpus: set[int] = set()
-    for part in "".join(text.split()).split(","):
-        lo, sep, hi = part.partition("-")
-        if not (lo.isdigit() and (not sep or hi.isdigit())) or (sep and int(hi) < int(lo)):
-            return None
-        cpus.update(range(int(lo), int(hi if sep else lo) + 1))
-    return cpus
-
-
 def parse_cpu_split(spec: str, allowed: frozenset[int]) -> CpuSplit:
     """``"1"``, ``"2-7"`` or ``"0,2-3"`` out of the CPUs this process may use; a clear error for anything else."""
     decode = _cpu_numbers(spec)
@@ -135,7 +105,7 @@ def cpu_split() -> CpuSplit | None:
 
     Off by default. On a 2-core VM with the browser on the rig, other processes running on llama-server's core
     cost its decode several points of its rate; a core of its own gives them back but puts RigDash and the
-    browser on the one left, which costs display lag (docs/benchmarks.md, "Where targets are still missed").
+    browser on the one left, which costs display lag (README, "A small CPU rig with the browser on it").
     Prompts and several slots' batches still use every CPU where llama-server is built with OpenMP
     (_split_launch); otherwise they are read more slowly, on the split's CPUs alone.
     """
@@ -180,17 +150,6 @@ def _split_launch(split: CpuSplit, binary: str) -> tuple[list[str], int, int]:
     return prefix, len(split.decode), len(split.every)
 
 
-def thread_cpus(pid: int) -> dict[int, frozenset[int]]:
-    """Each thread of a running process and the CPUs the kernel lets it run on (Linux's /proc)."""
-    cpus: dict[int, frozenset[int]] = {}
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        with contextlib.suppress(OSError):  # a thread that ended meanwhile
-            for line in (task / "status").read_text().splitlines():
-                if line.startswith("Cpus_allowed_list:"):
-                    cpus[int(task.name)] = frozenset(_cpu_numbers(line.split(":", 1)[1]) or ())
-    return cpus
-
-
 def describe_llama_cpus(pid: int, split: CpuSplit) -> str:
     """What the kernel says of a running llama-server under the split: where it decodes and where it reads prompts.
 
@@ -219,11 +178,10 @@ def llama_server_command(*, port: int, slots: int, ctx: int, extra: Sequence[str
     if not (binary and Path(binary).exists() and model and Path(model).exists()):
         raise SystemExit("LLAMA_SERVER_BIN / LLAMA_MODEL_PATH are not set: run scripts/build-llama-server first")
     split = cpu_split()
-    # Decode is memory-bound: one thread fewer than the cores decodes as fast here (SmolLM2 on 2 cores: 143 tok/s
-    # with 1 thread or 2) and leaves a core to RigDash and the browser, whose CPU otherwise came out of decoding
-    # (docs/benchmarks.md). Prompt processing is compute-bound and keeps every core (-tb), and so do several slots
-    # decoding at once: llama.cpp gives any batch of more than one token its batch threads. One batch thread halved
-    # four slots' decode here (docs/benchmarks-history.md, "A slow AMD EPYC", item 4).
+    # Decode is memory-bound: one thread fewer than the cores decodes as fast and leaves a core to RigDash and the
+    # browser, whose CPU would otherwise come out of decoding. Prompt processing is compute-bound and keeps every
+    # core (-tb), and so do several slots decoding at once: llama.cpp gives any batch of more than one token its
+    # batch threads (docs/benchmarks.md).
     # With CPUs of its own (RIGDASH_DECODE_CPUS) it decodes on all of them, where nothing else runs (_split_launch).
     if split:
         pin, decode_threads, batch_threads = _split_launch(split, binary)
@@ -246,8 +204,8 @@ def worker_command(*, queues: Sequence[str], concurrency: int, name: str, beat_s
 
     Without heartbeat, gossip and mingle: they exist for event monitors (Flower, ``celery events``) and for workers
     that watch one another, and RigDash uses none of them (its health check pings through the control mailbox,
-    which stays). The heartbeat published an event every 2 s and gossip woke the worker to read each one, the
-    worker's own among them: most of an idle worker's Redis traffic (docs/benchmarks.md).
+    which stays). The heartbeat publishes an event every 2 s and gossip wakes the worker to read each one, the
+    worker's own among them: most of an idle worker's Redis traffic.
     """
     beat = ["-B", "-s", str(beat_schedule)] if beat_schedule is not None else []
     return [
@@ -354,7 +312,6 @@ def run() -> int:
     try:
         split = cpu_split()
         keep_off_decode_cpus(split)  # before anything starts: every process but llama-server inherits it
-        from rigdash.cpushare import share_for  # it imports this module
 
         share = share_for(split, log=log)
         if split:

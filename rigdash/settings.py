@@ -77,7 +77,7 @@ TEMPLATES = [
 
 # SQLite by default so a fresh clone runs; PostgreSQL (CI, production) through DATABASE_URL.
 # Connections are kept for a minute (checked before reuse): opening one per request, with SQLite's PRAGMAs,
-# was a visible part of each chat submit (docs/benchmarks.md). The test suite sets 0 for its subprocesses,
+# would be part of each chat submit. The test suite sets 0 for its subprocesses,
 # so its database can be dropped at the end.
 DATABASES = {
     "default": dj_database_url.parse(
@@ -119,7 +119,7 @@ WHITENOISE_USE_FINDERS = True  # serve straight from static/ without collectstat
 
 REDIS_URL = env_str("REDIS_URL", "redis://127.0.0.1:6379/0")
 
-# Pub/sub layer: one PUBLISH per group_send (measured 0.2 ms vs 1.2 ms for the list-based layer here).
+# Pub/sub layer: one PUBLISH per group_send, several times cheaper than the list-based layer's per-member sends.
 # It drops nothing silently by capacity; a consumer that misses a batch detects the seq gap and resyncs.
 CHANNEL_LAYERS = {
     "default": {
@@ -137,15 +137,15 @@ CELERY_TASK_ACKS_LATE = True  # a turn's task survives a worker lost before it c
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 # Threads, not prefork: a turn's task only waits on the process's one asyncio loop, where every stream of the
-# worker runs. One process shares its Redis connections, TLS context and caches; at 16 streams the worker
-# used 196 us of CPU per token against 510 with 16 forked children (docs/benchmarks.md).
+# worker runs. One process shares its Redis connections, TLS context and caches, which forked children would each
+# hold again (docs/changelog.md compares the pools).
 CELERY_WORKER_POOL = env_str("RIGDASH_WORKER_POOL", "threads")
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": 3600}
 CELERY_TASK_DEFAULT_QUEUE = env_str("RIGDASH_DEFAULT_QUEUE", "rigdash.default")
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 # Celery's Django fix-up (5.7) closes a task thread's database connection before and after every task, so the
-# beat's dispatch every 5 s opened a new one each time (a PostgreSQL backend started, 6 ms here). With a reuse
+# beat's dispatch every 5 s would open a new one each time (a PostgreSQL backend started). With a reuse
 # count it force-closes only every 2 x N tasks; rigdash.celery closes, around each task, what Django would close
 # around a request instead: a connection past CONN_MAX_AGE or broken.
 CELERY_DB_REUSE_MAX = 1000

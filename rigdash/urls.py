@@ -4,6 +4,7 @@ from django.contrib import admin
 from django.contrib.auth import views as auth_views
 from django.urls import include, path
 
+from inference.urls import board_urlpatterns
 from monitoring.views import healthz, prometheus_metrics
 
 urlpatterns = [
@@ -14,5 +15,5 @@ urlpatterns = [
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("admin/", admin.site.urls),
     path("", include("inference.urls")),
-    path("", include("inference.urls_board")),  # admin board, users, quotas, audit log; usage
+    path("", include(board_urlpatterns)),  # admin board, users, quotas, audit log; usage
 ]

@@ -3,15 +3,14 @@
 ``python -m rigdash.webserver --host 127.0.0.1 --port 8000`` is what scripts/run, the benchmark, the tests,
 docker-compose.yml and the Dockerfile run (``rigdash.launcher.web_command``); every other setting is here.
 
-Why uvicorn and not Daphne: a token batch's websocket frame cost Daphne twice the CPU (Twisted queues each write
-for a later turn of the loop, autobahn formats log arguments it never logs). With 16 streams and 200 viewers (the
-benchmark's level 3) the web's CPU per token halved (docs/benchmarks-history.md, "Web server change"). The settings keep
+Why uvicorn and not Daphne: a token batch's websocket frame costs Daphne about twice the CPU (Twisted queues each
+write for a later turn of the loop, autobahn formats log arguments it never logs). The settings keep
 what Daphne did: no access log, no trust in X-Forwarded-* headers (a client could claim any address), and no
 lifespan protocol (Channels' router has none). Unlike Daphne, a websocket message is bounded (WS_MAX_BYTES).
 
 Why not uvicorn's own command: its server wakes every 0.1 s to refresh the Date header and to look for a request
-to stop. Idle, those ten wake-ups a second were most of the web process's CPU, more than Daphne used (measured in
-docs/benchmarks.md). ``QuietServer`` does the same work once a second, and wakes at once on SIGINT or SIGTERM.
+to stop: idle, those ten wake-ups a second are most of the web process's CPU. ``QuietServer`` does the same work
+once a second, and wakes at once on SIGINT or SIGTERM.
 """
 
 from __future__ import annotations

@@ -1,24 +1,58 @@
-"""What every RigDash websocket consumer shares: authorise before accept, one group, leave it on close."""
+"""What every RigDash websocket consumer shares: authorise before accept, one group, leave it on close, the frame
+parser, the close codes, and the re-check that closes a socket whose user lost the right to it.
+
+Close codes: 4401 not logged in (or deactivated), 4403 logged in without the right (e.g. demoted from staff), 4404
+the object does not exist or is not the user's.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import json
+import logging
+import time
+import weakref
 from typing import Any
 
 from channels.auth import AuthMiddleware
 from channels.consumer import get_handler_name
+from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from channels.sessions import CookieMiddleware, InstanceSessionWrapper, SessionMiddleware
+from django.conf import settings
+
+from rigdash.access import active_now, staff_id_now
+from rigdash.groups import user_group
 
 CLOSE_UNAUTHENTICATED = 4401
+CLOSE_FORBIDDEN = 4403
 CLOSE_NOT_FOUND = 4404
+RECHECK_INTERVAL_S = 3.0
+log = logging.getLogger(__name__)
+
+
+def parse_frame(text_data: str | None) -> dict[str, Any] | tuple[str, str]:
+    """A browser frame as a dict, or (code, message) saying why it is refused."""
+    limit = settings.RIGDASH.max_ws_frame_bytes
+    if text_data is None:
+        return "bad_frame", "Frames must be JSON text."
+    if len(text_data.encode("utf-8")) > limit:
+        return "frame_too_large", f"Frames are limited to {limit} bytes."
+    try:
+        content = json.loads(text_data)
+    except ValueError:
+        return "bad_json", "The frame is not valid JSON."
+    if not isinstance(content, dict):
+        return "bad_frame", "A frame must be a JSON object with a type."
+    return content
 
 
 class ReadOnlySessionMiddleware(SessionMiddleware):  # type: ignore[misc]
     """Channels' SessionMiddleware, without its wrapper around every frame a websocket sends.
 
     Channels wraps ``send`` to save the session and set its cookie on ``http.response.start``, which a websocket
-    never sends; yet for every frame the wrapper read the session's ``modified`` and ``is_empty()`` through a lazy
-    proxy: about a sixth of the web loop's CPU while 16 turns streamed to 200 viewers (docs/benchmarks.md). A
+    never sends; yet for every frame the wrapper reads the session's ``modified`` and ``is_empty()`` through a lazy
+    proxy, a large share of the web loop's CPU while streaming. A
     socket still gets its session (and so its user) from the cookie; RigDash's consumers never write it.
     """
 
@@ -35,13 +69,90 @@ def auth_middleware_stack(inner: Any) -> Any:
     return CookieMiddleware(ReadOnlySessionMiddleware(AuthMiddleware(inner)))
 
 
-class GroupJsonConsumer(AsyncJsonWebsocketConsumer):  # type: ignore[misc]
+_ALLOWED: dict[tuple[str, int], tuple[float, bool]] = {}  # (consumer, user id) -> (checked at, allowed)
+# Per event loop: the sockets being re-checked, and the one task that re-checks them all every interval (a task
+# per socket would wake the web process for every socket every interval).
+_WATCHED: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, tuple[set[RevocableMixin], asyncio.Task[None]]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+async def _recheck_all(sockets: set[RevocableMixin]) -> None:
+    while sockets:
+        await asyncio.sleep(RECHECK_INTERVAL_S)
+        for consumer in list(sockets):
+            if consumer not in sockets:
+                continue  # closed while an earlier one was checked
+            try:
+                if not await consumer.recheck_user():
+                    sockets.discard(consumer)
+            except Exception:
+                log.exception("re-checking a socket's user failed")
+
+
+class RevocableMixin:
+    """Re-check the socket's user every few seconds and on ``user.revoked``; close when they lost access.
+
+    ``GroupJsonConsumer`` watches every socket from its ``accept()`` to its ``disconnect()``; a consumer overrides
+    ``user_allowed`` (a database check) and ``revoked_close_code``.
+    """
+
+    revoked_close_code = CLOSE_UNAUTHENTICATED
+    _user_group: str | None = None
+    channel_layer: Any
+    channel_name: str
+    scope: dict[str, Any]
+
+    @staticmethod
+    def user_allowed(user_id: int) -> bool:
+        return active_now(user_id)
+
+    async def watch_user(self) -> None:
+        self._user_group = user_group(self.scope["user"].pk)
+        await self.channel_layer.group_add(self._user_group, self.channel_name)
+        loop = asyncio.get_running_loop()
+        watched = _WATCHED.get(loop)
+        if watched is None or watched[1].done():
+            sockets: set[RevocableMixin] = set()
+            watched = _WATCHED[loop] = (sockets, loop.create_task(_recheck_all(sockets)))
+        watched[0].add(self)
+
+    async def unwatch_user(self) -> None:
+        if (watched := _WATCHED.get(asyncio.get_running_loop())) is not None:
+            watched[0].discard(self)
+        if self._user_group:
+            await self.channel_layer.group_discard(self._user_group, self.channel_name)
+            self._user_group = None
+
+    async def _allowed(self, user_id: int, *, fresh: bool) -> bool:
+        """``user_allowed``, asked at most once per interval per user and kind of socket in this process: a user
+        with many tabs, or a server with hundreds of sockets, costs one query per user every few seconds."""
+        key = (type(self).__qualname__, user_id)
+        cached = _ALLOWED.get(key)
+        now = time.monotonic()
+        if fresh or cached is None or now - cached[0] >= RECHECK_INTERVAL_S:
+            cached = (now, await database_sync_to_async(self.user_allowed)(user_id))
+            _ALLOWED[key] = cached
+        return cached[1]
+
+    async def recheck_user(self, *, fresh: bool = False) -> bool:
+        if await self._allowed(self.scope["user"].pk, fresh=fresh):
+            return True
+        await self.close(code=self.revoked_close_code)  # type: ignore[attr-defined]
+        return False
+
+    async def user_revoked(self, event: dict[str, Any]) -> None:
+        await self.recheck_user(fresh=True)  # an admin just changed this user: ask the database now
+
+
+class GroupJsonConsumer(RevocableMixin, AsyncJsonWebsocketConsumer):  # type: ignore[misc]
+    """A socket in one group, whose user is re-checked while it is open (``RevocableMixin``)."""
+
     group: str | None = None
     # Channel-layer event types whose handlers touch no database, only send a frame, and may share the event
     # with other sockets (read it, never change it). Channels runs close_old_connections in its one sync thread
-    # before every handler; these skip that hop (34 % of the web's CPU while streaming tokens, under Daphne). And
-    # while the socket is idle, rigdash.channel_layer hands them to the handler straight from the layer's reader, once
-    # for every socket instead of a task hop per socket (docs/benchmarks.md).
+    # before every handler; these skip that hop. And while the socket is idle, rigdash.channel_layer hands them to
+    # the handler straight from the layer's reader, once for every socket instead of a task hop per socket.
     direct_events: frozenset[str] = frozenset()
     _busy = 0  # handlers running now (this socket's frames, its queued events, its connect and disconnect)
     _direct = False  # registered with a layer that delivers directly
@@ -82,9 +193,35 @@ class GroupJsonConsumer(AsyncJsonWebsocketConsumer):  # type: ignore[misc]
             direct_add(self.channel_name, self)  # only rigdash.channel_layer's layer has it
             self._direct = True
 
+    async def accept(self, subprotocol: str | None = None, headers: Any = None) -> None:
+        await super().accept(subprotocol, headers)
+        await self.watch_user()  # a user who loses the right to this socket is closed out within seconds
+
     async def disconnect(self, code: int) -> None:
+        await self.unwatch_user()
         if self._direct:
             self.channel_layer.direct_discard(self.channel_name)
             self._direct = False
         if self.group:
             await self.channel_layer.group_discard(self.group, self.channel_name)
+
+
+class StaffConsumer(GroupJsonConsumer):
+    """A socket for staff only: closed (4403) within seconds of its user being demoted or deactivated."""
+
+    revoked_close_code = CLOSE_FORBIDDEN
+
+    @staticmethod
+    def user_allowed(user_id: int) -> bool:
+        return staff_id_now(user_id)
+
+    async def staff_user_or_close(self, *, refused: int = CLOSE_FORBIDDEN) -> Any | None:
+        """The socket's user if they are staff now (read from the database); otherwise refuse the handshake with
+        4401 (not logged in) or ``refused`` and return None."""
+        user = await self.active_user_or_close()
+        if user is None:
+            return None
+        if not await database_sync_to_async(staff_id_now)(user.pk):
+            await self.close(code=refused)
+            return None
+        return user

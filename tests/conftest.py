@@ -32,7 +32,7 @@ def django_db_setup(django_db_setup: Any, django_db_blocker: Any) -> Iterator[No
     """pytest-django's test database, and before it is dropped, the end of every other connection to it.
 
     Threads of this process keep connections that outlive their tests: asgiref's one sync thread (where an async
-    test's ``sync_to_async`` calls run) and the worker's claim thread (inference/starts.py), which keeps its
+    test's ``sync_to_async`` calls run) and the worker's claim thread (inference/worker/start.py), which keeps its
     connection open by design.
     Dropping the database failed with "being accessed by other users" and left it behind.
 

@@ -10,8 +10,10 @@ import pytest
 from asgiref.sync import sync_to_async
 from django.test import Client
 
-from inference import board, services, starts
+from inference.live import progress as live_progress
 from inference.models import AuditLog, Turn
+from inference.turns import board_rows, submit
+from inference.worker import start as starts
 from tests.adminkit import make_session, quiet
 from tests.conftest import llama_busy_slots, session_cookie_for
 from tests.wsclient import BoardSocket, ChatSocket, token_frames
@@ -20,9 +22,9 @@ STORY = "Write a long story about a lighthouse keeper and a storm, with many det
 
 
 def test_context_fill_adds_the_reply_to_the_prompt():
-    assert board.context_fill(100, 28, 2048) == {"context_used": 128, "n_ctx": 2048, "context_ratio": 0.0625}
-    assert board.context_fill(None, 5, 2048)["context_used"] is None
-    assert board.context_fill(10, 0, None) == {"context_used": 10, "n_ctx": None, "context_ratio": None}
+    assert live_progress.context_fill(100, 28, 2048) == {"context_used": 128, "n_ctx": 2048, "context_ratio": 0.0625}
+    assert live_progress.context_fill(None, 5, 2048)["context_used"] is None
+    assert live_progress.context_fill(10, 0, None) == {"context_used": 10, "n_ctx": None, "context_ratio": None}
 
 
 @pytest.mark.django_db
@@ -66,7 +68,7 @@ async def test_board_shows_every_users_turns_with_queue_positions(owner, other_u
     sock = BoardSocket(await sync_to_async(session_cookie_for)(admin_user))
     assert (await sock.connect())[0]
     await sock.recv()
-    turns = [await sync_to_async(services.turn_submit)(session=s, text="hello") for s in sessions]
+    turns = [await sync_to_async(submit.turn_submit)(session=s, text="hello") for s in sessions]
     rows = {}
     while len(rows) < 3:
         frame = await sock.recv_until(lambda f: f["type"] == "turn")
@@ -94,7 +96,7 @@ async def test_admin_cancels_a_waiting_turn_and_no_later_delivery_runs_it(owner,
     chat = ChatSocket(session.pk, await sync_to_async(session_cookie_for)(owner))
     assert (await chat.connect())[0]
     await chat.recv()
-    turn = await sync_to_async(services.turn_submit)(session=session, text="hello")
+    turn = await sync_to_async(submit.turn_submit)(session=session, text="hello")
     sock = BoardSocket(await sync_to_async(session_cookie_for)(admin_user))
     assert (await sock.connect())[0]
     await sock.recv()
@@ -162,8 +164,8 @@ async def test_admin_cancels_a_running_turn_within_a_second_and_touches_no_other
     assert (await sock.connect())[0]
     await sock.recv()
     params = {"temperature": 0.7, "seed": 5, "max_tokens": 600}
-    target = await sync_to_async(services.turn_submit)(session=mine, text=STORY, params=params)
-    bystander = await sync_to_async(services.turn_submit)(
+    target = await sync_to_async(submit.turn_submit)(session=mine, text=STORY, params=params)
+    bystander = await sync_to_async(submit.turn_submit)(
         session=theirs, text=STORY, params={**params, "seed": 6, "max_tokens": 150}
     )
     await chat.recv_until(lambda f: f["type"] == "token" and f["seq_to"] >= 10)
@@ -227,13 +229,13 @@ def test_a_turns_board_row_is_built_only_while_a_board_is_open(
     }
     turn = Turn.objects.create(session=make_session(owner, rig, model_name), user_text="hello")
     with django_assert_num_queries(0):
-        board.publish_turn(turn.pk)
+        board_rows.publish_turn(turn.pk)
 
     listener = redis.Redis.from_url(settings.REDIS_URL).pubsub()
     listener.subscribe(f"{prefix}__group__{events.BOARD_GROUP}")
     try:
         assert listener.get_message(timeout=5)["type"] == "subscribe"
-        board.publish_turn(turn.pk)
+        board_rows.publish_turn(turn.pk)
         message = listener.get_message(timeout=5)
         assert message is not None and message["type"] == "message"
         from channels.layers import get_channel_layer

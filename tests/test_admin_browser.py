@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 from django.db import connection
 
-from inference import services
 from inference.models import AuditLog, Turn
+from inference.turns import submit
 from tests.adminkit import make_session
 from tests.conftest import wait_until
 from tests.test_browser import CHROMIUM, SHOT_DIR, login
@@ -76,7 +76,7 @@ def test_board_shows_live_turns_and_cancelling_there_ends_the_turn_in_the_users_
     rig.save()
     story = "Write a long story about a lighthouse keeper and a storm, with many details."
     theirs = _in_thread(
-        services.turn_submit,
+        submit.turn_submit,
         session=make_session(other_user, rig, model_name),
         text=story,
         params={"temperature": 0.7, "seed": 9},

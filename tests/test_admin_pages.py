@@ -11,10 +11,10 @@ from django.contrib.auth.models import Group, User
 from django.test import Client
 from django.utils import timezone
 
-from inference import usage
-from inference.audit import audit_record
+from inference.board.audit import audit_record
 from inference.models import AuditLog, Turn
-from inference.usage import TurnRecord, UsageRow, aggregate_usage, figure_by_day, usage_csv
+from inference.turns import usage
+from inference.turns.usage import TurnRecord, UsageRow, aggregate_usage, figure_by_day, usage_csv
 from tests.adminkit import make_session
 
 

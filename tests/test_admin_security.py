@@ -10,8 +10,8 @@ from asgiref.sync import sync_to_async
 from django.contrib.auth.models import User
 from django.test import Client
 
-from inference import consumers_board
 from inference.models import AuditLog, Turn
+from rigdash import ws
 from tests.adminkit import closed_with, make_session, make_user
 from tests.conftest import session_cookie_for
 from tests.wsclient import BoardSocket, ChatSocket
@@ -101,7 +101,7 @@ async def test_user_deactivated_on_the_users_page_is_closed_out_at_once(owner, a
 async def test_user_deactivated_in_django_admin_or_directly_in_the_database_is_closed_within_seconds(
     owner, other_user, rig, model_name, monkeypatch
 ):
-    monkeypatch.setattr(consumers_board, "RECHECK_INTERVAL_S", 0.5)
+    monkeypatch.setattr(ws, "RECHECK_INTERVAL_S", 0.5)
     owners = ChatSocket(
         (await sync_to_async(make_session)(owner, rig, model_name)).pk, await sync_to_async(session_cookie_for)(owner)
     )

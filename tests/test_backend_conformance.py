@@ -82,7 +82,7 @@ def test_list_models_names_the_served_model(target):
 
 
 def test_on_sent_is_called_once_before_the_first_chunk(target):
-    """The worker's claim waits for it (inference/starts.py); a plug-in that never called it would hold every
+    """The worker's claim waits for it (inference/worker/start.py); a plug-in that never called it would hold every
     claim for SENT_WAIT_S."""
     request = ChatRequest(model=target.model, messages=[{"role": "user", "content": "Hi."}], max_tokens=4)
     events: list[str] = []

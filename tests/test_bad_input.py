@@ -9,8 +9,10 @@ from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.test import Client
 
-from inference import services
+from inference import errors
 from inference.models import ChatSession, Rig, Turn
+from inference.turns import params as turn_params
+from inference.turns import submit
 from tests.conftest import free_port, session_cookie_for
 from tests.wsclient import ChatSocket
 
@@ -125,13 +127,13 @@ def test_second_message_while_a_turn_runs_is_refused(owner_client, chat_session)
 
 
 def test_params_validate_keeps_allowed_values_and_types():
-    assert services.params_validate({"temperature": 0, "max_tokens": 12.0, "seed": 3}) == {
+    assert turn_params.params_validate({"temperature": 0, "max_tokens": 12.0, "seed": 3}) == {
         "temperature": 0.0,
         "max_tokens": 12,
         "seed": 3,
     }
-    with pytest.raises(services.InvalidInput):
-        services.params_validate({"max_tokens": 1.5})
+    with pytest.raises(errors.InvalidInput):
+        turn_params.params_validate({"max_tokens": 1.5})
 
 
 @pytest.mark.django_db(transaction=True)
@@ -142,7 +144,7 @@ def test_backend_down_mid_chat_fails_the_turn_with_a_reason_and_keeps_history(ce
     rig = Rig.objects.create(name="gone", kind="llamacpp", base_url=f"http://127.0.0.1:{free_port()}", queue=TEST_QUEUE)
     session = ChatSession.objects.create(owner=owner, rig=rig, model_name=model_name)
     earlier = Turn.objects.create(session=session, user_text="old", reply_text="old reply", status="done")
-    turn = services.turn_submit(session=session, text="hello?")
+    turn = submit.turn_submit(session=session, text="hello?")
     turn = wait_until(
         lambda: Turn.objects.filter(pk=turn.pk).exclude(status__in=Turn.ACTIVE).first(), timeout_s=30, what="failure"
     )

@@ -1,4 +1,4 @@
-"""The two pipeline changes the benchmark led to (docs/benchmarks.md): the coalescing throttle and the
+"""The two pipeline changes the benchmark led to (docs/changelog.md): the coalescing throttle and the
 consumer's token fast path. The end-to-end effect is measured by ./scripts/bench, not here."""
 
 from __future__ import annotations
@@ -8,8 +8,12 @@ import json
 import pytest
 
 from inference import events
-from inference.consumers import ChatConsumer
-from inference.runner import FlushPace, StreamMeter, TurnStream
+from inference.consumers.chat import ChatConsumer
+from inference.live import progress as live_progress
+from inference.live import state as live
+from inference.worker import stream as turn_stream
+from inference.worker.pace import FlushPace, StreamMeter
+from inference.worker.stream import TurnStream
 
 
 def _stream(interval_s: float = 0.033) -> TurnStream:
@@ -59,7 +63,7 @@ def test_a_turn_alone_gets_the_short_interval_and_each_other_streaming_turn_adds
 async def test_the_turns_on_one_loop_share_a_pace_built_from_the_settings(settings):
     import dataclasses
 
-    from inference.runner import _pace_for_loop
+    from inference.worker.pace import pace_for_loop as _pace_for_loop
 
     settings.RIGDASH = dataclasses.replace(settings.RIGDASH, flush_interval_ms=30, flush_min_interval_ms=12)
     pace = _pace_for_loop()
@@ -226,9 +230,8 @@ async def test_after_a_batch_the_gate_holds_the_next_read_only_while_tokens_come
 async def test_the_first_token_goes_out_at_once_and_a_cancel_seen_by_a_batch_ends_the_reader(monkeypatch):
     import time
 
-    from inference import runner
     from inference.backends.base import StreamChunk
-    from inference.runner import TurnCancelled
+    from inference.worker.stream import TurnCancelled
 
     stream = _stream(interval_s=0.5)
     flushed = _recording(stream)
@@ -237,7 +240,7 @@ async def test_the_first_token_goes_out_at_once_and_a_cancel_seen_by_a_batch_end
     async def mark_decoding(state: object) -> None:
         decoding.append(True)
 
-    monkeypatch.setattr(runner, "_decoding", mark_decoding)
+    monkeypatch.setattr(turn_stream, "_decoding", mark_decoding)
     stream.accept(StreamChunk(text="Hi"), time.perf_counter())
     started = time.perf_counter()
     await stream.publish()
@@ -260,7 +263,7 @@ async def test_a_stop_lets_a_batch_being_sent_go_out_whole_and_cancels_a_reader_
     import time
 
     from inference.backends.base import StreamChunk
-    from inference.runner import TurnCancelled, TurnTimeout, _stop
+    from inference.worker.stream import TurnCancelled, TurnTimeout, _stop
 
     stream = _stream()
     sent: list[list[str]] = []
@@ -300,7 +303,7 @@ async def test_a_plugin_that_does_not_call_the_gate_has_what_it_read_together_ha
     import asyncio
 
     from inference.backends.base import StreamChunk
-    from inference.runner import _gathered
+    from inference.worker.reader import _gathered
 
     async def ollama_like():
         for text in ("b", "c", "d"):  # one read of the socket brought three lines
@@ -324,7 +327,7 @@ async def test_a_plugin_that_does_not_call_the_gate_has_what_it_read_together_ha
 
 async def test_an_ungated_plugin_that_fails_fails_the_reader_with_its_error():
     from inference.backends.base import BackendUnavailable, StreamChunk
-    from inference.runner import _gathered
+    from inference.worker.reader import _gathered
 
     async def failing():
         yield StreamChunk(text="a")
@@ -374,7 +377,7 @@ async def test_a_flush_that_cannot_reach_redis_keeps_its_tokens_and_waits_before
         stream.pending.append(text)
     stream.pending_since = now
     await stream.flush()
-    assert stream.pending == ["a", "b"] and stream.seq_sent == 0 and stream.live_broken
+    assert stream.pending == ["a", "b"] and stream.seq_sent == 0 and stream.live.broken
     due = stream.flush_due()
     assert due is not None and due >= time.perf_counter() + 0.2
 
@@ -388,8 +391,7 @@ async def test_a_live_list_lost_between_two_flushes_is_rebuilt_whole(settings):
 
     from redis import asyncio as aioredis
 
-    from inference import live
-    from inference.redislink import RedisLink
+    from inference.live.link import RedisLink
 
     client = aioredis.Redis.from_url(settings.REDIS_URL)
     stream = _stream()
@@ -425,9 +427,8 @@ async def test_a_token_accepted_while_a_batch_is_on_its_way_goes_in_the_next_bat
 
     from redis import asyncio as aioredis
 
-    from inference import live
     from inference.backends.base import StreamChunk
-    from inference.redislink import RedisLink
+    from inference.live.link import RedisLink
 
     class SlowLink:  # the real link, with a slower round trip
         def __init__(self, link: RedisLink) -> None:
@@ -478,9 +479,8 @@ async def test_the_boards_progress_rides_in_a_batchs_round_trip_twice_a_second(s
     from channels.layers import get_channel_layer
     from redis import asyncio as aioredis
 
-    from inference import board, live
     from inference.backends.base import StreamChunk
-    from inference.redislink import RedisLink
+    from inference.live.link import RedisLink
 
     layer = get_channel_layer()
     channel = await layer.new_channel()
@@ -498,7 +498,9 @@ async def test_the_boards_progress_rides_in_a_batchs_round_trip_twice_a_second(s
 
     link.execute = counted  # type: ignore[method-assign]
     stream.link = link
-    stream.progress = board.ProgressReporter(turn_id=stream.turn.pk, n_ctx=2048, prompt_tokens=20, interval_s=0.5)
+    stream.progress = live_progress.ProgressReporter(
+        turn_id=stream.turn.pk, n_ctx=2048, prompt_tokens=20, interval_s=0.5
+    )
     try:
         for text in ("Hello", " world", "!"):
             stream.accept(StreamChunk(text=text), time.perf_counter())
@@ -508,8 +510,11 @@ async def test_the_boards_progress_rides_in_a_batchs_round_trip_twice_a_second(s
         message = await asyncio.wait_for(layer.receive(channel), 2)
         assert (message["type"], message["turn"], message["tokens"]) == ("board.progress", stream.turn.pk, 1)
         assert message["context_used"] == 21 and message["n_ctx"] == 2048
-        stored = json.loads(await client.get(board.progress_key(stream.turn.pk)))
-        assert stored["tokens"] == 1 and 0 < await client.ttl(board.progress_key(stream.turn.pk)) <= live.LIVE_TTL_S
+        stored = json.loads(await client.get(live_progress.progress_key(stream.turn.pk)))
+        assert (
+            stored["tokens"] == 1
+            and 0 < await client.ttl(live_progress.progress_key(stream.turn.pk)) <= live.LIVE_TTL_S
+        )
         stream.progress.last_sent -= 0.5  # half a second later
         stream.accept(StreamChunk(text="?"), time.perf_counter())
         await stream.flush()
@@ -517,7 +522,7 @@ async def test_the_boards_progress_rides_in_a_batchs_round_trip_twice_a_second(s
         assert message["tokens"] == 4 and round_trips[-1][:4] == ["RPUSH", "PUBLISH", "SET", "PUBLISH"]  # a GET if due
     finally:
         await layer.group_discard(events.BOARD_GROUP, channel)
-        await client.delete(live.live_key(stream.turn.pk), board.progress_key(stream.turn.pk))
+        await client.delete(live.live_key(stream.turn.pk), live_progress.progress_key(stream.turn.pk))
         await client.aclose()
         await link.aclose()
 
@@ -532,10 +537,9 @@ async def test_while_batches_flow_they_read_the_cancel_flag_and_the_watchdog_rea
 
     from redis import asyncio as aioredis
 
-    from inference import live
     from inference.backends.base import StreamChunk
-    from inference.redislink import RedisLink
-    from inference.runner import TurnCancelled, _watch
+    from inference.live.link import RedisLink
+    from inference.worker.stream import TurnCancelled, _watch
 
     client = aioredis.Redis.from_url(settings.REDIS_URL)
     stream = _stream(interval_s=0.001)

@@ -207,7 +207,7 @@ def test_a_long_task_is_placed_among_its_turns_flushes():
 
 
 def test_the_split_of_send_to_request_shows_both_parts_and_the_claims_side_of_the_request():
-    """A ticketed turn's claim runs beside its request (inference/tickets.py), so it may come before or after it."""
+    """A ticketed turn's claim runs beside its request (inference/queue/tickets.py): before or after it."""
     agg = _agg([1.0, 1.0])
     parts = {"to_backend": 12.0, "backend": 100.0, "to_client": 2.0, "submit": 3.0, "stored_to_request": 9.0}
     agg["level1"]["ttft_parts_ms_p50"] = parts | {"claim_from_request": -1.25}

@@ -1,5 +1,5 @@
 """bench/store.py, run as a user runs it (its own process, a new SQLite file): it measures every burst size, and
-a burst's statements do not grow with its size (one INSERT for the burst's turns, inference/services.py)."""
+a burst's statements do not grow with its size (one INSERT for the burst's turns, inference/turns/submit.py)."""
 
 from __future__ import annotations
 

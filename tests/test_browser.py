@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from inference.models import Turn
+from inference.turns import lifecycle, submit
 from rigdash.launcher import free_port, wait_http, web_command
 from tests.conftest import LOG_DIR, wait_until
 
@@ -191,12 +192,11 @@ def test_model_output_never_runs_as_html_or_script(page, web_url, chat_session):
 def test_rig_dashboard_fills_its_panels_during_a_chat_turn(
     page, web_url, celery_worker, sampler_process, chat_session, admin_user
 ):
-    from inference import services
     from monitoring.models import RigSample
 
     off_loop = ThreadPoolExecutor(max_workers=1)  # services publish events: not from Playwright's loop thread
     off_loop.submit(
-        services.turn_submit, session=chat_session, text="Tell me a long story about a dragon.",
+        submit.turn_submit, session=chat_session, text="Tell me a long story about a dragon.",
         params={"max_tokens": 700, "temperature": 0.9, "seed": 5},
     ).result()  # fmt: skip
     login(page, web_url, "admin")
@@ -218,6 +218,6 @@ def test_rig_dashboard_fills_its_panels_during_a_chat_turn(
     if SHOT_DIR:
         page.screenshot(path=os.path.join(SHOT_DIR, "dashboard.png"), full_page=True)
     for turn in Turn.objects.filter(status__in=Turn.ACTIVE):
-        off_loop.submit(services.turn_cancel, turn=turn).result()
+        off_loop.submit(lifecycle.turn_cancel, turn=turn).result()
     assert RigSample.objects.filter(rig_id=chat_session.rig_id).count() >= 2
     assert page.errors == []

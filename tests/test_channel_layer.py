@@ -14,6 +14,7 @@ import pytest
 from asgiref.sync import sync_to_async
 from django.conf import settings
 
+from inference import events
 from rigdash.channel_layer import FanoutPubSubChannelLayer
 
 _prefixes = itertools.count()
@@ -160,7 +161,6 @@ async def test_the_reader_waits_for_messages_instead_of_polling_and_a_new_group_
 async def test_a_chat_socket_takes_tokens_directly_once_connected(owner: Any, chat_session: Any) -> None:
     from channels.layers import get_channel_layer
 
-    from inference import events
     from tests.conftest import session_cookie_for
     from tests.wsclient import ChatSocket
 

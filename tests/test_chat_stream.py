@@ -9,8 +9,9 @@ import pytest
 from asgiref.sync import sync_to_async
 from django.conf import settings
 
-from inference import live, runner
+from inference.live import state as live
 from inference.models import Turn
+from inference.worker import stream as turn_stream
 from tests.conftest import llama_busy_slots, session_cookie_for
 from tests.wsclient import ChatSocket, token_frames
 
@@ -64,7 +65,7 @@ async def test_turn_streams_tokens_in_order_equal_to_stored_reply(celery_worker,
     # due within FLUSH_SLACK_S goes at once, so two batches can be that much closer than the interval.
     if turn.stats["output_events"] >= 20:
         decoding_ms = (turn.stats["output_events"] - 1) / turn.stats["decode_tps"] * 1000
-        spacing_ms = settings.RIGDASH.flush_min_interval_ms - runner.FLUSH_SLACK_S * 1000
+        spacing_ms = settings.RIGDASH.flush_min_interval_ms - turn_stream.FLUSH_SLACK_S * 1000
         assert len(tokens) <= decoding_ms / spacing_ms + 2
 
 

@@ -16,7 +16,8 @@ from typing import Any
 import psutil
 import pytest
 
-from inference.runner import FlushPace
+from inference.turns import submit
+from inference.worker.pace import FlushPace
 from rigdash import cpushare
 from rigdash.cpushare import START, STOP, CpuShare, StreamsSignal, hold_mode, share_for
 from rigdash.launcher import ROOT, CpuSplit, Stack, cpu_list, thread_cpus, worker_command
@@ -254,7 +255,6 @@ def test_a_real_worker_lifts_the_split_while_two_replies_stream(
     of its own, and two turns on the real llama-server at once: its threads may use every CPU while both
     stream, and go back to the rest once they have ended and the hold is over. Under a prefork pool each reply
     may stream in a child of its own: the launcher counts them together."""
-    from inference import services
     from inference.models import ChatSession, Rig, Turn
 
     allowed = decode_on_last_cpu
@@ -282,9 +282,9 @@ def test_a_real_worker_lifts_the_split_while_two_replies_stream(
         assert set(_cpus_of_tree(_tree_of(worker.pid)).values()) == {split.rest}
         params: dict[str, Any] = {"temperature": 0, "max_tokens": 300}
         text = "Tell a long story about a lighthouse."
-        requests = [services.SubmitRequest(user=owner, session_id=s.pk, text=text, params=params) for s in sessions]
+        requests = [submit.SubmitRequest(user=owner, session_id=s.pk, text=text, params=params) for s in sessions]
         # One submit each: two tasks, which a prefork pool runs in two children (a burst would be one task).
-        turns = [services.turn_submit_many([request])[0] for request in requests]
+        turns = [submit.turn_submit_many([request])[0] for request in requests]
         assert all(isinstance(t, Turn) for t in turns), turns
         wait_until(lambda: share.shared, timeout_s=60, what="the split lifted")
         assert set(_cpus_of_tree(_tree_of(worker.pid)).values()) == {split.every}

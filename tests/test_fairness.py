@@ -11,9 +11,12 @@ import pytest
 from django.db import connection
 from django.test import Client
 
-from inference import dispatch, events, services, starts
-from inference.dispatch import Waiting, fair_order
+from inference import events
 from inference.models import Turn
+from inference.queue import dispatch
+from inference.queue.dispatch import Waiting, fair_order
+from inference.turns import lifecycle, submit
+from inference.worker import start as starts
 from tests.adminkit import make_session, make_user
 from tests.conftest import wait_until
 
@@ -52,7 +55,7 @@ def test_dispatch_never_hands_out_more_turns_than_the_rig_has_slots(rig, model_n
     rig.queue = "rig.nobody-listens"
     rig.save()
     sessions = [make_session(user, rig, model_name) for user in (owner, owner, owner, other_user)]
-    turns = [services.turn_submit(session=s, text=f"hello {i}") for i, s in enumerate(sessions)]
+    turns = [submit.turn_submit(session=s, text=f"hello {i}") for i, s in enumerate(sessions)]
     assert list(Turn.objects.filter(dispatched_at__isnull=False).values_list("pk", flat=True)) == [turns[0].pk]
     # The other user's turn goes before the owner's 2nd and 3rd, though it came last.
     assert [dispatch.queue_position(t) for t in Turn.objects.order_by("id")] == [0, 2, 3, 1]
@@ -78,7 +81,7 @@ def test_a_task_delivered_for_a_waiting_turn_runs_it_once_and_lost_tasks_are_res
     rig.slots = 1
     rig.queue = "rig.nobody-listens"
     rig.save()
-    turn = services.turn_submit(session=make_session(owner, rig, model_name), text="Say yes.", params={"max_tokens": 4})
+    turn = submit.turn_submit(session=make_session(owner, rig, model_name), text="Say yes.", params={"max_tokens": 4})
     turn.refresh_from_db()
     old = turn.dispatched_at
     assert old is not None
@@ -100,9 +103,9 @@ def test_one_slot_rig_serves_users_round_robin_against_the_real_worker(celery_wo
     sessions = [make_session(users[name], rig, model_name) for name in order]
     long = {"temperature": 0.7, "seed": 3, "max_tokens": 400}
     short = {"temperature": 0, "max_tokens": 4}
-    first = services.turn_submit(session=sessions[0], text="Write a long story about a storm at sea.", params=long)
+    first = submit.turn_submit(session=sessions[0], text="Write a long story about a storm at sea.", params=long)
     wait_until(lambda: Turn.objects.get(pk=first.pk).status == Turn.Status.DECODING, timeout_s=60, what="A1 decoding")
-    turns = [first] + [services.turn_submit(session=s, text="Say hi.", params=short) for s in sessions[1:]]
+    turns = [first] + [submit.turn_submit(session=s, text="Say hi.", params=short) for s in sessions[1:]]
 
     # While A1 holds the only slot, the others wait in the fair order: B, C, then A's own.
     positions = {}
@@ -115,7 +118,7 @@ def test_one_slot_rig_serves_users_round_robin_against_the_real_worker(celery_wo
     assert positions == {a1: (None, None), b1: (1, 0), c1: (2, 1), a2: (3, 2), a3: (4, 3)}
     assert Turn.objects.filter(status=Turn.Status.QUEUED, dispatched_at__isnull=False).count() == 0
 
-    services.turn_cancel(turn=Turn.objects.get(pk=a1))  # free the slot now rather than after 400 tokens
+    lifecycle.turn_cancel(turn=Turn.objects.get(pk=a1))  # free the slot now rather than after 400 tokens
     wait_until(lambda: not Turn.objects.filter(status__in=Turn.ACTIVE).exists(), timeout_s=120, what="all turns to end")
     ended = list(Turn.objects.order_by("started_at"))
     assert [t.pk for t in ended] == [a1, b1, c1, a2, a3]
@@ -139,7 +142,7 @@ def test_the_page_hears_of_a_turn_before_it_is_handed_to_a_worker(rig, model_nam
         real_send(ids, queue, *tickets)
 
     monkeypatch.setattr(dispatch, "_send", send)
-    services.turn_submit(session=make_session(owner, rig, model_name), text="hello")
+    submit.turn_submit(session=make_session(owner, rig, model_name), text="hello")
     assert order == ["queued", "send 1"]
 
 
@@ -158,7 +161,7 @@ def test_a_burst_of_submits_tells_each_page_once_that_its_turn_starts(rig, model
         real(rig_id=rig_id, waiting=waiting, pages=pages)
 
     monkeypatch.setattr(events, "queue_positions_sync", spy)
-    turns = [services.turn_submit(session=make_session(owner, rig, model_name), text=f"hi {i}") for i in range(4)]
+    turns = [submit.turn_submit(session=make_session(owner, rig, model_name), text=f"hi {i}") for i in range(4)]
     told = [(turn_id, position) for _, pages in calls for _, turn_id, position in pages or []]
     assert sorted(told) == sorted((t.pk, 0) for t in turns)  # each page hears "starting" once
     board_view = {turn_id: position for _, turn_id, position in calls[-1][0]}

@@ -11,8 +11,10 @@ from typing import Any
 
 import pytest
 
-from inference import live, services, starts
+from inference.live import state as live
 from inference.models import ChatSession, Rig, Turn
+from inference.turns import lifecycle
+from inference.worker import start as starts
 from rigdash.launcher import ROOT, worker_command
 
 
@@ -118,8 +120,8 @@ def test_database_refusing_the_checkpoints_and_the_decoding_mark_mid_reply_loses
 
         return write
 
-    monkeypatch.setattr(services, "turn_checkpoint", refuse("checkpoint"))
-    monkeypatch.setattr(services, "turn_mark_decoding", refuse("decoding"))
+    monkeypatch.setattr(lifecycle, "turn_checkpoint", refuse("checkpoint"))
+    monkeypatch.setattr(lifecycle, "turn_mark_decoding", refuse("decoding"))
     turn = Turn.objects.create(
         session=chat_session, user_text="Write a long story about a lighthouse.", params={"max_tokens": 96, "seed": 1}
     )
@@ -139,7 +141,7 @@ def test_a_turns_end_the_database_refuses_twice_is_stored_whole_on_the_third_try
     here), then the database is back: the turn ends as it would have, not as interrupted by the reaper later."""
     from django.db import OperationalError
 
-    store = services.turn_finish
+    store = lifecycle.turn_finish
     tries: list[float] = []
 
     def flaky(**kwargs: Any) -> bool:
@@ -148,7 +150,7 @@ def test_a_turns_end_the_database_refuses_twice_is_stored_whole_on_the_third_try
             raise OperationalError("the database system is starting up")
         return store(**kwargs)
 
-    monkeypatch.setattr(services, "turn_finish", flaky)
+    monkeypatch.setattr(lifecycle, "turn_finish", flaky)
     monkeypatch.setattr(starts, "FINISH_RETRY_S", (0.2, 0.2, 0.2))
     turn = Turn.objects.create(session=chat_session, user_text="Say hello.", params={"max_tokens": 24, "seed": 1})
     assert starts.turn_run(turn.pk) == "ran"
@@ -174,7 +176,7 @@ def test_turn_whose_worker_died_ends_interrupted_with_its_text(chat_session):
     )
     client = live.sync_client()
     client.rpush(live.live_key(stale.pk), live.encode_batch(1, 2, "Hello"), live.encode_batch(3, 3, " world"))
-    assert services.turn_reap_stale(older_than_s=60) == [stale.pk]
+    assert lifecycle.turn_reap_stale(older_than_s=60) == [stale.pk]
     stale.refresh_from_db()
     fresh.refresh_from_db()
     assert stale.status == Turn.Status.INTERRUPTED
@@ -187,11 +189,11 @@ WRITER = """
 import django, os, sys
 os.environ["DJANGO_SETTINGS_MODULE"] = "rigdash.settings"
 django.setup()
-from inference import services
 from inference.models import Turn
+from inference.turns import lifecycle
 turn_id = int(sys.argv[1])
 for i in range(150):
-    services.turn_checkpoint(turn_id=turn_id, reply_text=f"text {i}")
+    lifecycle.turn_checkpoint(turn_id=turn_id, reply_text=f"text {i}")
     Turn.objects.filter(pk=turn_id).count()
 print("ok")
 """
@@ -315,7 +317,7 @@ def test_a_reply_streaming_while_redis_restarts_ends_whole(service_env, llama_ur
     ends done with the whole reply stored."""
     import redis as redis_lib
 
-    from inference.live import decode_snapshot, live_key
+    from inference.live.state import decode_snapshot, live_key
     from tests.conftest import wait_until
 
     rw = PrivateRedisWorker(service_env, tmp_path)

@@ -15,8 +15,9 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from inference import events as inference_events
+from inference import events
 from inference.models import Rig, Turn
+from inference.turns import submit
 from monitoring import sampler, services
 from monitoring.collectors import Unavailable, nvml
 from monitoring.models import RigProfile, RigSample
@@ -86,9 +87,9 @@ def test_sample_of_a_decoding_rig_has_slots_kv_memory_and_roofline(rig, llama_ur
 
 @pytest.mark.django_db
 def test_each_tick_reads_the_rigs_active_turns_afresh_in_order(owner, other_user):
-    """The query is built once per rig (monitoring.sampling._active_turns_query); what it finds must not be."""
+    """The query is built once per rig (inference.turns.selectors._active_turns_query); what it finds must not be."""
     from inference.models import ChatSession
-    from monitoring.sampling import _active_turns
+    from inference.turns.selectors import rig_active_turns as _active_turns
 
     box = Rig.objects.create(name="box", kind="llamacpp", base_url=f"http://127.0.0.1:{free_port()}", queue="q.box")
     elsewhere = Rig.objects.create(name="else", kind="llamacpp", base_url="http://127.0.0.1:1", queue="q.else")
@@ -364,7 +365,7 @@ async def test_an_idle_rig_is_sampled_less_often_until_a_worker_says_a_turn_is_d
         assert await stored() == 1, "an idle rig was sampled at the full pace"
 
         woken_at = time.monotonic()
-        await inference_events.rig_decoding(rig_id=rig.pk)
+        await events.rig_decoding(rig_id=rig.pk)
         while await stored() < 2 and time.monotonic() - woken_at < 10:
             await asyncio.sleep(0.02)
         assert await stored() == 2, "the wake-up did not bring a sample"
@@ -392,7 +393,6 @@ async def test_a_busy_rig_keeps_the_full_pace(rig, llama_url):
 @pytest.mark.llama
 @pytest.mark.django_db(transaction=True)
 async def test_the_worker_wakes_the_sampler_once_its_turn_has_a_first_token(celery_worker, chat_session):
-    from inference import services as inference_services
 
     wakes: dict[int, asyncio.Event] = {}
     subscribed = asyncio.Event()
@@ -400,7 +400,7 @@ async def test_the_worker_wakes_the_sampler_once_its_turn_has_a_first_token(cele
     try:
         await asyncio.wait_for(subscribed.wait(), timeout=10)
         wake = wakes.setdefault(chat_session.rig_id, asyncio.Event())
-        turn = await sync_to_async(inference_services.turn_submit)(
+        turn = await sync_to_async(submit.turn_submit)(
             session=chat_session, text="Say hi.", params={"max_tokens": 8, "temperature": 0}
         )
         await asyncio.wait_for(wake.wait(), timeout=30)

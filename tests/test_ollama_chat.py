@@ -9,8 +9,9 @@ from __future__ import annotations
 import pytest
 from asgiref.sync import sync_to_async
 
-from inference import services
+from inference import errors
 from inference.models import ChatSession, Rig, Turn
+from inference.turns import sessions
 from tests.conftest import TEST_QUEUE, session_cookie_for
 from tests.ollama_replay import WORDS, ollama_fixture  # noqa: F401  (the ``ollama`` fixture)
 from tests.wsclient import ChatSocket, token_frames
@@ -27,7 +28,7 @@ def ollama_rig(db, ollama):
 
 @pytest.fixture
 def ollama_session(owner, ollama_rig):
-    return services.session_create(owner=owner, rig=ollama_rig, model_name=MODEL)
+    return sessions.session_create(owner=owner, rig=ollama_rig, model_name=MODEL)
 
 
 async def _turn(sock: ChatSocket, text: str, params: dict) -> int:
@@ -45,8 +46,8 @@ async def _open(session: ChatSession, user) -> ChatSocket:
 
 
 def test_session_on_an_ollama_rig_checks_the_model_name(owner, ollama_rig):
-    with pytest.raises(services.InvalidInput) as info:
-        services.session_create(owner=owner, rig=ollama_rig, model_name="no-such-model")
+    with pytest.raises(errors.InvalidInput) as info:
+        sessions.session_create(owner=owner, rig=ollama_rig, model_name="no-such-model")
     assert info.value.code == "unknown_model"
 
 

@@ -1,4 +1,4 @@
-"""The page's 'prompt' state goes out only when a turn's prompt outlasts one flush interval (runner.PromptState),
+"""The page's 'prompt' state goes out only when a turn's prompt outlasts one flush interval (worker/prompt.py),
 through the real channel layer and Redis."""
 
 from __future__ import annotations
@@ -9,7 +9,8 @@ from types import SimpleNamespace
 
 from channels.layers import get_channel_layer
 
-from inference import events, runner
+from inference import events
+from inference.worker.prompt import PromptState
 
 
 async def _subscribed(layer: object, group: str) -> str:
@@ -42,13 +43,13 @@ async def test_the_prompt_state_goes_out_only_when_the_prompt_outlasts_the_delay
     # Stand-ins for Turn rows: PromptState reads only pk and session_id (no database needed).
     fast, slow, ended = (SimpleNamespace(pk=pk, session_id=session_id) for pk in (1, 2, 3))
 
-    quick = runner.PromptState(fast, delay_s=0.2)  # the first token comes after 10 ms
+    quick = PromptState(fast, delay_s=0.2)  # the first token comes after 10 ms
     await asyncio.sleep(0.01)
     await quick.settle()
-    long = runner.PromptState(slow, delay_s=0.01)  # the prompt takes 150 ms
+    long = PromptState(slow, delay_s=0.01)  # the prompt takes 150 ms
     await asyncio.sleep(0.15)
     await long.settle()
-    failed = runner.PromptState(ended, delay_s=0.2)  # the turn fails before any token and before the delay
+    failed = PromptState(ended, delay_s=0.2)  # the turn fails before any token and before the delay
     await failed.settle()
 
     sent = await _drain(layer, channel)

@@ -10,10 +10,13 @@ from django.core.exceptions import ValidationError
 from django.test import Client
 from django.utils import timezone
 
-from inference import quotas, services, starts
+from inference import errors, tokens
 from inference.forms import QuotaForm
 from inference.models import AuditLog, Quota, Turn
-from inference.quotas import Limits, limits_merge
+from inference.queue import quotas
+from inference.queue.quotas import Limits, limits_merge
+from inference.turns import submit
+from inference.worker import start as starts
 from tests.adminkit import make_session, quiet
 
 # Pure pieces -------------------------------------------------------------------------------------------
@@ -42,10 +45,10 @@ def test_daily_allowance_resets_at_the_next_utc_midnight():
 
 
 def test_prompt_estimate_counts_text_and_template_overhead():
-    assert quotas.estimate_tokens("") == 0 and quotas.estimate_tokens("abcde") == 2
+    assert tokens.estimate_tokens("") == 0 and tokens.estimate_tokens("abcde") == 2
     messages = [{"role": "user", "content": "x" * 400}, {"role": "assistant", "content": "y" * 40}]
-    assert quotas.estimate_prompt_tokens(messages) == 100 + 4 + 10 + 4 + 2
-    with pytest.raises(quotas.QuotaExceeded) as info:
+    assert tokens.estimate_prompt_tokens(messages) == 100 + 4 + 10 + 4 + 2
+    with pytest.raises(errors.QuotaExceeded) as info:
         quotas.context_check(prompt_tokens=300, limit=200, estimated=False)
     assert info.value.code == "quota_context_tokens" and "300 tokens" in info.value.message
     quotas.context_check(prompt_tokens=200, limit=200, estimated=True)  # at the limit is allowed
@@ -147,8 +150,8 @@ def test_concurrent_turn_limit_refuses_a_second_running_turn_by_every_route(owne
     busy = make_session(owner, rig, model_name)
     Turn.objects.create(session=busy, user_text="running", status=Turn.Status.DECODING)
     second = make_session(owner, rig, model_name)
-    with pytest.raises(quotas.QuotaExceeded) as info:
-        services.turn_submit(session=second, text="hello")
+    with pytest.raises(errors.QuotaExceeded) as info:
+        submit.turn_submit(session=second, text="hello")
     assert info.value.code == "quota_concurrent_turns"
     assert "limit is 1 at once" in info.value.message
     client = Client()
@@ -158,7 +161,7 @@ def test_concurrent_turn_limit_refuses_a_second_running_turn_by_every_route(owne
     assert response.json()["error"]["code"] == "quota_concurrent_turns"
     assert Turn.objects.count() == 1
     Turn.objects.filter(session=busy).update(status=Turn.Status.DONE)  # it ended: the limit frees up
-    assert services.turn_submit(session=second, text="hello").status == Turn.Status.QUEUED
+    assert submit.turn_submit(session=second, text="hello").status == Turn.Status.QUEUED
 
 
 @pytest.mark.django_db(transaction=True)
@@ -169,18 +172,18 @@ def test_daily_token_limit_refuses_until_utc_midnight_and_group_quota_applies(ow
     Quota.objects.create(group=group, max_output_tokens_per_day=100)
     session = make_session(owner, rig, model_name)
     _done_turn(session, output_tokens=100, started_at=timezone.now() - timedelta(seconds=5))
-    with pytest.raises(quotas.QuotaExceeded) as info:
-        services.turn_submit(session=session, text="more please")
+    with pytest.raises(errors.QuotaExceeded) as info:
+        submit.turn_submit(session=session, text="more please")
     tomorrow = quotas.next_reset_utc(timezone.now())
     assert info.value.code == "quota_output_tokens_per_day"
     assert info.value.resets_at == tomorrow
     assert "used 100 of your 100 reply tokens for today" in info.value.message
     assert f"resets at 00:00 UTC on {tomorrow:%Y-%m-%d}" in info.value.message
     # The other user is not in the group: not limited.
-    assert services.turn_submit(session=make_session(other_user, rig, model_name), text="hi").pk
+    assert submit.turn_submit(session=make_session(other_user, rig, model_name), text="hi").pk
     # Yesterday's tokens do not count today: the same usage a day earlier lets the turn through.
     Turn.objects.filter(session=session).update(started_at=quotas.day_start_utc(timezone.now()) - timedelta(seconds=1))
-    assert services.turn_submit(session=session, text="more please").status == Turn.Status.QUEUED
+    assert submit.turn_submit(session=session, text="more please").status == Turn.Status.QUEUED
 
 
 @pytest.mark.django_db(transaction=True)
@@ -188,17 +191,17 @@ def test_per_reply_and_context_limits_refuse_with_the_limit_named(owner, rig, mo
     quiet(rig)
     Quota.objects.create(user=owner, max_tokens_per_reply=64, max_context_tokens=100)
     session = make_session(owner, rig, model_name)
-    with pytest.raises(quotas.QuotaExceeded) as info:
-        services.turn_submit(session=session, text="hi", params={"max_tokens": 65})
+    with pytest.raises(errors.QuotaExceeded) as info:
+        submit.turn_submit(session=session, text="hi", params={"max_tokens": 65})
     assert info.value.code == "quota_tokens_per_reply" and "limit of 64 per reply" in info.value.message
-    with pytest.raises(quotas.QuotaExceeded) as info:
-        services.turn_submit(session=session, text="word " * 200)
+    with pytest.raises(errors.QuotaExceeded) as info:
+        submit.turn_submit(session=session, text="word " * 200)
     assert info.value.code == "quota_context_tokens" and "(estimated)" in info.value.message
     # The estimate builds on the backend's count of the last prompt, not on characters alone.
     _done_turn(session, output_tokens=40, started_at=timezone.now())
     Turn.objects.filter(session=session).update(prompt_tokens=58)
-    with pytest.raises(quotas.QuotaExceeded, match="about 105 tokens"):
-        services.turn_submit(session=session, text="hi")  # 58 + 40 + (1 + 4 + 2)
+    with pytest.raises(errors.QuotaExceeded, match="about 105 tokens"):
+        submit.turn_submit(session=session, text="hi")  # 58 + 40 + (1 + 4 + 2)
     assert Turn.objects.count() == 1
 
 

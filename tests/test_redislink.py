@@ -1,4 +1,4 @@
-"""inference/redislink.py: the worker's batch writes on one connection of their own, against the real Redis.
+"""inference/live/link.py: the worker's batch writes on one connection of their own, against the real Redis.
 
 What must hold: replies come back in order, and a batch that fails part-way (an error reply, a cancelled task)
 never leaves a reply behind for the next batch to read as its own."""
@@ -13,7 +13,9 @@ from redis import asyncio as aioredis
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 
-from inference.redislink import RedisLink
+from inference.live.link import RedisLink
+from inference.worker import loop as worker_loop
+from inference.worker import pace
 
 
 @pytest.fixture
@@ -113,7 +115,7 @@ async def test_a_redis_that_is_not_there_is_a_redis_error_and_the_link_connects_
 
 def test_replies_are_parsed_by_hiredis(settings):
     """pyproject asks for redis[hiredis]: redis-py's C parser halved the web's CPU per pub/sub message here and cut
-    the link's batch (docs/benchmarks.md). Without it redis-py falls back to its Python parser silently."""
+    the link's batch (docs/changelog.md). Without it redis-py falls back to its Python parser silently."""
     from redis._parsers import _AsyncHiredisParser
 
     link = RedisLink(settings.REDIS_URL)
@@ -126,13 +128,11 @@ def test_each_event_loop_gets_its_own_clients_and_they_go_with_the_loop(settings
     have been handed a client bound to the dead one."""
     import gc
 
-    from inference import runner
-
     async def clients() -> tuple[object, ...]:
-        return runner.redis_for_loop(), runner.link_for_loop(), runner._pace_for_loop()
+        return worker_loop.redis_for_loop(), worker_loop.link_for_loop(), pace.pace_for_loop()
 
     def held() -> tuple[int, int, int]:
-        return len(runner._redis_clients), len(runner._links), len(runner._paces)
+        return len(worker_loop._redis_clients), len(worker_loop._links), len(pace._paces)
 
     gc.collect()
     before = held()  # other loops of this process (earlier tests') may still hold theirs

@@ -7,8 +7,9 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 from django.db import connection
 
-from inference import starts
 from inference.models import Turn
+from inference.turns import lifecycle
+from inference.worker import start as starts
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.llama]
 
@@ -35,10 +36,9 @@ def test_task_delivered_twice_at_once_runs_the_turn_once(chat_session):
 
 
 def test_cancelled_queued_turn_is_never_run(chat_session):
-    from inference import services
 
     turn = Turn.objects.create(session=chat_session, user_text="Say yes.")
-    services.turn_cancel(turn=turn)
+    lifecycle.turn_cancel(turn=turn)
     assert starts.turn_run(turn.pk) == "not-claimed"
     turn.refresh_from_db()
     assert (turn.status, turn.finish_reason, turn.reply_text) == (Turn.Status.CANCELLED, "cancelled", "")

@@ -1,4 +1,5 @@
-"""A burst of chat submits is stored together (inference/submits.py), each submit still gets its own answer, and
+"""A burst of chat submits is stored together (inference/turns/submit_queue.py), each submit still gets its own answer,
+and
 the turns handed out together reach the worker in one task and start together.
 
 The rigs' Celery queues have no worker: the turns are stored and dispatched, and run only where a test calls the
@@ -15,10 +16,14 @@ from typing import Any
 import pytest
 import redis
 from asgiref.sync import sync_to_async
-from django.http import Http404
 
-from inference import services, starts, submits
+from inference import db, errors
 from inference.models import ChatSession, Rig, Turn
+from inference.queue import dispatch
+from inference.turns import selectors as turn_selectors
+from inference.turns import submit, submit_queue
+from inference.worker import claim
+from inference.worker import start as starts
 from tests.adminkit import make_session, make_user
 
 
@@ -35,13 +40,13 @@ async def test_a_burst_of_submits_is_stored_together_and_each_gets_its_own_answe
     mine = [await sync_to_async(make_session)(owner, rig, "m") for _ in range(4)]
     theirs = await sync_to_async(make_session)(other, rig, "m")
     batches: list[int] = []
-    real = services.turn_submit_many
+    real = submit.turn_submit_many
 
     def counting(requests: Any) -> Any:
         batches.append(len(requests))
         return real(requests)
 
-    monkeypatch.setattr(services, "turn_submit_many", counting)
+    monkeypatch.setattr(submit, "turn_submit_many", counting)
     sends = [
         (owner, mine[0].pk, "first"),
         (owner, mine[1].pk, "second"),
@@ -51,7 +56,7 @@ async def test_a_burst_of_submits_is_stored_together_and_each_gets_its_own_answe
         (owner, mine[0].pk, "again"),  # its session already has a turn waiting
     ]
     results = await asyncio.gather(
-        *(submits.submit(user=u, session_id=s, text=t) for u, s, t in sends), return_exceptions=True
+        *(submit_queue.submit(user=u, session_id=s, text=t) for u, s, t in sends), return_exceptions=True
     )
 
     assert sum(batches) == len(sends) and len(batches) < len(sends), batches
@@ -60,9 +65,9 @@ async def test_a_burst_of_submits_is_stored_together_and_each_gets_its_own_answe
     assert [(t.session_id, t.status) for t in stored] == [
         (s.pk, Turn.Status.QUEUED) for s in (mine[0], mine[1], mine[3])
     ]
-    assert isinstance(results[2], services.InvalidInput) and results[2].code == "empty_message"
-    assert isinstance(results[3], Http404)
-    assert isinstance(results[5], services.InvalidInput) and results[5].code == "turn_in_progress"
+    assert isinstance(results[2], errors.InvalidInput) and results[2].code == "empty_message"
+    assert isinstance(results[3], errors.NotFound)
+    assert isinstance(results[5], errors.InvalidInput) and results[5].code == "turn_in_progress"
     in_db = await sync_to_async(lambda: sorted(Turn.objects.values_list("user_text", flat=True)))()
     assert in_db == ["first", "second", "third"]
     # One dispatch for the burst: the rig's two slots went to two of the turns, the third waits.
@@ -75,7 +80,7 @@ async def test_a_failing_store_fails_every_submit_of_its_batch_and_the_next_batc
     owner = await sync_to_async(make_user)("owner")
     rig = await sync_to_async(_quiet_rig)(4)
     sessions = [await sync_to_async(make_session)(owner, rig, "m") for _ in range(3)]
-    real = services.turn_submit_many
+    real = submit.turn_submit_many
     calls = 0
 
     def fails_once(requests: Any) -> Any:
@@ -85,13 +90,13 @@ async def test_a_failing_store_fails_every_submit_of_its_batch_and_the_next_batc
             raise ConnectionError("database went away")  # stands in for an outage of the database or Redis
         return real(requests)
 
-    monkeypatch.setattr(services, "turn_submit_many", fails_once)
+    monkeypatch.setattr(submit, "turn_submit_many", fails_once)
     first = await asyncio.gather(
-        *(submits.submit(user=owner, session_id=s.pk, text="hi") for s in sessions[:2]), return_exceptions=True
+        *(submit_queue.submit(user=owner, session_id=s.pk, text="hi") for s in sessions[:2]), return_exceptions=True
     )
     assert all(isinstance(r, ConnectionError) for r in first), first
     assert await Turn.objects.acount() == 0
-    turn = await submits.submit(user=owner, session_id=sessions[2].pk, text="after the outage")
+    turn = await submit_queue.submit(user=owner, session_id=sessions[2].pk, text="after the outage")
     assert turn.user_text == "after the outage" and await Turn.objects.acount() == 1
 
 
@@ -100,18 +105,17 @@ async def test_when_the_task_queue_is_down_a_batchs_stored_turns_hear_it_and_a_r
     broker_down,
 ):
     """The broker refuses the Celery message (mocked, see ``broker_down``)."""
-    from inference import dispatch
 
     owner = await sync_to_async(make_user)("owner")
     rig = await sync_to_async(_quiet_rig)(4)
     sessions = [await sync_to_async(make_session)(owner, rig, "m") for _ in range(2)]
     kept, refused = await asyncio.gather(
-        submits.submit(user=owner, session_id=sessions[0].pk, text="keep me"),
-        submits.submit(user=owner, session_id=sessions[1].pk, text=""),
+        submit_queue.submit(user=owner, session_id=sessions[0].pk, text="keep me"),
+        submit_queue.submit(user=owner, session_id=sessions[1].pk, text=""),
         return_exceptions=True,
     )
-    assert isinstance(kept, dispatch.QueueUnavailable) and isinstance(kept.__cause__, ConnectionRefusedError)
-    assert isinstance(refused, services.InvalidInput) and refused.code == "empty_message"
+    assert isinstance(kept, errors.QueueUnavailable) and isinstance(kept.__cause__, ConnectionRefusedError)
+    assert isinstance(refused, errors.InvalidInput) and refused.code == "empty_message"
     turn = await Turn.objects.aget()
     assert (turn.user_text, turn.status, turn.dispatched_at) == ("keep me", Turn.Status.QUEUED, None)
 
@@ -126,10 +130,10 @@ def test_turns_handed_out_together_go_in_one_task_and_the_worker_runs_them_toget
     broker = redis.Redis.from_url(settings.CELERY_BROKER_URL)
     broker.delete(rig.queue)
     requests = [
-        services.SubmitRequest(user=owner, session_id=make_session(owner, rig, model_name).pk, text=f"Say {word}.")
+        submit.SubmitRequest(user=owner, session_id=make_session(owner, rig, model_name).pk, text=f"Say {word}.")
         for word in ("yes", "no", "maybe")
     ]
-    turns = services.turn_submit_many(requests)
+    turns = submit.turn_submit_many(requests)
     ids = [t.pk for t in turns if isinstance(t, Turn)]
     assert len(ids) == 3
     messages = [json.loads(raw) for raw in broker.lrange(rig.queue, 0, -1)]
@@ -154,7 +158,7 @@ def test_row_locks_are_taken_where_the_database_has_them():
 
     owner = make_user("owner")
     with transaction.atomic(), CaptureQueriesContext(connection) as queries:
-        services.lock_rows(type(owner).objects.filter(pk=owner.pk))
+        db.lock_rows(type(owner).objects.filter(pk=owner.pk))
     sql = [q["sql"] for q in queries.captured_queries]
     if connection.features.has_select_for_update:
         assert len(sql) == 1 and "FOR UPDATE" in sql[0]
@@ -177,7 +181,7 @@ def test_a_batch_reads_each_turns_own_conversation_in_one_query():
     now_first = Turn.objects.create(session=first, user_text="a3")
     now_second = Turn.objects.create(session=second, user_text="b1")
     with CaptureQueriesContext(connection) as queries:
-        turns, history = services.turns_with_history([now_second.pk, now_first.pk])
+        turns, history = turn_selectors.turns_with_history([now_second.pk, now_first.pk])
         assert [turn.session.rig.pk for turn in turns] == [rig.pk, rig.pk]  # already read: no query
     assert len(queries.captured_queries) == 1
     assert [turn.pk for turn in turns] == [now_first.pk, now_second.pk]
@@ -194,7 +198,7 @@ def test_a_batch_reads_each_turns_own_conversation_in_one_query():
 @pytest.mark.django_db(transaction=True)
 def test_a_burst_of_submits_stores_its_turns_in_one_insert(settings, monkeypatch, bulk_returns_ids):
     """Sixteen submits together (the benchmark's level 3) are one INSERT, not sixteen: each was a statement the ORM
-    built and the database ran, on every turn's way to its first token (docs/benchmarks.md). Each turn still gets
+    built and the database ran, on every turn's way to its first token (docs/changelog.md). Each turn still gets
     its own id, in the order the submits came, and its creation time; a refused submit inserts nothing. A database
     whose bulk insert returns no ids (not PostgreSQL or SQLite; the flag is turned off here) gets one per turn."""
     from django.db import connection
@@ -204,13 +208,13 @@ def test_a_burst_of_submits_stores_its_turns_in_one_insert(settings, monkeypatch
     owner = make_user("owner")
     rig = _quiet_rig(16)
     sessions = [make_session(owner, rig, "m") for _ in range(16)]
-    requests = [services.SubmitRequest(user=owner, session_id=s.pk, text=f"hi {i}") for i, s in enumerate(sessions)]
-    requests.insert(3, services.SubmitRequest(user=owner, session_id=sessions[5].pk, text=""))  # refused
+    requests = [submit.SubmitRequest(user=owner, session_id=s.pk, text=f"hi {i}") for i, s in enumerate(sessions)]
+    requests.insert(3, submit.SubmitRequest(user=owner, session_id=sessions[5].pk, text=""))  # refused
     with CaptureQueriesContext(connection) as queries:
-        results = services.turn_submit_many(requests)
+        results = submit.turn_submit_many(requests)
     inserts = [q["sql"] for q in queries.captured_queries if q["sql"].startswith('INSERT INTO "inference_turn"')]
     assert len(inserts) == (1 if bulk_returns_ids else 16), inserts
-    assert isinstance(results[3], services.InvalidInput) and results[3].code == "empty_message"
+    assert isinstance(results[3], errors.InvalidInput) and results[3].code == "empty_message"
     turns = [r for r in results if isinstance(r, Turn)]
     assert [(t.session_id, t.user_text) for t in turns] == [(s.pk, f"hi {i}") for i, s in enumerate(sessions)]
     assert all(t.pk is not None for t in turns) and [t.pk for t in turns] == sorted(t.pk for t in turns)
@@ -224,7 +228,7 @@ def test_a_burst_of_submits_stores_its_turns_in_one_insert(settings, monkeypatch
 @pytest.mark.django_db(transaction=True)
 def test_a_lone_turns_way_to_its_backend_request_takes_few_queries(monkeypatch, settings):
     """Every query from a submit to the worker's backend request is on the turn's time to first token: on a busy
-    2-core rig each is a round trip and a wake-up of the database (docs/benchmarks-history.md, "Pipeline change: fewer
+    2-core rig each is a round trip and a wake-up of the database (docs/changelog.md, 2026-11-30, "Fewer
     round trips"). A lone submit on a rig with a free slot stores and dispatches its turn in one transaction, with
     no savepoint, before its Celery message goes; the worker's start reads the turn with its history, reads the
     owner's limits and claims it in one UPDATE. A change that adds a query here must say why."""
@@ -247,7 +251,7 @@ def test_a_lone_turns_way_to_its_backend_request_takes_few_queries(monkeypatch, 
             return real_send(*args, **kwargs)
 
         monkeypatch.setattr(turns_run_task, "apply_async", counting_send)
-        [turn] = services.turn_submit_many([services.SubmitRequest(user=owner, session_id=session.pk, text="hi")])
+        [turn] = submit.turn_submit_many([submit.SubmitRequest(user=owner, session_id=session.pk, text="hi")])
     assert isinstance(turn, Turn) and len(sent_at) == 1
     before_send = [q["sql"] for q in queries.captured_queries[: sent_at[0]]]
     assert not [sql for sql in before_send if "SAVEPOINT" in sql]
@@ -257,7 +261,7 @@ def test_a_lone_turns_way_to_its_backend_request_takes_few_queries(monkeypatch, 
     # the rig's turns; the dispatch's UPDATE; COMMIT. It was 17 before.
     assert len(before_send) == (9 if connection.features.has_select_for_update else 8), "\n".join(before_send)
     with CaptureQueriesContext(connection) as queries:
-        started = services.turns_start(turn_ids=[turn.pk], worker="w1")
+        started = claim.turns_start(turn_ids=[turn.pk], worker="w1")
     claimed = started[turn.pk]
     assert claimed is not None and claimed.turn.session.rig.pk == rig.pk
     assert claimed.messages == [
@@ -269,7 +273,7 @@ def test_a_lone_turns_way_to_its_backend_request_takes_few_queries(monkeypatch, 
     # limits; the claim with its token cap. It was 7. With it, the request goes first (tests/test_tickets.py).
     assert len(queries.captured_queries) == 3, "\n".join(q["sql"] for q in queries.captured_queries)
     assert Turn.objects.get(pk=turn.pk).token_cap == settings.RIGDASH.max_reply_tokens
-    assert services.turns_start(turn_ids=[turn.pk], worker="w2") == {turn.pk: None}  # a second delivery
+    assert claim.turns_start(turn_ids=[turn.pk], worker="w2") == {turn.pk: None}  # a second delivery
     redis.Redis.from_url(settings.CELERY_BROKER_URL).delete(rig.queue)
 
 
@@ -281,15 +285,15 @@ def test_a_turn_cancelled_between_the_workers_read_and_its_claim_is_left_out(mon
     owner = make_user("owner")
     rig = _quiet_rig(4)
     kept, dropped = (Turn.objects.create(session=make_session(owner, rig, "m"), user_text=t) for t in ("a", "b"))
-    real_read = services.turns_with_history
+    real_read = turn_selectors.turns_with_history
 
     def read_then_cancel(turn_ids: Any) -> Any:
         read = real_read(turn_ids)
         Turn.objects.filter(pk=dropped.pk).update(status=Turn.Status.CANCELLED, cancel_requested=True)
         return read
 
-    monkeypatch.setattr(services, "turns_with_history", read_then_cancel)
-    started = services.turns_start(turn_ids=[kept.pk, dropped.pk], worker="w1")
+    monkeypatch.setattr(claim, "turns_with_history", read_then_cancel)
+    started = claim.turns_start(turn_ids=[kept.pk, dropped.pk], worker="w1")
     assert started[dropped.pk] is None
     claimed = started[kept.pk]
     assert claimed is not None and claimed.messages == [{"role": "user", "content": "a"}]
@@ -302,13 +306,12 @@ def test_a_turn_whose_task_cannot_be_sent_goes_back_to_waiting_and_is_handed_out
     """The broker refuses the Celery message (mocked, see ``broker_down``): the submit's answer is QueueUnavailable
     (which pages and API clients are shown), the turn is kept and waits again instead of holding a slot until the
     120 s resend, and the next dispatch hands it out."""
-    from inference import dispatch
 
     owner = make_user("owner")
     rig = _quiet_rig(1)
     session = make_session(owner, rig, "m")
-    [refused] = services.turn_submit_many([services.SubmitRequest(user=owner, session_id=session.pk, text="hi")])
-    assert isinstance(refused, dispatch.QueueUnavailable) and isinstance(refused.__cause__, ConnectionRefusedError)
+    [refused] = submit.turn_submit_many([submit.SubmitRequest(user=owner, session_id=session.pk, text="hi")])
+    assert isinstance(refused, errors.QueueUnavailable) and isinstance(refused.__cause__, ConnectionRefusedError)
     [turn] = Turn.objects.filter(session=session)
     assert (turn.status, turn.dispatched_at) == (Turn.Status.QUEUED, None)
     broker_down()  # back
@@ -328,13 +331,13 @@ def test_claims_from_different_task_threads_go_through_one_thread_with_its_conne
     from django.db import connection
 
     seen: list[tuple[int, bool]] = []
-    real_start = services.turns_start
+    real_start = claim.turns_start
 
     def spying_start(**kwargs: Any) -> Any:
         seen.append((threading.get_ident(), connection.connection is not None))
         return real_start(**kwargs)
 
-    monkeypatch.setattr(services, "turns_start", spying_start)
+    monkeypatch.setattr(claim, "turns_start", spying_start)
     results: list[dict[int, str]] = []
     for _ in range(2):  # no such turn: each task claims nothing, after reading
         task_thread = threading.Thread(target=lambda: results.append(starts.turns_run([987654])))

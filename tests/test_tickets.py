@@ -1,4 +1,5 @@
-"""Start tickets (inference/tickets.py): a turn stored and handed out by one submit carries what its backend request
+"""Start tickets (inference/queue/tickets.py): a turn stored and handed out by one submit carries what its backend
+request
 needs in its Celery message; the worker sends the request before its claim, and the claim still decides.
 
 The worker here is the test calling the runner (the rigs' Celery queues have no worker, except where a test runs
@@ -20,9 +21,15 @@ import redis
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from inference import live, services, starts
+from inference.live import state as live
 from inference.models import Quota, Rig, Turn
-from inference.tickets import StartTicket, ticket_from_message, tickets_by_turn
+from inference.queue import dispatch
+from inference.queue.tickets import StartTicket, ticket_from_message, tickets_by_turn
+from inference.turns import lifecycle, submit
+from inference.turns import selectors as turn_selectors
+from inference.worker import claim
+from inference.worker import start as starts
+from inference.worker import stream as turn_stream
 from tests.adminkit import make_session, make_user, quiet
 from tests.conftest import llama_busy_slots, wait_until
 
@@ -40,8 +47,8 @@ def _broker_url() -> str:
 
 
 def _submit(owner: Any, session: Any, text: str, params: Any = None) -> Turn:
-    [turn] = services.turn_submit_many(
-        [services.SubmitRequest(user=owner, session_id=session.pk, text=text, params=params)]
+    [turn] = submit.turn_submit_many(
+        [submit.SubmitRequest(user=owner, session_id=session.pk, text=text, params=params)]
     )
     assert isinstance(turn, Turn), turn
     return turn
@@ -73,7 +80,7 @@ def test_a_submit_hands_its_turn_out_with_a_ticket_that_matches_what_the_worker_
     [kwargs] = _task_kwargs(rig.queue)
     [raw] = kwargs["tickets"]
     ticket = ticket_from_message(raw)
-    _, history = services.turns_with_history([turn.pk])
+    _, history = turn_selectors.turns_with_history([turn.pk])
     assert ticket == StartTicket(
         turn_id=turn.pk,
         rig_id=rig.pk,
@@ -90,7 +97,6 @@ def test_a_submit_hands_its_turn_out_with_a_ticket_that_matches_what_the_worker_
     waiting = _submit(owner, other, "later")
     assert Turn.objects.get(pk=waiting.pk).dispatched_at is None
     Turn.objects.filter(pk=turn.pk).update(status=Turn.Status.DONE)
-    from inference import dispatch
 
     assert dispatch.rig_dispatch(rig_id=rig.pk) == [waiting.pk]
     assert _task_kwargs(rig.queue)[1] == {}
@@ -100,7 +106,7 @@ def test_a_submit_hands_its_turn_out_with_a_ticket_that_matches_what_the_worker_
 @pytest.mark.django_db(transaction=True)
 def test_the_task_message_shows_turn_ids_and_never_the_conversation_outside_its_body():
     """Celery copies a task's argsrepr and kwargsrepr into the message's headers, task events (Flower) and the
-    worker's log of a failed task. RigDash gives its own (inference.dispatch.task_reprs): Celery's own repr of the
+    worker's log of a failed task. RigDash gives its own (inference.queue.dispatch.task_reprs): Celery's own repr of the
     tickets cost a quarter of the send."""
     owner = make_user("owner")
     rig = Rig.objects.create(name="r", kind=Rig.Kind.LLAMACPP, base_url="http://127.0.0.1:9", queue="rig.h", slots=1)
@@ -130,11 +136,11 @@ def test_an_owner_with_a_daily_allowance_gets_no_ticket_and_the_start_reserves_f
     Quota.objects.create(user=owner, max_output_tokens_per_day=30)
     turn = _submit(owner, make_session(owner, rig, "m"), "hi")
     assert _task_kwargs(rig.queue) == [{}]
-    claimed = services.turns_start(turn_ids=[turn.pk], worker="w1")[turn.pk]
+    claimed = claim.turns_start(turn_ids=[turn.pk], worker="w1")[turn.pk]
     assert claimed is not None and Turn.objects.get(pk=turn.pk).token_cap == 30
     # Another user's turn, through the single submit the HTTP API uses, has its ticket.
     other = make_user("other")
-    theirs = services.turn_submit(session=make_session(other, rig, "m"), text="hello")
+    theirs = submit.turn_submit(session=make_session(other, rig, "m"), text="hello")
     assert [t["turn_id"] for t in _task_kwargs(rig.queue)[1]["tickets"]] == [theirs.pk]
     redis.Redis.from_url(_broker_url()).delete(rig.queue)
 
@@ -185,7 +191,7 @@ def test_a_ticketed_turns_request_reaches_the_backend_before_its_claim(rig, mode
     the wait would time out. The claim itself is two statements (the UPDATE, then the read of what it got) and
     the turn runs to its end with the ticket's cap."""
     turn, tickets = _handed_out(monkeypatch, rig, owner, model_name, "Count from one to fifty, in words.", 4)
-    real_claim = services._turns_claim_ticketed
+    real_claim = claim._turns_claim_ticketed
     statements: list[int] = []
     _, tasks_before = _slots(rig.base_url)
 
@@ -202,7 +208,7 @@ def test_a_ticketed_turns_request_reaches_the_backend_before_its_claim(rig, mode
         statements.append(len(queries.captured_queries))
         return result
 
-    monkeypatch.setattr(services, "_turns_claim_ticketed", claim_once_the_backend_has_it)
+    monkeypatch.setattr(claim, "_turns_claim_ticketed", claim_once_the_backend_has_it)
     assert starts.turns_run([turn.pk], tickets=tickets) == {turn.pk: "ran"}
     assert statements == [2]
     done = Turn.objects.get(pk=turn.pk)
@@ -220,7 +226,7 @@ def test_a_ticketed_turns_claim_waits_until_its_request_is_written(rig, model_na
     turn, tickets = _handed_out(
         monkeypatch, rig, owner, model_name, "Write a long story about a lighthouse keeper.", 120
     )
-    real_open, real_claim = starts.runner.open_stream, services._turns_claim_ticketed
+    real_open, real_claim = starts.open_stream, claim._turns_claim_ticketed
     said_at: list[float] = []
     claimed_at: list[float] = []
 
@@ -232,12 +238,12 @@ def test_a_ticketed_turns_claim_waits_until_its_request_is_written(rig, model_na
         loop = asyncio.get_running_loop()
         return real_open(rig, request, on_sent=lambda: loop.call_later(0.1, late))
 
-    def claim(**kwargs: Any) -> Any:
+    def timed_claim(**kwargs: Any) -> Any:
         claimed_at.append(time.monotonic())
         return real_claim(**kwargs)
 
-    monkeypatch.setattr(starts.runner, "open_stream", open_with_late_word)
-    monkeypatch.setattr(services, "_turns_claim_ticketed", claim)
+    monkeypatch.setattr(starts, "open_stream", open_with_late_word)
+    monkeypatch.setattr(claim, "_turns_claim_ticketed", timed_claim)
     assert starts.turns_run([turn.pk], tickets=tickets) == {turn.pk: "ran"}
     assert len(said_at) == 1 and claimed_at[0] >= said_at[0], "the claim began before the request was written"
     done = Turn.objects.get(pk=turn.pk)
@@ -253,10 +259,9 @@ def test_tokens_read_before_the_claim_are_published_whole_and_in_order_once_it_c
     """A ticketed request's stream is read from the moment it is sent; what comes before the claim (the first tokens,
     or at 2 s the whole short reply and its end) is kept, then published at once when the turn is claimed, and the
     batches that follow carry on from it: every seq once, in order, and the text equal to the stored reply."""
-    from inference import runner
 
     turn, tickets = _handed_out(monkeypatch, rig, owner, model_name, "Name three colours.", 24)
-    real_claim, real_flush = services._turns_claim_ticketed, runner.TurnStream.flush
+    real_claim, real_flush = claim._turns_claim_ticketed, turn_stream.TurnStream.flush
     sent: list[tuple[int, int, str]] = []
 
     def late_claim(**kwargs: Any) -> Any:
@@ -269,8 +274,8 @@ def test_tokens_read_before_the_claim_are_published_whole_and_in_order_once_it_c
         if self.seq_sent > seq:
             sent.append((seq + 1, self.seq_sent, text))
 
-    monkeypatch.setattr(services, "_turns_claim_ticketed", late_claim)
-    monkeypatch.setattr(runner.TurnStream, "flush", recording_flush)
+    monkeypatch.setattr(claim, "_turns_claim_ticketed", late_claim)
+    monkeypatch.setattr(turn_stream.TurnStream, "flush", recording_flush)
     assert starts.turns_run([turn.pk], tickets=tickets) == {turn.pk: "ran"}
     done = Turn.objects.get(pk=turn.pk)
     assert done.status == Turn.Status.DONE, done.error
@@ -300,14 +305,14 @@ def test_a_ticketed_turn_cancelled_before_its_claim_has_its_request_closed_and_p
     rig, model_name, owner, monkeypatch
 ):
     turn, tickets = _handed_out(monkeypatch, rig, owner, model_name, "Count to a hundred.", 200)
-    real_claim = services._turns_claim_ticketed
+    real_claim = claim._turns_claim_ticketed
 
     def cancel_then_claim(**kwargs: Any) -> Any:
         wait_until(lambda: llama_busy_slots(rig.base_url) > 0, timeout_s=10, what="the request in a slot")
-        services.turn_cancel(turn=Turn.objects.get(pk=turn.pk))  # the user pressed Stop while it was handed out
+        lifecycle.turn_cancel(turn=Turn.objects.get(pk=turn.pk))  # the user pressed Stop while it was handed out
         return real_claim(**kwargs)
 
-    monkeypatch.setattr(services, "_turns_claim_ticketed", cancel_then_claim)
+    monkeypatch.setattr(claim, "_turns_claim_ticketed", cancel_then_claim)
     assert starts.turns_run([turn.pk], tickets=tickets) == {turn.pk: "not-claimed"}
     assert Turn.objects.get(pk=turn.pk).status == Turn.Status.CANCELLED
     assert live.snapshot(turn.pk).seq == 0  # no batch of its reached the live list (or its page)

@@ -9,8 +9,8 @@ import sys
 import pytest
 from django.core.exceptions import ImproperlyConfigured
 
-from inference.live import decode_snapshot, encode_batch
-from inference.runner import StreamMeter
+from inference.live.state import decode_snapshot, encode_batch
+from inference.worker.pace import StreamMeter
 from rigdash.env import env_bool, env_int
 from rigdash.launcher import ROOT
 

@@ -138,9 +138,9 @@ class StreamChunk:
 
 class Backend(ABC):
     kind: str
-    # Whether ``stream_chat`` awaits ``read_gate`` after every read that brought text. The turn runner publishes
-    # its batches there; a plug-in that cannot (its client reads the stream itself) is read on a task of its own,
-    # and the runner calls the gate after whatever that task read together.
+    # Whether ``stream_chat`` awaits ``read_gate`` after every read that brought text. The worker publishes its
+    # batches there (inference/worker/stream.py); a plug-in that cannot (its client reads the stream itself) is read
+    # on a task of its own, and the worker calls the gate after whatever that task read together.
     calls_read_gate: ClassVar[bool] = False
 
     def __init__(self, base_url: str, *, timeout_s: float = 10.0) -> None:

@@ -56,8 +56,8 @@ def context_tokens(timings: dict[str, Any]) -> int | None:
 
 @functools.cache
 def tls_context() -> ssl.SSLContext:
-    """One TLS context per process. Without it httpx builds one, loading the CA bundle, for every client:
-    about 20 ms of CPU on every turn, before the request is sent (docs/benchmarks.md)."""
+    """One TLS context per process. Without it httpx builds one, loading the CA bundle, for every client: on every
+    turn, before the request is sent."""
     return httpx.create_ssl_context(trust_env=False)
 
 
@@ -155,7 +155,7 @@ class LlamaCppBackend(Backend):
         self, request: ChatRequest, *, read_gate: ReadGate | None = None, on_sent: OnSent | None = None
     ) -> AsyncIterator[StreamChunk]:
         # The stream is read with the lean client in sse.py (httpx's line iterator was the worker's largest
-        # cost per token). No read timeout here: the turn runner enforces first-token and stall timeouts.
+        # cost per token). No read timeout here: the worker enforces first-token and stall timeouts.
         try:
             response = await sse.post_json_stream(
                 self.base_url,

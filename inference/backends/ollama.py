@@ -140,7 +140,7 @@ class OllamaBackend(Backend):
     ) -> AsyncIterator[StreamChunk]:
         # read_gate is not used: the ollama client reads the stream itself. Nor can on_sent see its write: it is
         # called as the request starts.
-        # No read timeout here: the turn runner enforces first-token and stall timeouts itself.
+        # No read timeout here: the worker enforces first-token and stall timeouts itself.
         client = self._client(read_timeout=None)
         if on_sent is not None:
             on_sent()

@@ -1,7 +1,7 @@
 """A lean HTTP/1.1 client for one server-sent-events stream: the hot path of every llama.cpp turn.
 
 Why not httpx here: reading a chat stream token by token through httpx's ``aiter_lines`` (httpcore, anyio,
-h11, a line decoder) was 36 % of the worker's CPU at 140 tokens/s (docs/benchmarks.md). This module reads
+h11, a line decoder) costs a large share of the worker's CPU per token (docs/changelog.md). This module reads
 the socket with asyncio streams, decodes ``Transfer-Encoding: chunked`` and splits events itself: a few
 ``bytes.find`` calls per token. It is used for the streaming POST and for the monitoring sampler's reads of
 llama-server every second (``get``: httpx's request machinery was half the sampler's CPU while idle);
@@ -211,8 +211,7 @@ class SSEResponse:
     @contextlib.asynccontextmanager
     async def reads_paused(self) -> AsyncIterator[None]:
         """Read nothing from the socket inside this block: what the server sends meanwhile waits in the kernel's
-        buffer and is read in one wake-up afterwards, instead of one wake-up per token (each costs 40-50 us of
-        CPU on the 2-core VM measured in docs/benchmarks.md)."""
+        buffer and is read in one wake-up afterwards, instead of one wake-up per token."""
         transport = cast(asyncio.Transport, self._writer.transport)  # a socket transport: it reads too
         transport.pause_reading()
         try:

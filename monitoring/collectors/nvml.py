@@ -34,9 +34,10 @@ def _nvml() -> Any:
 
 
 def _memory(nvml: Any, handle: Any) -> tuple[float, float, float]:
-    """Used, total and reserved bytes. NVML's v1 ``used`` counts what the driver reserves for itself as used: 615 MiB
-    on an idle H200 (driver 580.159.04, checked on one on 2026-12-04) where nvidia-smi showed 0 MiB. v2 reports the
-    reservation apart, as nvidia-smi does; a driver or nvidia-ml-py without it gets the v1 figure, reserved 0."""
+    """Used, total and reserved bytes. NVML's v1 ``used`` counts what the driver reserves for itself as used (an
+    idle GPU shows hundreds of MiB used where nvidia-smi shows none); v2 reports the reservation apart, as
+    nvidia-smi does (docs/monitoring.md, "On a real GPU"). A driver or nvidia-ml-py without v2 gets the v1 figure,
+    reserved 0."""
     version = getattr(nvml, "nvmlMemory_v2", None)
     if version is not None:
         try:

@@ -1,4 +1,4 @@
-/* Usage charts: the figures are built in Python (inference/usage.py) and handed over with json_script. */
+/* Usage charts: the figures are built in Python (inference/turns/usage.py) and handed over with json_script. */
 (function () {
   "use strict";
 

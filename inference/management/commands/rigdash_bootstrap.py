@@ -10,7 +10,7 @@ from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand
 
-from inference.services import rig_ensure_default
+from inference.turns.sessions import rig_ensure_default
 
 
 class Command(BaseCommand):

@@ -1,0 +1,242 @@
+"""The fair queue: turns wait in RigDash's table and go to Celery only when their rig has a free slot.
+
+A rig decodes ``Rig.slots`` turns at once. A turn is *busy* on its rig from the moment it is dispatched
+(``dispatched_at`` set, task sent) until it ends. When slots free up, waiting turns are picked round-robin
+across users: the user served least recently on that rig goes first (a user never served before goes
+before everyone), each user's own turns oldest first. So one user's burst of turns waits behind the
+single turns of others instead of starving them.
+
+Dispatch runs inside a submit's transaction, after every turn end and every few seconds from Celery beat
+(``inference.dispatch_all``). It is race-safe: the rig's row is locked (``select_for_update``) while
+slots are counted and turns marked, and each turn is marked with a conditional update, so two
+dispatchers never hand out the same slot or the same turn twice. The worker's claim is still a
+conditional update, so a task delivered twice runs once.
+"""
+
+from __future__ import annotations
+
+import heapq
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from celery import current_app
+from django.db import connection, transaction
+from django.db.models import Max, Q
+from django.utils import timezone
+
+from inference import events
+from inference.errors import QueueUnavailable
+from inference.models import Rig, Turn
+from inference.queue.tickets import StartTicket
+
+log = logging.getLogger(__name__)
+# The worker's task (inference/tasks.py), looked up by its name: the entry points sit above this layer.
+TURNS_RUN_TASK = "inference.turns_run"
+
+
+@dataclass(frozen=True)
+class Waiting:
+    turn_id: int
+    user_id: int
+    session_id: int
+    created_at: datetime
+
+
+def fair_order(waiting: Sequence[Waiting], last_served: Mapping[int, datetime | None]) -> list[Waiting]:
+    """The order waiting turns will start in (pure).
+
+    1. Each user's turns queue oldest first.
+    2. Repeatedly take the head turn of the user served least recently: never served first, then the
+       oldest ``last_served``; ties go to the user whose head turn is older.
+    3. That user now counts as served most recently, behind everyone already waiting.
+    """
+    per_user: dict[int, list[Waiting]] = {}
+    for item in sorted(waiting, key=lambda w: (w.created_at, w.turn_id)):
+        per_user.setdefault(item.user_id, []).append(item)
+    heap: list[tuple[int, float, datetime, int, int]] = []
+    for user_id, turns in per_user.items():
+        served = last_served.get(user_id)
+        rank, when = (0, 0.0) if served is None else (1, served.timestamp())
+        heapq.heappush(heap, (rank, when, turns[0].created_at, turns[0].turn_id, user_id))
+    order: list[Waiting] = []
+    heads = {user_id: 0 for user_id in per_user}
+    tick = 0
+    while heap:
+        *_, user_id = heapq.heappop(heap)
+        turns = per_user[user_id]
+        order.append(turns[heads[user_id]])
+        heads[user_id] += 1
+        if heads[user_id] < len(turns):
+            tick += 1
+            head = turns[heads[user_id]]
+            heapq.heappush(heap, (2, float(tick), head.created_at, head.turn_id, user_id))
+    return order
+
+
+def waiting_order(rig_id: int) -> list[Waiting]:
+    """The rig's undispatched queued turns in the order they will start."""
+    return _in_fair_order(rig_id, _rig_turns(rig_id)[1])
+
+
+def _in_fair_order(rig_id: int, waiting: list[Waiting]) -> list[Waiting]:
+    """``fair_order`` of the rig's waiting turns, reading when each of their users was last served on the rig.
+    With one user waiting the order is theirs, oldest first, whenever they were served: no query."""
+    if not waiting:
+        return []
+    users = {w.user_id for w in waiting}
+    if len(users) == 1:
+        return fair_order(waiting, {})
+    served = (
+        Turn.objects.filter(session__rig_id=rig_id, session__owner_id__in=users, dispatched_at__isnull=False)
+        .values("session__owner_id")
+        .annotate(last=Max("dispatched_at"))
+    )
+    return fair_order(waiting, {row["session__owner_id"]: row["last"] for row in served})
+
+
+def queue_position(turn: Turn) -> int | None:
+    """None unless waiting; 0 once handed to a worker; else 1 for the next turn to start, 2 after it..."""
+    if turn.status != Turn.Status.QUEUED:
+        return None
+    if turn.dispatched_at is not None:
+        return 0
+    rig_id = Turn.objects.filter(pk=turn.pk).values_list("session__rig_id", flat=True).first()
+    order = [w.turn_id for w in waiting_order(rig_id)] if rig_id is not None else []
+    return order.index(turn.pk) + 1 if turn.pk in order else None
+
+
+def _rig_turns(rig_id: int) -> tuple[int, list[Waiting]]:
+    """The rig's busy slots (turns running, or handed to a worker and not yet claimed) and its waiting turns,
+    in one query."""
+    rows = Turn.objects.filter(Q(status__in=Turn.RUNNING) | Q(status=Turn.Status.QUEUED), session__rig_id=rig_id)
+    rows = rows.order_by()  # fair_order sorts the waiting ones
+    busy, waiting = 0, []
+    for pk, status, dispatched_at, user_id, session_id, created_at in rows.values_list(
+        "pk", "status", "dispatched_at", "session__owner_id", "session_id", "created_at"
+    ):
+        if status != Turn.Status.QUEUED or dispatched_at is not None:
+            busy += 1
+        else:
+            waiting.append(Waiting(turn_id=pk, user_id=user_id, session_id=session_id, created_at=created_at))
+    return busy, waiting
+
+
+def rig_dispatch(*, rig_id: int, rig: Rig | None = None, tickets: Mapping[int, StartTicket] | None = None) -> list[int]:
+    """Hand waiting turns to the rig's Celery queue while it has free slots, fairly; returns their ids.
+
+    Inside a caller's transaction (a submit's) it joins it, without a savepoint: the turns stored and their
+    dispatch commit together, and the task goes to Celery after that one commit. A lone submit on a rig with a
+    free slot costs three queries here (lock the rig, read its turns, mark the turn): this is on every turn's time
+    to first token.
+
+    ``rig``: the rig as the caller read it in this transaction. It is read again, locked, where the database has
+    row locks; on SQLite the transaction already holds the database's write lock, and the read would only cost
+    time.
+
+    ``tickets``: start tickets of turns stored in this transaction, by turn id; those handed out go in the task."""
+    with transaction.atomic(savepoint=False):
+        if rig is None or connection.features.has_select_for_update:
+            rig = Rig.objects.select_for_update().filter(pk=rig_id).order_by().first()
+        if rig is None:
+            return []
+        busy, waiting = _rig_turns(rig_id)
+        free = rig.slots - busy
+        dispatched: list[int] = []
+        still_waiting: list[Waiting] | None = None  # known only when the order was read here
+        if free > 0:
+            now = timezone.now()
+            order = _in_fair_order(rig_id, waiting)
+            chosen = [item.turn_id for item in order[:free]]
+            # One UPDATE for the lot. A turn cancelled since the read is not QUEUED any more and is left out; when
+            # the UPDATE marked fewer than chosen, the marked ones are read back.
+            handed_out = Turn.objects.filter(pk__in=chosen, status=Turn.Status.QUEUED, dispatched_at__isnull=True)
+            marked_count = handed_out.update(dispatched_at=now) if chosen else 0
+            if marked_count == len(chosen):
+                dispatched = chosen
+            elif marked_count:
+                marked = set(Turn.objects.filter(pk__in=chosen, dispatched_at=now).values_list("pk", flat=True))
+                dispatched = [turn_id for turn_id in chosen if turn_id in marked]
+            still_waiting = [item for item in order if item.turn_id not in dispatched]
+        queue = rig.queue
+        sent_tickets = [tickets[t] for t in dispatched if t in tickets] if tickets else []
+        transaction.on_commit(lambda: _send(dispatched, queue, sent_tickets))
+        transaction.on_commit(
+            lambda: announce_positions(rig_id=rig_id, waiting_order_now=still_waiting, just_dispatched=dispatched)
+        )
+    return dispatched
+
+
+def task_reprs(turn_ids: list[int], tickets: Sequence[StartTicket]) -> dict[str, str]:
+    """What Celery shows of the turns' task arguments: in the message's headers, in task events (Flower) and in the
+    worker's log of a task that fails. The turn ids, never a ticket's conversation. Left to Celery, they are
+    ``saferepr`` of the arguments, walked in Python at every send, on every turn's way to its first token."""
+    held = f"<start tickets of turns {[ticket.turn_id for ticket in tickets]}>"
+    return {"argsrepr": repr([turn_ids]), "kwargsrepr": f"{{'tickets': {held}}}" if tickets else "{}"}
+
+
+def _send(turn_ids: list[int], queue: str, tickets: Sequence[StartTicket] = ()) -> None:
+    """One task for the turns handed out together: one Celery message to send, and the worker claims them together.
+    Their start tickets go with it (inference/queue/tickets.py).
+
+    When the message cannot be sent (the broker is down), the turns go back to waiting, so the next dispatch
+    (after a turn ends, or beat's ``dispatch_all``) hands them out again instead of the 120 s resend; the caller
+    gets ``QueueUnavailable`` (the broker's error as its cause), which a page or an API client is shown."""
+    if not turn_ids:
+        return
+    try:
+        # Straight to the queue's list: through the default exchange, kombu has no binding to look up.
+        kwargs = {"tickets": [ticket.as_message() for ticket in tickets]} if tickets else {}
+        current_app.tasks[TURNS_RUN_TASK].apply_async(
+            args=[turn_ids], kwargs=kwargs, queue=queue, exchange="", routing_key=queue, **task_reprs(turn_ids, tickets)
+        )
+    except Exception as exc:
+        Turn.objects.filter(pk__in=turn_ids, status=Turn.Status.QUEUED).update(dispatched_at=None)
+        raise QueueUnavailable(turn_ids) from exc
+
+
+def announce_positions(
+    *, rig_id: int, waiting_order_now: list[Waiting] | None = None, just_dispatched: list[int] | None = None
+) -> None:
+    """Tell each waiting turn's chat page (and the board) where it now stands in the rig's queue (0: starting).
+    ``waiting_order_now``: the order the dispatch just read under the rig's lock, less what it handed out.
+    ``just_dispatched``: the turns it handed out. A turn already starting stays at 0 until its worker claims it,
+    so only these are told they start (telling every starting turn again would make a burst of n submits send
+    n^2/2 messages); the board still gets every position."""
+    starting = Turn.objects.filter(session__rig_id=rig_id, status=Turn.Status.QUEUED, dispatched_at__isnull=False)
+    waiting = [(session_id, turn_id, 0) for turn_id, session_id in starting.values_list("pk", "session_id")]
+    order = waiting_order(rig_id) if waiting_order_now is None else waiting_order_now
+    waiting += [(w.session_id, w.turn_id, i + 1) for i, w in enumerate(order)]
+    if waiting:
+        fresh = set(just_dispatched or ())
+        told = waiting if just_dispatched is None else [w for w in waiting if w[2] > 0 or w[1] in fresh]
+        events.queue_positions_sync(rig_id=rig_id, waiting=waiting, pages=told)
+
+
+def dispatch_resend_stale(*, older_than_s: float) -> list[int]:
+    """Send again the tasks of turns dispatched long ago but never claimed (a lost message); harmless twice."""
+    cutoff = timezone.now() - timedelta(seconds=older_than_s)
+    resent: list[int] = []
+    stale = Turn.objects.filter(status=Turn.Status.QUEUED, dispatched_at__lt=cutoff)
+    for turn_id, old, queue in stale.values_list("pk", "dispatched_at", "session__rig__queue"):
+        if Turn.objects.filter(pk=turn_id, status=Turn.Status.QUEUED, dispatched_at=old).update(
+            dispatched_at=timezone.now()
+        ):
+            _send([turn_id], queue)
+            resent.append(turn_id)
+            log.warning("turn %s was dispatched at %s but never started: task sent again", turn_id, old)
+    return resent
+
+
+def dispatch_all(*, resend_after_s: float = 120.0) -> dict[str, list[int]]:
+    """The periodic pass: dispatch every rig with waiting turns; resend lost tasks."""
+    dispatched: list[int] = []
+    rig_ids = set(
+        Turn.objects.filter(status=Turn.Status.QUEUED, dispatched_at__isnull=True).values_list(
+            "session__rig_id", flat=True
+        )
+    )
+    for rig_id in sorted(rig_ids):
+        dispatched += rig_dispatch(rig_id=rig_id)
+    return {"dispatched": dispatched, "resent": dispatch_resend_stale(older_than_s=resend_after_s)}

@@ -1,0 +1,111 @@
+"""The admin board's rows: one per turn across users and rigs (who, where, state, queue position) and, for a running
+turn, the progress its worker last stored (inference/live/progress.py). The lifecycle publishes a turn's row when it
+is queued, starts or ends."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from datetime import timedelta
+from typing import Any
+
+from django.utils import timezone
+
+from inference import events
+from inference.live import progress as live_progress
+from inference.models import Rig, Turn
+from inference.queue import dispatch
+
+ENDED_ROWS = 50
+ENDED_WINDOW = timedelta(hours=6)
+
+
+def _iso(value: Any) -> str | None:
+    return value.isoformat() if value else None
+
+
+def board_row(turn: Turn, *, position: int | None, progress: Mapping[str, Any] | None) -> dict[str, Any]:
+    """A turn as the board shows it; ``turn`` needs session, its owner and rig loaded."""
+    stats = turn.stats or {}
+    progress = progress or {}
+    if turn.is_active:
+        tokens = progress.get("tokens", 0)
+        decode_tps = progress.get("decode_tps")
+        prompt_tokens = progress.get("prompt_tokens")
+        n_ctx = progress.get("n_ctx")
+    else:
+        tokens = turn.output_tokens if turn.output_tokens is not None else stats.get("output_events", 0)
+        decode_tps = stats.get("decode_tps")
+        prompt_tokens = turn.prompt_tokens
+        n_ctx = stats.get("context_limit")
+    return {
+        "id": turn.pk,
+        "session": turn.session_id,
+        "user": turn.session.owner.get_username(),
+        "user_id": turn.session.owner_id,
+        "rig": turn.session.rig.name,
+        "rig_id": turn.session.rig_id,
+        "model": turn.session.model_name,
+        "status": turn.status,
+        "finish_reason": turn.finish_reason,
+        "queue_position": position,
+        "tokens": tokens,
+        "decode_tps": decode_tps,
+        "prompt_tokens": prompt_tokens,
+        **live_progress.context_fill(prompt_tokens, tokens, n_ctx),
+        "created_at": _iso(turn.created_at),
+        "started_at": _iso(turn.started_at),
+        "finished_at": _iso(turn.finished_at),
+    }
+
+
+def _rows(turns: Iterable[Turn]) -> list[dict[str, Any]]:
+    turns = list(turns)
+    positions: dict[int, int] = {}
+    for rig_id in {t.session.rig_id for t in turns if t.status == Turn.Status.QUEUED}:
+        positions.update({w.turn_id: i + 1 for i, w in enumerate(dispatch.waiting_order(rig_id))})
+    for turn in turns:
+        if turn.status == Turn.Status.QUEUED and turn.dispatched_at is not None:
+            positions[turn.pk] = 0
+    progress = live_progress.read_many([t.pk for t in turns if t.status in Turn.RUNNING])
+    return [board_row(t, position=positions.get(t.pk), progress=progress.get(t.pk)) for t in turns]
+
+
+def _with_people() -> Any:
+    return Turn.objects.select_related("session", "session__owner", "session__rig")
+
+
+def board_rows() -> list[dict[str, Any]]:
+    """Every active turn (oldest first), then the turns that ended lately (newest first)."""
+    active = _with_people().filter(status__in=Turn.ACTIVE).order_by("created_at", "id")
+    ended = (
+        _with_people()
+        .exclude(status__in=Turn.ACTIVE)
+        .filter(finished_at__gte=timezone.now() - ENDED_WINDOW)
+        .order_by("-finished_at", "-id")[:ENDED_ROWS]
+    )
+    return _rows([*active, *ended])
+
+
+def board_row_for(turn_id: int) -> dict[str, Any] | None:
+    turn = _with_people().filter(pk=turn_id).first()
+    return _rows([turn])[0] if turn else None
+
+
+def publish_turn(turn_id: int) -> None:
+    """Send the turn's current row to every board (when it is queued, starts or ends); nothing when no board is
+    open anywhere (the row's queries would be on every submit's way)."""
+    publish_turns([turn_id])
+
+
+def publish_turns(turn_ids: list[int]) -> None:
+    """``publish_turn`` for several turns: Redis is asked once whether a board is open, and the rows go out in one
+    round trip."""
+    if not events.board_watched():
+        return
+    rows = [row for row in map(board_row_for, turn_ids) if row is not None]
+    if rows:
+        events.board_turns_sync(rows=rows)
+
+
+def rigs_summary() -> list[dict[str, Any]]:
+    return [{"id": r.pk, "name": r.name, "slots": r.slots, "enabled": r.enabled} for r in Rig.objects.all()]

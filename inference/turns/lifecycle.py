@@ -1,0 +1,110 @@
+"""A turn's life after its submit: cancel, the worker's phase and checkpoint writes, its end, its release, the reaper.
+
+Every state change is a conditional UPDATE that acts only when it matched (a task delivered twice is harmless).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+from django.utils import timezone
+
+from inference import events
+from inference.errors import InvalidInput
+from inference.live import progress, state
+from inference.models import Turn
+from inference.queue import dispatch
+from inference.turns import board_rows, selectors
+
+log = logging.getLogger(__name__)
+
+
+def turn_cancel(*, turn: Turn) -> Turn:
+    """Stop a turn: a queued one ends at once; a running one is flagged and its worker closes the stream."""
+    ended = Turn.objects.filter(pk=turn.pk, status=Turn.Status.QUEUED).update(
+        status=Turn.Status.CANCELLED, finish_reason="cancelled", cancel_requested=True, finished_at=timezone.now()
+    )
+    if ended:
+        turn.refresh_from_db()
+        turn_released(turn_id=turn.pk, rig_id=turn.session.rig_id)
+        events.turn_end_sync(session_id=turn.session_id, turn=selectors.turn_snapshot(turn), seq=0)
+        return turn
+    flagged = Turn.objects.filter(pk=turn.pk, status__in=Turn.RUNNING).update(cancel_requested=True)
+    if flagged:
+        state.request_cancel(turn.pk)
+    else:
+        raise InvalidInput("turn_finished", "That turn has already finished.")
+    turn.refresh_from_db()
+    return turn
+
+
+def turn_mark_decoding(*, turn_id: int) -> None:
+    Turn.objects.filter(pk=turn_id, status=Turn.Status.PROMPT).update(status=Turn.Status.DECODING)
+
+
+def turn_checkpoint(*, turn_id: int, reply_text: str) -> None:
+    Turn.objects.filter(pk=turn_id, status__in=Turn.RUNNING).update(reply_text=reply_text, heartbeat_at=timezone.now())
+
+
+@dataclass
+class TurnOutcome:
+    status: str
+    reply_text: str
+    finish_reason: str
+    stats: dict[str, Any]
+    error: str = ""
+
+
+def turn_finish(*, turn: Turn, outcome: TurnOutcome) -> bool:
+    """Store a running turn's end once; False if it had already ended (e.g. reaped as interrupted)."""
+    updated = Turn.objects.filter(pk=turn.pk, status__in=Turn.RUNNING).update(
+        status=outcome.status,
+        reply_text=outcome.reply_text,
+        finish_reason=outcome.finish_reason,
+        stats=outcome.stats,
+        error=outcome.error,
+        finished_at=timezone.now(),
+        prompt_tokens=_prompt_in_context(outcome.stats),
+        output_tokens=outcome.stats.get("output_tokens", outcome.stats.get("output_events")),
+    )
+    return bool(updated)
+
+
+def _prompt_in_context(stats: dict[str, Any]) -> int | None:
+    """The prompt's whole size: the backend's prompt_tokens count only what it did not have cached."""
+    if stats.get("prompt_tokens") is None:
+        return None
+    return int(stats["prompt_tokens"]) + int(stats.get("cached_tokens") or 0)
+
+
+def turn_reap_stale(*, older_than_s: float) -> list[int]:
+    """End running turns whose worker stopped checkpointing as ``interrupted``, keeping their text."""
+    cutoff = timezone.now() - timedelta(seconds=older_than_s)
+    reaped = []
+    for turn in Turn.objects.filter(status__in=Turn.RUNNING, heartbeat_at__lt=cutoff).select_related("session"):
+        current = state.snapshot(turn.pk)
+        outcome = TurnOutcome(
+            status=Turn.Status.INTERRUPTED,
+            reply_text=current.text or turn.reply_text,
+            finish_reason="interrupted",
+            stats={**turn.stats, "output_events": current.seq},
+            error="The worker running this turn stopped; the reply so far is kept.",
+        )
+        if turn_finish(turn=turn, outcome=outcome):
+            turn.refresh_from_db()
+            turn_released(turn_id=turn.pk, rig_id=turn.session.rig_id)
+            events.turn_end_sync(session_id=turn.session_id, turn=selectors.turn_snapshot(turn), seq=current.seq)
+            state.forget(turn.pk)
+            reaped.append(turn.pk)
+            log.warning("turn %s interrupted: no heartbeat since %s", turn.pk, turn.heartbeat_at)
+    return reaped
+
+
+def turn_released(*, turn_id: int, rig_id: int) -> None:
+    """A turn ended (or was cancelled while waiting): show it on the board and give its slot to the next."""
+    board_rows.publish_turn(turn_id)
+    progress.forget(turn_id)
+    dispatch.rig_dispatch(rig_id=rig_id)

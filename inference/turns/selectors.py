@@ -1,0 +1,153 @@
+"""Reads: what a user may see (owner-scoped: another user's object is ``NotFound``), and the shapes sent to browsers
+and JSON clients."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+from typing import Any
+
+from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
+from django.db.models import QuerySet
+
+from inference.errors import NotFound
+from inference.live import state
+from inference.models import ChatSession, Rig, Turn
+from inference.queue import dispatch
+
+HISTORY_LIMIT = 200
+
+
+def rig_list_enabled() -> QuerySet[Rig]:
+    return Rig.objects.filter(enabled=True)
+
+
+def session_list_for(user: AbstractBaseUser | AnonymousUser) -> QuerySet[ChatSession]:
+    return ChatSession.objects.filter(owner_id=user.pk).select_related("rig")
+
+
+def session_get_for(user: AbstractBaseUser | AnonymousUser, session_id: int) -> ChatSession:
+    """The user's own session, or NotFound: another user's id looks exactly like one that does not exist."""
+    try:
+        return session_list_for(user).get(pk=session_id)
+    except (ChatSession.DoesNotExist, ValueError, TypeError):
+        raise NotFound("chat session") from None
+
+
+def turn_get_for(user: AbstractBaseUser | AnonymousUser, turn_id: int) -> Turn:
+    try:
+        return Turn.objects.select_related("session").get(pk=turn_id, session__owner_id=user.pk)
+    except (Turn.DoesNotExist, ValueError, TypeError):
+        raise NotFound("turn") from None
+
+
+def turn_snapshot(turn: Turn, *, just_stored: bool = False) -> dict[str, Any]:
+    """A turn as browsers see it. A running turn's text comes from the live buffer, with its seq.
+
+    ``just_stored``: the turn was created a moment ago and not yet dispatched, so it has no text and no place
+    in the queue yet (dispatch announces it next): the snapshot is built without asking Redis or computing
+    the queue. That keeps four round trips off the path from a submit to the worker's start."""
+    text, seq = turn.reply_text, turn.stats.get("output_events", 0)
+    if just_stored:
+        position = None
+    else:
+        if turn.is_active:
+            current = state.snapshot(turn.pk)
+            text, seq = current.text, current.seq
+        position = dispatch.queue_position(turn)
+    return {
+        "id": turn.pk,
+        "session": turn.session_id,
+        "user_text": turn.user_text,
+        "reply": text,
+        "seq": seq,
+        "status": turn.status,
+        "finish_reason": turn.finish_reason,
+        "error": turn.error,
+        "stats": turn_stats_public(turn.stats),
+        "created_at": turn.created_at.isoformat() if turn.created_at else None,
+        "queue_position": position,  # None unless waiting; 0 starting; n: n-1 turns wait ahead of it
+        "queue_ahead": None if position is None else max(0, position - 1),
+    }
+
+
+def turn_stats_public(stats: dict[str, Any]) -> dict[str, Any]:
+    """Stats for the page: everything but the long list of inter-token gaps."""
+    return {key: value for key, value in stats.items() if key != "inter_token_gaps_ms"}
+
+
+def session_history(session: ChatSession) -> list[dict[str, Any]]:
+    turns = list(session.turns.order_by("-created_at", "-id")[:HISTORY_LIMIT])
+    turns.reverse()
+    for turn in turns:
+        turn.session = session
+    return [turn_snapshot(turn) for turn in turns]
+
+
+def turns_with_history(turn_ids: Sequence[int]) -> tuple[list[Turn], dict[int, list[dict[str, str]]]]:
+    """The turns (with their sessions and rigs), and each one's conversation up to and including its user
+    message, oldest first, by turn id: one query, which reads every turn of their sessions."""
+    rows = (
+        Turn.objects.filter(session__turns__pk__in=turn_ids)
+        .select_related("session", "session__rig")
+        .order_by("created_at", "id")
+    )
+    by_session: dict[int, dict[int, Turn]] = {}
+    # A session holding two of the turns comes twice: each row is kept once (a DISTINCT would compare every column).
+    for row in rows:
+        by_session.setdefault(row.session_id, {}).setdefault(row.pk, row)
+    wanted = set(turn_ids)
+    turns = sorted(
+        (row for session_turns in by_session.values() for row in session_turns.values() if row.pk in wanted),
+        key=lambda t: t.pk,
+    )
+    history: dict[int, list[dict[str, str]]] = {}
+    for turn in turns:
+        messages: list[dict[str, str]] = []
+        for previous in by_session[turn.session_id].values():
+            if previous.pk != turn.pk and previous.created_at <= turn.created_at:
+                messages.extend(previous.as_history_messages())
+        messages.append({"role": "user", "content": turn.user_text})
+        history[turn.pk] = messages
+    return turns, history
+
+
+# Reads for monitoring/ (its only way into inference/ besides models, backends, live state and events).
+
+
+@functools.lru_cache(maxsize=256)
+def _active_turns_query(rig_id: int) -> QuerySet[Turn, Any]:
+    """The rig's active turns' query, built once per rig and never evaluated itself (building it costs more CPU
+    than running it, once a second per rig)."""
+    return (
+        Turn.objects.filter(session__rig_id=rig_id, status__in=Turn.ACTIVE)
+        .order_by("created_at")
+        .values("id", "status", "created_at", "started_at", "session__owner__username", "session__model_name")
+    )
+
+
+def rig_active_turns(rig_id: int) -> list[dict[str, Any]]:
+    """The rig's queued and running turns, oldest first, as the monitoring sampler shows them."""
+    rows = _active_turns_query(rig_id).all()  # a fresh copy each tick: the cached one never holds results
+    return [
+        {
+            "id": row["id"],
+            "status": row["status"],
+            "user": row["session__owner__username"],
+            "model": row["session__model_name"],
+            "created_at": row["created_at"].isoformat(),
+            "started_at": row["started_at"].isoformat() if row["started_at"] else None,
+        }
+        for row in rows
+    ]
+
+
+def rig_recent_finished(rig_id: int, *, limit: int) -> list[dict[str, Any]]:
+    """The rig's most recently finished turns that have timings, oldest first: id, finished_at, stats."""
+    recent = list(
+        Turn.objects.filter(session__rig_id=rig_id, finished_at__isnull=False, stats__has_key="ttft_ms")
+        .order_by("-finished_at")
+        .values("id", "finished_at", "stats")[:limit]
+    )
+    recent.reverse()
+    return [dict(row) for row in recent]

@@ -1,0 +1,49 @@
+"""Chat sessions and the rigs they run on: which models a rig serves, the default rig, a new session."""
+
+from __future__ import annotations
+
+import asyncio
+
+from django.conf import settings
+from django.contrib.auth.models import User
+
+from inference.backends import backend_for
+from inference.backends.base import BackendError, ModelInfo
+from inference.errors import InvalidInput
+from inference.models import ChatSession, Rig
+
+
+def rig_models(rig: Rig) -> list[ModelInfo]:
+    """The models the rig's backend serves now (raises BackendError when it cannot say)."""
+    backend = backend_for(rig, timeout_s=settings.RIGDASH.backend_health_timeout_s)
+    return asyncio.run(backend.list_models())
+
+
+def rig_ensure_default(*, base_url: str, name: str = "embedded", slots: int = 4) -> Rig:
+    """The default rig (the embedded llama-server); its URL and slots follow LLAMA_SERVER_URL and LLAMA_SLOTS."""
+    rig, created = Rig.objects.get_or_create(
+        name=name,
+        defaults={
+            "kind": Rig.Kind.LLAMACPP,
+            "base_url": base_url,
+            "queue": f"rig.{name}",
+            "is_default": True,
+            "slots": slots,
+        },
+    )
+    if not created and (rig.base_url, rig.slots) != (base_url, slots):
+        rig.base_url, rig.slots = base_url, slots
+        rig.save(update_fields=["base_url", "slots"])
+    return rig
+
+
+def session_create(*, owner: User, rig: Rig, model_name: str) -> ChatSession:
+    if not rig.enabled:
+        raise InvalidInput("rig_disabled", f"rig {rig.name} is disabled")
+    try:
+        served = {model.name for model in rig_models(rig)}
+    except BackendError as exc:
+        raise InvalidInput("backend_unavailable", f"cannot reach rig {rig.name}: {exc}") from exc
+    if model_name not in served:
+        raise InvalidInput("unknown_model", f"rig {rig.name} does not serve a model named {model_name!r}")
+    return ChatSession.objects.create(owner=owner, rig=rig, model_name=model_name)

@@ -1,0 +1,192 @@
+"""A user's new turn: checked, stored and dispatched in one transaction; announced and sent to Celery after it."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from django.conf import settings
+from django.db import connection, transaction
+
+from inference import events
+from inference.db import lock_rows, locking
+from inference.errors import InvalidInput, NotFound, QueueUnavailable
+from inference.models import ChatSession, Turn
+from inference.queue import dispatch, quotas
+from inference.queue.quotas import Limits
+from inference.queue.tickets import StartTicket
+from inference.turns import board_rows, selectors
+from inference.turns.params import params_validate
+
+
+def turn_submit(*, session: ChatSession, text: Any, params: Any = None) -> Turn:
+    """Store a new turn and dispatch it in the same transaction; its Celery task goes once that is committed."""
+    with transaction.atomic():
+        lock_rows(ChatSession.objects.filter(pk=session.pk))  # one submit at a time per session
+        busy, conversations = _sessions_read({session.pk})
+        limits: dict[int, Limits] = {}
+        turn = _turn_prepare(session=session, text=text, params=params, busy=busy, limits=limits)
+        _turns_insert([turn])
+        _turns_stored([turn], conversations=conversations, limits=limits)
+    return turn
+
+
+@dataclass(frozen=True)
+class SubmitRequest:
+    """One ``turn.send`` from a chat socket: the user sending it and the session it is for (checked again)."""
+
+    user: Any
+    session_id: int
+    text: Any
+    params: Any = None
+
+
+SubmitResult = Turn | InvalidInput | QueueUnavailable  # a submit's turn, or why it has none
+
+
+def turn_submit_many(requests: Sequence[SubmitRequest]) -> list[SubmitResult]:
+    """Store a burst of submits and dispatch them in one transaction; after it, announce and send them together.
+
+    Each request gets its own result: its turn, or the error that refused it, or ``QueueUnavailable`` for a turn
+    stored while the task queue is down (it waits for the queue). One request's error loses
+    nothing of the others (``_turn_prepare`` refuses before it writes). A burst of n submits costs one INSERT,
+    one commit, one dispatch and one round trip of announcements instead of n of each, and reads its sessions,
+    their running turns and their owners' limits once."""
+    results: list[SubmitResult] = []
+    try:
+        _turns_submit_atomic(requests, results)
+    except QueueUnavailable as exc:  # the commit's Celery message failed: the turns are stored and wait
+        return [exc if isinstance(result, Turn) else result for result in results]  # a refusal keeps its reason
+    return results
+
+
+def _turns_submit_atomic(requests: Sequence[SubmitRequest], results: list[SubmitResult]) -> None:
+    """``turn_submit_many``'s transaction. Each request's result goes in ``results`` as it is known, so the caller
+    still has them when the commit's Celery message fails (Django raises that out of the atomic block)."""
+    with transaction.atomic():
+        sessions: dict[tuple[int, int], ChatSession] = {}
+        for user in {request.user for request in requests}:
+            asked = [r.session_id for r in requests if r.user == user and isinstance(r.session_id, int)]
+            # Read and locked at once (one submit at a time per session): _turn_prepare need not lock them again.
+            for found in locking(selectors.session_list_for(user).filter(pk__in=asked).order_by()):
+                sessions[(user.pk, found.pk)] = found
+        busy, conversations = _sessions_read({s.pk for s in sessions.values()})
+        limits: dict[int, Limits] = {}
+        for request in requests:
+            # No savepoint per request: _turn_prepare refuses a turn before it writes anything, so a refusal leaves
+            # nothing of its own behind (two round trips saved per submit).
+            try:
+                session = sessions.get((request.user.pk, request.session_id))
+                if session is None:
+                    raise NotFound("chat session")  # another user's looks exactly like a missing one
+                results.append(
+                    _turn_prepare(session=session, text=request.text, params=request.params, busy=busy, limits=limits)
+                )
+            except InvalidInput as exc:
+                results.append(exc)
+        turns = [r for r in results if isinstance(r, Turn)]
+        _turns_insert(turns)
+        _turns_stored(turns, conversations=conversations, limits=limits)
+
+
+def _sessions_read(session_ids: set[int]) -> tuple[set[int], dict[int, list[dict[str, str]]]]:
+    """The sessions with a turn waiting or running, and each session's conversation so far, in one query. A
+    session takes one turn at a time, so a new turn's conversation is what was said before it, and the worker
+    would read the same (``turns_with_history``): it goes in the turn's start ticket."""
+    busy: set[int] = set()
+    conversations: dict[int, list[dict[str, str]]] = {session_id: [] for session_id in session_ids}
+    rows = Turn.objects.filter(session_id__in=session_ids).order_by("created_at", "id")
+    for session_id, status, user_text, reply_text in rows.values_list(
+        "session_id", "status", "user_text", "reply_text"
+    ):
+        if status in Turn.ACTIVE:
+            busy.add(session_id)
+        conversations[session_id].extend(Turn.history_messages(user_text, reply_text))
+    return busy, conversations
+
+
+def _turn_prepare(*, session: ChatSession, text: Any, params: Any, busy: set[int], limits: dict[int, Limits]) -> Turn:
+    """Check one turn and return it unsaved (``_turns_insert`` stores it); call inside a transaction, with the
+    session's row read with ``locking`` (one submit at a time per session). ``busy``: the sessions known to have
+    a turn waiting or running (updated here); ``limits``: owners' limits read so far in this transaction (updated
+    here).
+
+    Every check comes before the first write (a new session's title), so a refusal (InvalidInput) leaves nothing
+    behind and a burst's other turns commit without a savepoint around each (``turn_submit_many``)."""
+    if not isinstance(text, str) or not text.strip():
+        raise InvalidInput("empty_message", "The message is empty.")
+    limit = settings.RIGDASH.max_message_chars
+    if len(text) > limit:
+        raise InvalidInput("message_too_long", f"The message has {len(text)} characters; the limit is {limit}.")
+    clean_params = params_validate(params)
+    if not session.rig.enabled:
+        raise InvalidInput("rig_disabled", f"rig {session.rig.name} is disabled")
+
+    if session.pk in busy:
+        raise InvalidInput("turn_in_progress", "Wait for the current reply to finish (or stop it) first.")
+    quotas.quota_check_submit(session=session, text=text, params=clean_params, known=limits)
+    if not session.title:
+        session.title = text.strip()[:80]
+        ChatSession.objects.filter(pk=session.pk).update(title=session.title)
+    busy.add(session.pk)
+    return Turn(session=session, user_text=text, params=clean_params)
+
+
+def _turns_insert(turns: list[Turn]) -> None:
+    """Store checked turns in one INSERT (``python -m bench.store`` measures it). PostgreSQL and SQLite (3.35+)
+    return the new ids from a bulk insert; a database that cannot gets one INSERT per turn."""
+    if connection.features.can_return_rows_from_bulk_insert:
+        Turn.objects.bulk_create(turns)
+    else:
+        for turn in turns:
+            turn.save()
+
+
+def _turns_stored(
+    turns: Sequence[Turn],
+    *,
+    conversations: Mapping[int, list[dict[str, str]]] | None = None,
+    limits: Mapping[int, Limits] | None = None,
+) -> None:
+    """Inside the submit's transaction: hand the turns to their rigs' fair queues, in the same commit. After it:
+    tell the pages, send the Celery tasks, show the turns on the board, in that order. ``conversations`` (by
+    session) and ``limits`` (by owner), as this transaction read them, make the turns' start tickets."""
+    if not turns:
+        return
+
+    # A page hears of its turn before a worker can start it: a fast backend's first token could otherwise
+    # reach the page before the turn itself did (seen in the benchmark's stress level). Callbacks run in the
+    # order they were added, so this goes before the dispatch's tasks.
+    queued = [(turn.session_id, selectors.turn_snapshot(turn, just_stored=True)) for turn in turns]
+    transaction.on_commit(lambda: events.turns_queued_sync(queued), robust=True)  # a view: never stops the tasks
+    # The turns wait in their rig's fair queue; dispatch hands them to Celery while a slot is free.
+    tickets = _start_tickets(turns, conversations or {}, limits or {})
+    for rig in {turn.session.rig_id: turn.session.rig for turn in turns}.values():
+        dispatch.rig_dispatch(rig_id=rig.pk, rig=rig, tickets=tickets)
+    turn_ids = [turn.pk for turn in turns]
+    transaction.on_commit(lambda: board_rows.publish_turns(turn_ids), robust=True)
+
+
+def _start_tickets(
+    turns: Sequence[Turn], conversations: Mapping[int, list[dict[str, str]]], limits: Mapping[int, Limits]
+) -> dict[int, StartTicket]:
+    """Start tickets (inference/queue/tickets.py) for turns just stored, where this transaction read their conversation
+    and their owner's limits, and the owner has no daily allowance (its reservation needs the owner's row lock
+    at the start)."""
+
+    tickets: dict[int, StartTicket] = {}
+    for turn in turns:
+        mine = limits.get(turn.session.owner_id)
+        if mine is None or mine.max_output_tokens_per_day is not None or turn.session_id not in conversations:
+            continue
+        tickets[turn.pk] = StartTicket(
+            turn_id=turn.pk,
+            rig_id=turn.session.rig_id,
+            model=turn.session.model_name,
+            messages=[*conversations[turn.session_id], {"role": "user", "content": turn.user_text}],
+            params=turn.params,
+            max_tokens=quotas.reply_cap(turn, mine),
+            context_limit=mine.max_context_tokens,
+        )
+    return tickets

@@ -1,0 +1,119 @@
+"""Chat pages and the JSON API. Every object is looked up through the user's own sessions (404 otherwise)."""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from django.conf import settings
+from django.contrib.auth.decorators import login_required
+from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.shortcuts import get_object_or_404, redirect, render
+from django.views.decorators.http import require_GET, require_POST
+
+from inference.backends.base import BackendError
+from inference.errors import InvalidInput
+from inference.models import Rig
+from inference.turns import lifecycle, selectors, sessions, submit
+from inference.views.http import api_view, json_body, json_error, or_404
+
+
+def _rig_choices() -> list[dict[str, Any]]:
+    """Each enabled rig with the models it serves now, or why it cannot say (asked in parallel)."""
+    rigs = list(selectors.rig_list_enabled())
+
+    def describe(rig: Rig) -> dict[str, Any]:
+        try:
+            return {"rig": rig, "models": [m.name for m in sessions.rig_models(rig)], "error": ""}
+        except BackendError as exc:
+            return {"rig": rig, "models": [], "error": str(exc)}
+
+    with ThreadPoolExecutor(max_workers=max(1, min(8, len(rigs)))) as pool:
+        return list(pool.map(describe, rigs))
+
+
+@login_required
+@require_GET
+def session_list(request: HttpRequest) -> HttpResponse:
+    return render(
+        request,
+        "inference/session_list.html",
+        {"sessions": selectors.session_list_for(request.user)[:100], "rigs": _rig_choices()},
+    )
+
+
+@login_required
+@require_POST
+def session_create(request: HttpRequest) -> HttpResponse:
+    rig = get_object_or_404(selectors.rig_list_enabled(), pk=request.POST.get("rig") or 0)
+    try:
+        session = sessions.session_create(
+            owner=request.user,  # type: ignore[arg-type]
+            rig=rig,
+            model_name=request.POST.get("model", ""),
+        )
+    except InvalidInput as exc:
+        return render(
+            request,
+            "inference/session_list.html",
+            {
+                "sessions": selectors.session_list_for(request.user)[:100],
+                "rigs": _rig_choices(),
+                "error": exc.message,
+            },
+            status=400,
+        )
+    return redirect("inference:session_detail", session_id=session.pk)
+
+
+@login_required
+@require_GET
+def session_detail(request: HttpRequest, session_id: int) -> HttpResponse:
+    session = or_404(selectors.session_get_for, request.user, session_id)
+    return render(
+        request,
+        "inference/chat.html",
+        {
+            "session": session,
+            "sessions": selectors.session_list_for(request.user)[:50],
+            "page_config": {"session": session.pk, "maxChars": settings.RIGDASH.max_message_chars},
+        },
+    )
+
+
+@api_view()
+def api_session_turns(request: HttpRequest, session_id: int) -> HttpResponse:
+    session = selectors.session_get_for(request.user, session_id)
+    if request.method == "GET":
+        return JsonResponse({"session": session.pk, "turns": selectors.session_history(session)})
+    if request.method == "POST":
+        body = json_body(request)
+        turn = submit.turn_submit(session=session, text=body.get("text"), params=body.get("params"))
+        return JsonResponse({"turn": selectors.turn_snapshot(turn)}, status=201)
+    return json_error("method_not_allowed", "Use GET or POST.", 405)
+
+
+@api_view()
+@require_GET
+def api_turn_detail(request: HttpRequest, turn_id: int) -> HttpResponse:
+    return JsonResponse({"turn": selectors.turn_snapshot(selectors.turn_get_for(request.user, turn_id))})
+
+
+@api_view()
+@require_POST
+def api_turn_cancel(request: HttpRequest, turn_id: int) -> HttpResponse:
+    turn = lifecycle.turn_cancel(turn=selectors.turn_get_for(request.user, turn_id))
+    return JsonResponse({"turn": selectors.turn_snapshot(turn)}, status=202)
+
+
+@api_view()
+@require_GET
+def api_rig_models(request: HttpRequest, rig_id: int) -> HttpResponse:
+    rig = get_object_or_404(selectors.rig_list_enabled(), pk=rig_id)
+    try:
+        models = sessions.rig_models(rig)
+    except BackendError as exc:
+        return json_error(exc.code, str(exc), 502)
+    return JsonResponse(
+        {"rig": rig.pk, "models": [{"name": m.name, "context_length": m.context_length} for m in models]}
+    )

@@ -1,0 +1,223 @@
+"""How a worker starts the turns a Celery task hands it: claim them (a ticketed turn's backend request goes out
+before its claim: inference/queue/tickets.py) and run each on the process's one asyncio loop (inference/worker/loop.py;
+inference/worker/stream.py streams it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import os
+import socket
+import threading
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from channels.db import database_sync_to_async as db_async
+from django.conf import settings
+from django.db import DatabaseError, close_old_connections
+
+from inference import events
+from inference.backends.base import ChatRequest
+from inference.db import gated
+from inference.errors import InvalidInput
+from inference.live import state
+from inference.models import Rig, Turn
+from inference.queue.quotas import TurnBudget
+from inference.queue.tickets import StartTicket, tickets_by_turn
+from inference.turns import board_rows, lifecycle
+from inference.turns.selectors import turn_snapshot
+from inference.worker import claim as claims
+from inference.worker import loop, stream
+from inference.worker.prompt import PromptState
+from inference.worker.reader import OpenedStream, open_stream
+
+log = logging.getLogger(__name__)
+WORKER_ID = f"{socket.gethostname()}:{os.getpid()}"
+Claim = concurrent.futures.Future[claims.ClaimedTurn | None]  # a turn's claim: what it got, or None (not claimed)
+SENT_WAIT_S = 1.0  # the longest a claim waits for its ticketed requests to be written (a rig that does not answer)
+FINISH_RETRY_S = (0.5, 2.0, 5.0)  # a turn's end the database refused is stored again after each of these, then left
+
+
+def _chat_request(model: str, messages: list[dict[str, str]], max_tokens: int, params: dict[str, Any]) -> ChatRequest:
+    return ChatRequest(
+        model=model,
+        messages=messages,
+        max_tokens=max_tokens,
+        temperature=params.get("temperature"),
+        top_p=params.get("top_p"),
+        seed=params.get("seed"),
+    )
+
+
+async def run_claimed_turn(
+    turn: Turn,
+    messages: list[dict[str, str]],
+    budget: TurnBudget | InvalidInput,
+    opened: OpenedStream | None = None,
+) -> None:
+    """Send the backend request first (unless it went out before the claim: ``opened``); everything else about
+    the start happens while the prompt is read. ``budget``: the reply's token cap, or why the turn cannot run (a
+    quota leaves it no tokens; its start ticket disagrees with it): it then ends as failed with that reason."""
+    rig_id = turn.session.rig_id
+    prompt_state = PromptState(turn, settings.RIGDASH.flush_interval_ms / 1000)
+    started_row = asyncio.create_task(db_async(board_rows.publish_turn, thread_sensitive=False)(turn.pk))  # the board
+    if isinstance(budget, InvalidInput):
+        exc = budget
+        if opened is not None:
+            await opened.close()
+        outcome = lifecycle.TurnOutcome(
+            status=Turn.Status.FAILED,
+            reply_text="",
+            finish_reason=exc.code,
+            stats={"output_events": 0},
+            error=exc.message,
+        )
+    else:
+        request = _chat_request(turn.session.model_name, messages, budget.max_tokens, turn.params or {})
+        outcome = await stream.stream_turn(
+            turn,
+            request,
+            loop.redis_for_loop(),
+            context_quota=budget.context_limit,
+            prompt_state=prompt_state,
+            opened=opened,
+        )
+    await prompt_state.settle()
+    try:
+        await started_row  # the board's "started" row goes out before the end
+    except DatabaseError as exc:  # a view: the board reads the turn again at its end
+        log.warning("turn %s: the board's row could not be read: %r", turn.pk, exc)
+    stored = await _store_end(turn, outcome)
+    if not stored:
+        log.warning("turn %s had already ended when its worker finished", turn.pk)
+        return
+    await db_async(turn.refresh_from_db)()
+    # The board hears of the end and the next waiting turn gets the slot before the page hears of it.
+    await db_async(gated(lifecycle.turn_released))(turn_id=turn.pk, rig_id=rig_id)
+    snapshot = await db_async(turn_snapshot)(turn)
+    await events.turn_end(session_id=turn.session_id, turn=snapshot, seq=outcome.stats["output_events"])
+    await db_async(state.forget)(turn.pk)
+
+
+async def _store_end(turn: Turn, outcome: lifecycle.TurnOutcome) -> bool:
+    """Store the turn's end (``lifecycle.turn_finish``). A database that refuses it (restarting, a dropped connection)
+    gets a few more tries: without its end the turn would wait for the reaper, and end as interrupted, with its text
+    but without its finish reason and stats. The last try's error reaches the task, and the reaper ends the turn."""
+    finish: Callable[..., Awaitable[bool]] = db_async(gated(lifecycle.turn_finish))
+    for retry_in in FINISH_RETRY_S:
+        try:
+            return await finish(turn=turn, outcome=outcome)
+        except DatabaseError as exc:
+            log.warning("turn %s: storing its end failed (%r); trying again in %g s", turn.pk, exc, retry_in)
+            await asyncio.sleep(retry_in)
+    return await finish(turn=turn, outcome=outcome)
+
+
+# Where each rig's requests go, as this process last read it from the database: a ticketed turn's request goes
+# there before its claim reads the rig again (a ticket never says where to connect). Kind and base URL by rig id.
+_rigs_seen: dict[int, tuple[str, str]] = {}
+
+
+async def run_ticketed_turn(
+    ticket: StartTicket, seen: tuple[str, str], claim: Claim, sent: concurrent.futures.Future[None]
+) -> None:
+    """Send a ticketed turn's backend request, then wait for its claim (on the claim thread). ``sent`` is set once
+    the request is written, or could not be. Not claimed (cancelled, or another delivery's): the request is closed
+    and nothing of it was published. The rig moved since this process last saw it: the request is closed and sent
+    again where the rig is now."""
+
+    def mark_sent(*_: Any) -> None:
+        if not sent.done():
+            sent.set_result(None)
+
+    kind, base_url = seen
+    request = _chat_request(ticket.model, ticket.messages, ticket.max_tokens, ticket.params)
+    try:
+        opened = open_stream(Rig(pk=ticket.rig_id, kind=kind, base_url=base_url), request, on_sent=mark_sent)
+    except BaseException:
+        mark_sent()
+        raise
+    opened.reader.add_done_callback(mark_sent)  # the request failed before it was written
+    try:
+        claimed = await asyncio.wrap_future(claim)
+    except BaseException:
+        await opened.close()
+        raise
+    keep = claimed is not None and _where(claimed.turn.session.rig) == seen
+    if not keep:
+        await opened.close()
+    if claimed is not None:
+        await run_claimed_turn(claimed.turn, claimed.messages, claimed.budget, opened=opened if keep else None)
+
+
+def _where(rig: Rig) -> tuple[str, str]:
+    return rig.kind, rig.base_url
+
+
+def turn_run(turn_id: int) -> str:
+    """Claim and run a turn once. Returns what happened (a second delivery of the task is a no-op)."""
+    return turns_run([turn_id])[turn_id]
+
+
+def turns_run(turn_ids: list[int], tickets: Any = None) -> dict[int, str]:
+    """Claim the turns a dispatch handed out together and run them at once on this process's loop; for each:
+    "ran", or "not-claimed" when it was not waiting any more (a second delivery is a no-op).
+
+    ``tickets``: the message's start tickets (inference/queue/tickets.py). A ticketed turn on a rig this process knows
+    has its backend request sent before the claim, which runs beside it; the rest start once claimed."""
+    ticketed = tickets_by_turn(tickets, turn_ids)
+    early: dict[int, tuple[Claim, concurrent.futures.Future[None]]] = {}
+    sent: list[concurrent.futures.Future[None]] = []
+    for turn_id, ticket in ticketed.items():
+        if (seen := _rigs_seen.get(ticket.rig_id)) is not None:
+            claim: Claim = concurrent.futures.Future()
+            sent.append(concurrent.futures.Future())
+            early[turn_id] = claim, loop.start(run_ticketed_turn(ticket, seen, claim, sent[-1]))
+    # The claim waits until those requests are written: its ORM work holds the GIL, which would delay them. It still
+    # ends long before a first token, which the backend sends after reading the whole prompt.
+    concurrent.futures.wait(sent, timeout=SENT_WAIT_S)
+    try:
+        started = _claim_thread().submit(_claim, turn_ids, ticketed).result()
+    except BaseException as exc:
+        for claim, _ in early.values():
+            claim.set_exception(exc)
+        raise
+    for claimed in started.values():
+        if claimed is not None:
+            _rigs_seen[claimed.turn.session.rig_id] = _where(claimed.turn.session.rig)
+    for turn_id, (claim, _) in early.items():
+        claim.set_result(started[turn_id])
+    runs = [run for _, run in early.values()]
+    runs += [
+        loop.start(run_claimed_turn(c.turn, c.messages, c.budget))
+        for turn_id, c in started.items()
+        if c is not None and turn_id not in early
+    ]
+    for run in runs:
+        run.result()  # a run that breaks before the end is reaped later
+    return {turn_id: "not-claimed" if started[turn_id] is None else "ran" for turn_id in turn_ids}
+
+
+_claims: tuple[int, concurrent.futures.ThreadPoolExecutor] | None = None
+_claims_lock = threading.Lock()
+
+
+def _claim_thread() -> concurrent.futures.ThreadPoolExecutor:
+    """The one thread of this process that claims turns, so one database connection, kept open between turns, serves
+    every claim: opening a connection would sit on the turn's time to first token. Made again after a fork (a
+    prefork pool's children)."""
+    global _claims
+    with _claims_lock:
+        if _claims is None or _claims[0] != os.getpid():
+            _claims = os.getpid(), concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="rigdash-claim")
+        return _claims[1]
+
+
+def _claim(turn_ids: list[int], tickets: dict[int, StartTicket]) -> dict[int, claims.ClaimedTurn | None]:
+    close_old_connections()  # as Celery and Channels do around a unit of work: drop a connection past its age
+    try:
+        return gated(claims.turns_start)(turn_ids=turn_ids, worker=WORKER_ID, tickets=tickets)
+    finally:
+        close_old_connections()
