@@ -187,11 +187,15 @@ def models_changed_sync(*, rig_id: int, action: str, model: str) -> None:
 
 
 def queue_positions_sync(
-    *, rig_id: int, waiting: list[tuple[int, int, int]], pages: list[tuple[int, int, int]] | None = None
+    *,
+    rig_id: int,
+    waiting: list[tuple[int, int, int]],
+    pages: list[tuple[int, int, int]] | None = None,
+    reason: str = "",
 ) -> None:
     """After a dispatch: waiting turns' places, ``(session_id, turn_id, position)``: those in ``pages`` (default:
-    all) to their chat pages (``chat.turn_state``), all of them to the board (``board.queue``), in one round
-    trip."""
+    all) to their chat pages (``chat.turn_state``, with ``waiting_reason`` when the rig cannot take turns now), all
+    of them to the board (``board.queue``), in one round trip."""
     messages: list[tuple[str, dict[str, Any]]] = [
         (
             session_group(session_id),
@@ -201,6 +205,7 @@ def queue_positions_sync(
                 "status": "queued",
                 "queue_position": position,
                 "queue_ahead": max(0, position - 1),
+                **({"waiting_reason": reason} if reason else {}),
             },
         )
         for session_id, turn_id, position in (waiting if pages is None else pages)

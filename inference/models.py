@@ -26,6 +26,11 @@ class Rig(models.Model):
         validators=[MinValueValidator(1), MaxValueValidator(256)],
         help_text="Turns the backend decodes at once (llama-server -np); more wait in RigDash's fair queue.",
     )
+    agent_key = models.CharField(
+        max_length=128,
+        blank=True,
+        help_text="The rig agent's secret (RIGDASH_AGENT_KEY on the rig's host); empty when no agent runs beside it.",
+    )
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:

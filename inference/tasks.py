@@ -35,4 +35,4 @@ def model_pull_task(rig_id: int, model: str, pull_id: str) -> str:
 
 @shared_task(name="inference.dispatch_all")
 def dispatch_all_task(resend_after_s: float = 120.0) -> dict[str, list[int]]:
-    return dispatch.dispatch_all(resend_after_s=resend_after_s)
+    return {**dispatch.dispatch_all(resend_after_s=resend_after_s), "failed": lifecycle.turns_fail_where_agent_down()}

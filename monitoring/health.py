@@ -12,6 +12,7 @@ from django.db import connection
 
 from inference.backends import backend_for
 from inference.backends.base import BackendError
+from inference.live import agents
 from inference.live import state as live
 from inference.models import Rig
 
@@ -47,12 +48,16 @@ def check_workers(timeout_s: float = 1.0, app: Celery | None = None) -> dict[str
 
 
 def check_rig(rig: Rig) -> dict[str, Any]:
+    """The rig's backend, and its agent where it has one (down when its heartbeat is stale or does not verify)."""
+    agent = agents.agent_state(rig.pk, rig.agent_key)
     try:
         backend = backend_for(rig, timeout_s=settings.RIGDASH.backend_health_timeout_s)
         health = asyncio.run(backend.health())
     except BackendError as exc:
-        return {"ok": False, "detail": str(exc), "kind": rig.kind, "url": rig.base_url}
-    return {"ok": health.ok, "detail": health.detail, "kind": rig.kind, "url": rig.base_url}
+        return {"ok": False, "detail": str(exc), "kind": rig.kind, "url": rig.base_url, "agent": agent.as_dict()}
+    ok = health.ok and (agent.up or not agent.expected)
+    detail = health.detail if agent.up or not agent.expected else f"{health.detail}; {agent.describe()}"
+    return {"ok": ok, "detail": detail, "kind": rig.kind, "url": rig.base_url, "agent": agent.as_dict()}
 
 
 def health_report() -> dict[str, Any]:

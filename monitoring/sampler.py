@@ -18,19 +18,20 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import time
 from datetime import timedelta
-from urllib.parse import urlparse
 
 from channels.db import database_sync_to_async
 from channels.layers import get_channel_layer
 from django.conf import settings
 
 from inference import events
+from inference.live import agents
 from inference.models import Rig
 from monitoring import services
-from monitoring.sampling import LOOPBACK, RigSampler, Sample, is_idle
+from monitoring.sampling import RigSampler, Sample, is_idle, is_local
 
 log = logging.getLogger(__name__)
 RESTART_DELAY_S = 2.0
@@ -44,11 +45,32 @@ def _rig_setup(rig_id: int) -> RigSampler | None:
     rig = Rig.objects.filter(pk=rig_id, enabled=True).first()
     if rig is None:
         return None
-    profile = services.profile_for(rig)
-    if profile.bandwidth_gbs is None and urlparse(rig.base_url).hostname in LOOPBACK:
-        profile = services.rig_bandwidth_measure(rig=rig)
-        log.info("rig %s: measured memory bandwidth %.1f GB/s", rig.name, profile.bandwidth_gbs or 0)
-    return RigSampler(rig=rig, kv_cache_type=profile.kv_cache_type, bandwidth_gbs=profile.bandwidth_gbs)
+    return services.sampler_for(rig, local_host=is_local(rig))
+
+
+async def read(sampler: RigSampler) -> Sample:
+    """This tick's reading of the rig: its agent's latest sample while the agent is up and its signature holds
+    (inference/live/agents.py), else what this process can read of the backend over HTTP."""
+    rig = sampler.rig
+    if not rig.agent_key:
+        return await sampler.read()
+    agent = await asyncio.to_thread(agents.agent_state, rig.pk, rig.agent_key)
+    sample = None
+    if agent.up:
+        try:
+            payload = await asyncio.to_thread(agents.latest_sample, rig.pk, rig.agent_key)
+            if payload is not None:
+                sample = Sample(ts=time.time(), series=dict(payload["series"]), detail=dict(payload["detail"]))
+                sample.detail["agent_sampled_at"] = payload.get("ts")
+        except (ValueError, KeyError, TypeError) as exc:
+            agent = dataclasses.replace(agent, up=False, error=str(exc))
+    if sample is None:
+        sample = await sampler.read()
+    sample.detail["agent"] = agent.as_dict()
+    sample.detail.setdefault("provenance", {})["host"] = (
+        f"agent on {agent.host}" if sample.detail.get("agent_sampled_at") else None
+    )
+    return sample
 
 
 def _complete_store_publish(sampler: RigSampler, rig_id: int, sample: Sample) -> Sample:
@@ -79,7 +101,7 @@ async def rig_loop(
     while ticks is None or done < ticks:
         if wake is not None:
             wake.clear()  # a wake-up from here on is about this sample or later: it is not lost
-        sample = await database_sync_to_async(_complete_store_publish)(sampler, rig_id, await sampler.read())
+        sample = await database_sync_to_async(_complete_store_publish)(sampler, rig_id, await read(sampler))
         done += 1
         step = interval_s
         if idle_interval_s is not None and idle_interval_s > interval_s and is_idle(sample):

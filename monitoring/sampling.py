@@ -26,6 +26,12 @@ METRICS_EVERY_S = 5.0  # llama-server's /metrics counters move when a request en
 GIB = 1024**3
 
 
+def is_local(rig: Rig) -> bool:
+    """Whether this process is on the rig's host: its backend answers on loopback and no agent reports for it (with
+    an agent, the rig's host figures are the agent's, wherever this process runs)."""
+    return not rig.agent_key and urlparse(rig.base_url).hostname in LOOPBACK
+
+
 @dataclass
 class Sample:
     ts: float
@@ -39,16 +45,26 @@ class RigSampler:
 
     rig: Rig
     kv_cache_type: str = "f16"
-    bandwidth_gbs: float | None = None
+    bandwidth_gbs: float | None = None  # the profile's: an admin's setting, or the probe's on the rig's host
+    bandwidth_source: str = ""  # RigProfile.BandwidthSource
+    # This process runs on the rig's host (an agent, or a backend on loopback without an agent); None: by the URL.
+    local_host: bool | None = None
+    profile_arch: ModelArchitecture | None = None  # KV geometry an admin typed, where the backend cannot say
     props: dict[str, Any] = field(default_factory=dict)
     arch: ModelArchitecture | None = None
     arch_error: str = ""
+    arch_source: str = ""
     weight_bytes: float | None = None
+    weights_error: str = ""
     backend_pid: int | None = None
     previous_slots: dict[int, tuple[int | None, int, float]] = field(default_factory=dict)
     ollama_arch: dict[str, ModelArchitecture | None] = field(default_factory=dict)
     metrics: dict[str, float] = field(default_factory=dict)
     metrics_at: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.local_host is None:
+            self.local_host = is_local(self.rig)
 
     async def take(self) -> Sample:
         """One sample, stored nowhere: ``read`` here, then ``complete`` in the database's thread."""
@@ -60,11 +76,52 @@ class RigSampler:
         """What the backend and the host say: everything but RigDash's own queue and turns."""
         now = time.time()
         series: dict[str, float] = {}
-        detail: dict[str, Any] = {"sources": {}, "rig": self.rig.name, "kind": self.rig.kind}
+        detail: dict[str, Any] = {"sources": {}, "rig": self.rig.name, "kind": self.rig.kind, "provenance": {}}
         await self._backend(now, series, detail)
         self._kv(series, detail)
-        self._memory(series, detail)
+        if self.local_host:
+            detail["provenance"]["host"] = "this host (the backend's)"
+            self._memory(series, detail)
+        else:
+            self._no_host_figures(series, detail)
+        detail["bandwidth"] = self._bandwidth(detail)
         return Sample(ts=now, series=series, detail=detail)
+
+    def _no_host_figures(self, series: dict[str, float], detail: dict[str, Any]) -> None:
+        """A rig on another host with no agent: nothing of this host is the rig's, so nothing of it is read."""
+        why = "the rig runs on another host: run an agent beside it (manage.py rigdash_agent) for this figure"
+        for source in ("host", "process", "gpu"):
+            detail["sources"][source] = {"ok": False, "error": why}
+        detail["gpus"] = []
+        detail["provenance"]["host"] = None
+        if self.weight_bytes:
+            series["weight_bytes"] = self.weight_bytes
+        loaded = detail.get("loaded_models")
+        detail["placement"] = (
+            self._placement(detail)
+            if loaded
+            else {"vram_fraction": None, "spill": None, "label": f"Where the weights are is unknown: {why}"}
+        )
+
+    def _bandwidth(self, detail: dict[str, Any]) -> dict[str, Any]:
+        """The memory bandwidth the roofline divides by, and where it comes from: an admin's setting; else the GPU's
+        peak (NVML: memory clock x bus width) where the weights are in its memory; else the host RAM's, measured by
+        the probe on the rig's host."""
+        if self.bandwidth_source == "setting" and self.bandwidth_gbs:
+            return {"gbs": self.bandwidth_gbs, "source": "set by an admin in the rig's profile"}
+        placement = detail.get("placement") or {}
+        peaks = [g for g in detail.get("gpus") or [] if g.get("memory_bandwidth_gbs")]
+        on_gpu = placement.get("vram_fraction") is not None and placement["vram_fraction"] >= 0.5
+        held = (detail.get("process") or {}).get("vram_bytes") or 0
+        if peaks and (on_gpu or (held and self.weight_bytes and held >= self.weight_bytes)):
+            gpu = peaks[0]
+            return {
+                "gbs": gpu["memory_bandwidth_gbs"],
+                "source": f"{gpu['name']}: memory clock x bus width (NVML peak)",
+            }
+        if self.bandwidth_gbs and self.local_host:
+            return {"gbs": self.bandwidth_gbs, "source": "host RAM, measured by RigDash's probe on the rig's host"}
+        return {"gbs": None, "source": "unknown: no agent on the rig's host, and no bandwidth set in its profile"}
 
     def complete(self, sample: Sample) -> None:
         """Add the rig's queue and turns to ``sample``, then the roofline (which, for Ollama, needs the turns' rates).
@@ -176,14 +233,30 @@ class RigSampler:
         return decode.rate_from_counters(previous[1], slot.decoded, now - previous[2])
 
     async def _model_facts(self) -> None:
-        if self.arch is None and not self.arch_error:
+        """The weights' size (the backend's model list) and the KV geometry (the GGUF file, read where it is: on the
+        rig's host; else the rig profile's), each on its own, once."""
+        backend = backend_for(self.rig, timeout_s=2.0)
+        if self.weight_bytes is None and not self.weights_error:
             try:
-                backend = backend_for(self.rig, timeout_s=2.0)
-                self.arch = await backend.model_architecture(self.props.get("model_alias", ""))
                 models = await backend.list_models()
                 self.weight_bytes = float(models[0].size_bytes) if models and models[0].size_bytes else None
             except BackendError as exc:
-                self.arch_error = str(exc)
+                self.weights_error = str(exc)
+        if self.arch is None and not self.arch_error:
+            if not self.local_host:
+                self._arch_from_profile("the model file is on the rig's host, which runs no agent")
+                return
+            try:
+                self.arch = await backend.model_architecture(self.props.get("model_alias", ""))
+                self.arch_source = "the GGUF file's header"
+            except BackendError as exc:
+                self._arch_from_profile(str(exc))
+
+    def _arch_from_profile(self, why: str) -> None:
+        if self.profile_arch is not None:
+            self.arch, self.arch_source = self.profile_arch, "the rig's profile (typed by an admin)"
+        else:
+            self.arch_error = f"{why}; type the model's geometry in the rig's profile"
 
     def _kv(self, series: dict[str, float], detail: dict[str, Any]) -> None:
         if self.rig.kind == Rig.Kind.OLLAMA:
@@ -191,6 +264,7 @@ class RigSampler:
             error = "" if ok else "no loaded model, or /api/show gave no KV geometry"
             detail["sources"]["kv"] = {"ok": ok, "error": error}
             detail["kv"] = {"cache_type": self.kv_cache_type, "arch": None}
+            detail["provenance"]["kv"] = "the backend's /api/show" if ok else None
             return
         if self.arch is None:
             detail["sources"]["kv"] = {"ok": False, "error": self.arch_error or "model architecture not known yet"}
@@ -205,6 +279,7 @@ class RigSampler:
         series["kv_allocated_bytes"] = sum(slot["n_ctx"] for slot in slots) * per_token
         series["context_tokens"] = float(sum(slot["context_tokens"] for slot in slots))
         detail["kv"] = {"cache_type": self.kv_cache_type, "arch": vars(self.arch)}
+        detail["provenance"]["kv"] = self.arch_source
         detail["sources"]["kv"] = {"ok": True, "error": ""}
 
     def _memory(self, series: dict[str, float], detail: dict[str, Any]) -> None:
@@ -236,15 +311,13 @@ class RigSampler:
         detail["placement"] = self._placement(detail)
 
     def _backend_process(self, series: dict[str, float], detail: dict[str, Any]) -> None:
-        url = urlparse(self.rig.base_url)
-        if url.hostname not in LOOPBACK:
-            detail["sources"]["process"] = {"ok": False, "error": "the backend runs on another host"}
-            return
+        url = urlparse(self.rig.base_url)  # on the rig's host: the backend is what listens on its URL's port
+        port = url.port or (443 if url.scheme == "https" else 80)
         try:
             if self.backend_pid is None:
-                self.backend_pid = host.find_listening_pid(url.port or 80)
+                self.backend_pid = host.find_listening_pid(port)
             if self.backend_pid is None:
-                raise Unavailable(f"no local process listens on port {url.port}")
+                raise Unavailable(f"no local process listens on port {port}")
             process = host.process_memory(self.backend_pid)
         except Unavailable as exc:
             self.backend_pid = None
@@ -332,20 +405,28 @@ class RigSampler:
             detail["sources"]["queue"] = {"ok": False, "error": repr(exc)}
 
     def _roofline(self, series: dict[str, float], detail: dict[str, Any]) -> None:
-        if not (self.bandwidth_gbs and self.weight_bytes):
-            detail["roofline"] = {"ok": False, "error": "memory bandwidth or model size unknown"}
+        bandwidth = detail.get("bandwidth") or {}
+        bandwidth_gbs, weight_bytes = bandwidth.get("gbs"), series.get("weight_bytes")
+        if not (bandwidth_gbs and weight_bytes):
+            missing = bandwidth.get("source", "") if not bandwidth_gbs else "the model's size is unknown"
+            detail["roofline"] = {"ok": False, "error": f"memory bandwidth or model size unknown ({missing})"}
             return
         active = [slot for slot in detail.get("slots", []) if slot["phase"] == "decoding"]
         kv_read = sum(slot.get("kv_bytes", 0.0) for slot in active)
         streams = max(1, len(active))
         # One decode step reads the weights once for all active sequences, and each sequence's KV cache.
         bound = streams * decode.decode_bound_tps(
-            bandwidth_bytes_s=self.bandwidth_gbs * 1e9, weight_bytes=self.weight_bytes, kv_bytes_read=kv_read
+            bandwidth_bytes_s=bandwidth_gbs * 1e9, weight_bytes=weight_bytes, kv_bytes_read=kv_read
         )
         series["bound_tps"] = round(bound, 2)
         if active and series.get("decode_tps"):
             series["roofline_ratio"] = round(series["decode_tps"] / bound, 4)
-        detail["roofline"] = {"ok": True, "bandwidth_gbs": self.bandwidth_gbs, "streams": streams}
+        detail["roofline"] = {
+            "ok": True,
+            "bandwidth_gbs": bandwidth_gbs,
+            "bandwidth_source": bandwidth.get("source", ""),
+            "streams": streams,
+        }
 
 
 def is_idle(sample: Sample) -> bool:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from collections import defaultdict
 from datetime import UTC, datetime, timedelta
@@ -13,12 +14,31 @@ from django.utils import timezone
 from inference.models import Rig
 from monitoring import events
 from monitoring.models import RigProfile, RigSample
-from monitoring.sampling import Sample
+from monitoring.sampling import RigSampler, Sample
+
+log = logging.getLogger(__name__)
 
 
 def profile_for(rig: Rig) -> RigProfile:
     profile, _ = RigProfile.objects.get_or_create(rig=rig)
     return profile
+
+
+def sampler_for(rig: Rig, *, local_host: bool) -> RigSampler:
+    """A sampler for ``rig`` with its profile's settings; on the rig's host (``local_host``) the host RAM's bandwidth
+    is measured once if the profile has none."""
+    profile = profile_for(rig)
+    if local_host and profile.bandwidth_gbs is None:
+        profile = rig_bandwidth_measure(rig=rig)
+        log.info("rig %s: measured memory bandwidth %.1f GB/s", rig.name, profile.bandwidth_gbs or 0)
+    return RigSampler(
+        rig=rig,
+        kv_cache_type=profile.kv_cache_type,
+        bandwidth_gbs=profile.bandwidth_gbs,
+        bandwidth_source=profile.bandwidth_source,
+        local_host=local_host,
+        profile_arch=profile.geometry(),
+    )
 
 
 def sample_as_dict(sample: Sample) -> dict[str, Any]:

@@ -79,6 +79,8 @@ class RigDashConfig:
     sample_raw_retention_h: float = 24.0
     sample_downsampled_retention_d: float = 30.0
     metrics_token: str = ""
+    agent_timeout_s: float = 5.0  # a rig agent silent this long is down (inference/live/agents.py)
+    agent_down_fail_s: float = 60.0  # a rig's waiting turns fail once its agent has been down this long
     # The interval while one turn streams alone on a worker; each more streaming turn adds half as much, up to
     # flush_interval_ms (inference.worker.pace.FlushPace).
     flush_min_interval_ms: int = 10

@@ -170,6 +170,8 @@ RIGDASH = RigDashConfig(
     sample_raw_retention_h=env_float("RIGDASH_SAMPLE_RAW_RETENTION_H", 24.0, minimum=0.1),
     sample_downsampled_retention_d=env_float("RIGDASH_SAMPLE_DOWNSAMPLED_RETENTION_D", 30.0, minimum=1.0),
     metrics_token=env_str("RIGDASH_METRICS_TOKEN", ""),
+    agent_timeout_s=env_float("RIGDASH_AGENT_TIMEOUT_S", 5.0, minimum=1.0),
+    agent_down_fail_s=env_float("RIGDASH_AGENT_DOWN_FAIL_S", 60.0, minimum=1.0),
 )
 
 # Security headers; `manage.py check --deploy` is clean with RIGDASH_SECURE=1 behind TLS.

@@ -28,6 +28,7 @@ from django.utils import timezone
 
 from inference import events
 from inference.errors import QueueUnavailable
+from inference.live import agents
 from inference.models import Rig, Turn
 from inference.queue.tickets import StartTicket
 
@@ -143,6 +144,9 @@ def rig_dispatch(*, rig_id: int, rig: Rig | None = None, tickets: Mapping[int, S
             return []
         busy, waiting = _rig_turns(rig_id)
         free = rig.slots - busy
+        reason = _cannot_take_turns(rig)
+        if reason:
+            free = 0  # nothing consumes the rig's queue: its turns wait here, where the page can say why
         dispatched: list[int] = []
         still_waiting: list[Waiting] | None = None  # known only when the order was read here
         if free > 0:
@@ -163,7 +167,9 @@ def rig_dispatch(*, rig_id: int, rig: Rig | None = None, tickets: Mapping[int, S
         sent_tickets = [tickets[t] for t in dispatched if t in tickets] if tickets else []
         transaction.on_commit(lambda: _send(dispatched, queue, sent_tickets))
         transaction.on_commit(
-            lambda: announce_positions(rig_id=rig_id, waiting_order_now=still_waiting, just_dispatched=dispatched)
+            lambda: announce_positions(
+                rig_id=rig_id, waiting_order_now=still_waiting, just_dispatched=dispatched, reason=reason
+            )
         )
     return dispatched
 
@@ -196,8 +202,20 @@ def _send(turn_ids: list[int], queue: str, tickets: Sequence[StartTicket] = ()) 
         raise QueueUnavailable(turn_ids) from exc
 
 
+def _cannot_take_turns(rig: Rig) -> str:
+    """Why the rig cannot take a turn now (its agent, which serves its queue, is down), or ""."""
+    if not rig.agent_key:
+        return ""
+    agent = agents.agent_state(rig.pk, rig.agent_key)
+    return "" if agent.up else f"waiting: the rig's {agent.describe()}"
+
+
 def announce_positions(
-    *, rig_id: int, waiting_order_now: list[Waiting] | None = None, just_dispatched: list[int] | None = None
+    *,
+    rig_id: int,
+    waiting_order_now: list[Waiting] | None = None,
+    just_dispatched: list[int] | None = None,
+    reason: str = "",
 ) -> None:
     """Tell each waiting turn's chat page (and the board) where it now stands in the rig's queue (0: starting).
     ``waiting_order_now``: the order the dispatch just read under the rig's lock, less what it handed out.
@@ -211,7 +229,7 @@ def announce_positions(
     if waiting:
         fresh = set(just_dispatched or ())
         told = waiting if just_dispatched is None else [w for w in waiting if w[2] > 0 or w[1] in fresh]
-        events.queue_positions_sync(rig_id=rig_id, waiting=waiting, pages=told)
+        events.queue_positions_sync(rig_id=rig_id, waiting=waiting, pages=told, reason=reason)
 
 
 def dispatch_resend_stale(*, older_than_s: float) -> list[int]:

@@ -10,12 +10,13 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
+from django.conf import settings
 from django.utils import timezone
 
 from inference import events
 from inference.errors import InvalidInput
-from inference.live import progress, state
-from inference.models import Turn
+from inference.live import agents, progress, state
+from inference.models import Rig, Turn
 from inference.queue import dispatch
 from inference.turns import board_rows, selectors
 
@@ -108,3 +109,29 @@ def turn_released(*, turn_id: int, rig_id: int) -> None:
     board_rows.publish_turn(turn_id)
     progress.forget(turn_id)
     dispatch.rig_dispatch(rig_id=rig_id)
+
+
+def turns_fail_where_agent_down() -> list[int]:
+    """Fail the waiting turns of rigs whose agent (which serves the rig's queue) has been down for longer than
+    RIGDASH_AGENT_DOWN_FAIL_S, those that waited that long: a clear end instead of a wait with no end."""
+    limit_s = settings.RIGDASH.agent_down_fail_s
+    now = timezone.now()
+    failed: list[int] = []
+    for rig in Rig.objects.filter(enabled=True).exclude(agent_key=""):
+        agent = agents.agent_state(rig.pk, rig.agent_key, now=now.timestamp())
+        if agent.up or (agent.last_seen is not None and now.timestamp() - agent.last_seen < limit_s):
+            continue
+        message = f"Rig {rig.name} cannot run this turn: its {agent.describe()}. Try again when it is back."
+        stale = Turn.objects.filter(
+            session__rig=rig, status=Turn.Status.QUEUED, created_at__lt=now - timedelta(seconds=limit_s)
+        )
+        for turn in stale.select_related("session"):
+            ended = Turn.objects.filter(pk=turn.pk, status=Turn.Status.QUEUED).update(
+                status=Turn.Status.FAILED, finish_reason="agent_down", error=message, finished_at=timezone.now()
+            )
+            if ended:
+                turn.refresh_from_db()
+                turn_released(turn_id=turn.pk, rig_id=rig.pk)
+                events.turn_end_sync(session_id=turn.session_id, turn=selectors.turn_snapshot(turn), seq=0)
+                failed.append(turn.pk)
+    return failed

@@ -49,6 +49,22 @@ def _memory(nvml: Any, handle: Any) -> tuple[float, float, float]:
     return float(memory.used), float(memory.total), 0.0
 
 
+def memory_bandwidth(nvml: Any, handle: Any) -> dict[str, float | None]:
+    """The GPU's theoretical peak memory bandwidth: the memory clock's maximum (MHz) x 2 transfers a clock x the bus
+    width (bytes), the figure GPU spec sheets give. None where NVML does not say (an older driver, a vGPU)."""
+    try:
+        clock_mhz = float(nvml.nvmlDeviceGetMaxClockInfo(handle, nvml.NVML_CLOCK_MEM))
+        bus_bits = float(nvml.nvmlDeviceGetMemoryBusWidth(handle))
+    except (nvml.NVMLError, AttributeError):
+        return {"memory_clock_max_mhz": None, "memory_bus_width_bits": None, "memory_bandwidth_gbs": None}
+    peak = clock_mhz * 1e6 * 2 * bus_bits / 8 / 1e9 if clock_mhz > 0 and bus_bits > 0 else None
+    return {
+        "memory_clock_max_mhz": clock_mhz,
+        "memory_bus_width_bits": bus_bits,
+        "memory_bandwidth_gbs": None if peak is None else round(peak, 1),
+    }
+
+
 def gpus() -> list[dict[str, Any]]:
     nvml = _nvml()
     try:
@@ -69,6 +85,7 @@ def gpus() -> list[dict[str, Any]]:
                     "utilization_memory_pct": float(utilisation.memory),
                     "power_w": nvml.nvmlDeviceGetPowerUsage(handle) / 1000.0,
                     "temperature_c": float(nvml.nvmlDeviceGetTemperature(handle, nvml.NVML_TEMPERATURE_GPU)),
+                    **memory_bandwidth(nvml, handle),
                 }
             )
         return readings

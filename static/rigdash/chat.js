@@ -44,6 +44,7 @@
       const ahead = t.queue_ahead === 1 ? "1 turn waits" : `${t.queue_ahead} turns wait`;
       parts.push(`position ${t.queue_position} in the queue (${ahead} ahead of yours)`);
     }
+    if (t.status === "queued" && t.waiting_reason) parts.push(t.waiting_reason);
     if (s.ttft_ms !== undefined) parts.push(`TTFT ${fmt(s.ttft_ms, 0)} ms`);
     const n = s.output_tokens !== undefined ? s.output_tokens : s.tokens;
     if (n !== undefined) parts.push(`${n} tokens`);
@@ -96,6 +97,7 @@
     t.stats = snapshot.stats || {};
     t.queue_position = snapshot.queue_position;
     t.queue_ahead = snapshot.queue_ahead;
+    t.waiting_reason = snapshot.waiting_reason || "";
     t.resyncing = false;
     t.renderer.set(t.text);
     const err = t.el.querySelector(".turn-error");
@@ -164,6 +166,7 @@
         if (msg.queue_position !== undefined) {
           t.queue_position = msg.queue_position;
           t.queue_ahead = msg.queue_ahead;
+          t.waiting_reason = msg.waiting_reason || "";
         }
         updateTurnChrome(t);
       }

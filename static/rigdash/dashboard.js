@@ -84,11 +84,18 @@
     showSource("signals", sources.queue && !sources.queue.ok ? sources.queue : backend);
     showSource("kv", sources.kv);
     showSource("memory", sources.host);
+    const agentBadge = $("[data-testid=agent-state]");
+    agentBadge.hidden = !(d.agent && d.agent.expected);
+    if (d.agent && d.agent.expected) {
+      agentBadge.textContent = d.agent.label;
+      agentBadge.dataset.state = d.agent.up ? "up" : "down";
+    }
+    const from = (d.provenance || {});
 
     const roof = $("[data-testid=roofline]");
     if (s.bound_tps !== undefined) {
       const ratio = s.roofline_ratio === undefined ? "idle" : `${fmt(s.roofline_ratio * 100, 0)} % of it`;
-      roof.textContent = `bound ${fmt(s.bound_tps, 0)} tokens/s at ${fmt(d.roofline.bandwidth_gbs, 1)} GB/s · measured ${fmt(s.decode_tps)} (${ratio})`;
+      roof.textContent = `bound ${fmt(s.bound_tps, 0)} tokens/s at ${fmt(d.roofline.bandwidth_gbs, 1)} GB/s (${d.roofline.bandwidth_source || "?"}) · measured ${fmt(s.decode_tps)} (${ratio})`;
     } else {
       roof.textContent = d.roofline ? `roofline: ${d.roofline.error}` : "";
     }
@@ -103,7 +110,7 @@
     );
 
     const kv = d.kv ? `${d.kv.cache_type} · ${fmt(s.kv_bytes_per_token, 0)} bytes per token (${d.kv.arch.block_count} layers × ${d.kv.arch.head_count_kv} KV heads) · in use ${mib(s.kv_used_bytes)} of ${mib(s.kv_allocated_bytes)} allocated` : "";
-    $("[data-testid=kv-facts]").textContent = kv;
+    $("[data-testid=kv-facts]").textContent = kv && from.kv ? `${kv} · geometry from ${from.kv}` : kv;
 
     const placement = d.placement || {};
     $("[data-testid=placement]").textContent = `${placement.label || ""} · weights ${gib(s.weight_bytes)} · system RAM ${gib(s.host_used_bytes)} / ${gib(s.host_total_bytes)} used · backend process ${gib(s.backend_rss_bytes)} resident${s.backend_vram_bytes === undefined ? "" : `, ${gib(s.backend_vram_bytes)} in VRAM`}`;
@@ -111,6 +118,7 @@
       const loaded = d.loaded_models.map((m) => `${m.name} (${gib(m.size_bytes)}, ${fmt(100 * (1 - (m.cpu_fraction ?? 1)), 0)} % in VRAM, context ${m.context_length ?? "?"})`);
       $("[data-testid=placement]").textContent += ` · loaded: ${loaded.join(", ") || "none"}`;
     }
+    if (from.host) $("[data-testid=placement]").textContent += ` · host figures from ${from.host}`;
     $("[data-testid=spill]").hidden = !placement.spill;
     const gpu = sources.gpu;
     $("[data-testid=gpu]").textContent = gpu && gpu.ok

@@ -7,7 +7,9 @@
     if (!row) return;
     const s = sample.series || {};
     const backend = (sample.detail.sources || {}).backend || {};
-    row.querySelector(".state").textContent = backend.ok ? "up" : `unavailable: ${backend.error || "?"}`;
+    const agent = sample.detail.agent;
+    const agentNote = agent && agent.expected && !agent.up ? ` · ${agent.label}` : "";
+    row.querySelector(".state").textContent = (backend.ok ? "up" : `unavailable: ${backend.error || "?"}`) + agentNote;
     row.querySelector(".tps").textContent = s.decode_tps === undefined ? "–" : s.decode_tps.toFixed(1);
     row.querySelector(".slots").textContent = s.total_slots === undefined ? "–" : `${s.busy_slots}/${s.total_slots}`;
     row.querySelector(".kv").textContent = mib(s.kv_used_bytes);

@@ -1,0 +1,66 @@
+"""Run a rig agent beside its backend: ``manage.py rigdash_agent --rig NAME`` with RIGDASH_AGENT_KEY set.
+
+It serves the rig's Celery queue (a worker it starts, unless --no-worker) and samples this host for the rig
+(monitoring/agent.py). SIGTERM or Ctrl-C stops both.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+from typing import Any
+
+from asgiref.sync import sync_to_async
+from django.conf import settings
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+
+from monitoring import agent, services
+from rigdash.launcher import ROOT, worker_command
+
+
+class Command(BaseCommand):
+    help = "Run the agent of one rig on the rig's host: serve its queue, sample its host, publish through Redis."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("--rig", required=True, help="the rig's name, as in RigDash's rigs")
+        parser.add_argument("--interval", type=float, default=None, help="seconds between samples (default 1)")
+        parser.add_argument("--no-worker", action="store_true", help="sample only; a worker serves the queue already")
+        parser.add_argument("--concurrency", type=int, default=8, help="the worker's threads (turns at once)")
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        interval = options["interval"] or settings.RIGDASH.sample_interval_s
+        if not 0.2 <= interval <= 60:
+            raise CommandError("--interval must be between 0.2 and 60 seconds")
+        key = os.environ.get("RIGDASH_AGENT_KEY", "")
+        try:
+            rig = agent.rig_for_agent(options["rig"], key)
+            me = agent.identity_for(rig, key)
+        except agent.AgentRefused as exc:
+            raise CommandError(str(exc)) from None
+        sampler = services.sampler_for(rig, local_host=True)
+        worker = None
+        if not options["no_worker"]:
+            command = worker_command(
+                queues=[rig.queue], concurrency=options["concurrency"], name=f"agent-{rig.name}@%h", beat_schedule=None
+            )
+            worker = subprocess.Popen(command, cwd=ROOT)
+        self.stdout.write(f"rig agent {me.instance}: rig {rig.name!r}, queue {rig.queue!r}, every {interval:g} s")
+        try:
+            asyncio.run(self._run(sampler, me, interval))
+        finally:
+            if worker is not None:
+                worker.terminate()
+                try:
+                    worker.wait(timeout=20)
+                except subprocess.TimeoutExpired:
+                    worker.kill()
+
+    async def _run(self, sampler: Any, me: agent.AgentIdentity, interval: float) -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        await sync_to_async(lambda: None)()  # the ORM's thread is made before the first tick
+        await agent.run(sampler, me, interval_s=interval, stop=stop)
