@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import hmac
-from collections import Counter
 
 from django.conf import settings
 from django.contrib.auth.decorators import login_required
@@ -89,24 +88,11 @@ def _metrics_allowed(request: HttpRequest) -> bool:
 def prometheus_metrics(request: HttpRequest) -> HttpResponse:
     """Prometheus scrape target. It names users and models: a bearer token (RIGDASH_METRICS_TOKEN) or an
     admin session is required."""
-    from monitoring.prometheus import render as render_metrics
+    from monitoring import prometheus
 
     if not _metrics_allowed(request):
         response = HttpResponse("Authentication required: Authorization: Bearer <RIGDASH_METRICS_TOKEN>\n",
                                 status=401, content_type="text/plain")  # fmt: skip
         response["WWW-Authenticate"] = 'Bearer realm="rigdash-metrics"'
         return response
-    rigs = []
-    for rig in Rig.objects.filter(enabled=True):
-        latest = selectors.rig_latest(rig) or {"series": {}, "detail": {}}
-        detail = latest["detail"]
-        rigs.append(
-            {
-                "name": rig.name,
-                "model": str(detail.get("model", "")),
-                "up": bool(detail.get("sources", {}).get("backend", {}).get("ok")),
-                "series": latest["series"],
-                "turns_by_user": Counter(turn["user"] for turn in detail.get("turns", [])),
-            }
-        )
-    return HttpResponse(render_metrics(rigs), content_type="text/plain; version=0.0.4; charset=utf-8")
+    return HttpResponse(prometheus.render(), content_type=prometheus.CONTENT_TYPE)

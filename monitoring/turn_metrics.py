@@ -1,0 +1,190 @@
+"""Totals of finished turns for the Prometheus export: latency histograms and counters, kept incrementally.
+
+A finished turn (done, failed, cancelled, interrupted) never changes again, so each process folds it into its
+totals once. Turns up to a watermark id are folded for good; the watermark stops below the oldest turn still
+active and below turns younger than ``SETTLE_S`` (an insert's id may become visible after a larger one's), and
+finished turns above it are re-read at every scrape. A scrape therefore reads only the turns since the oldest
+active one, and every process reports the same figures from the database.
+"""
+
+from __future__ import annotations
+
+import bisect
+import threading
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+from django.db.models import Max, Min, Q
+from django.utils import timezone
+from prometheus_client.utils import floatToGoString
+
+from inference.models import Turn
+
+FINISHED = (Turn.Status.DONE, Turn.Status.FAILED, Turn.Status.CANCELLED, Turn.Status.INTERRUPTED)
+SETTLE_S = 60.0  # longer than any transaction that inserts a turn stays open
+FOLD_BATCH = 2000
+
+# Upper bounds (seconds). CPU rigs decode a small model at 5-10 ms a token and a GPU at 1-5 ms, so the
+# inter-token buckets start at 1 ms; first tokens and queue waits reach minutes on a loaded rig.
+BUCKETS: dict[str, tuple[float, ...]] = {
+    "ttft": (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0),
+    "itl": (0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.05, 0.075, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0),
+    "duration": (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0),
+    "queue": (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0),
+}
+
+RigModel = tuple[int, str]  # (rig id, model name)
+
+
+@dataclass
+class Histogram:
+    """Counts per bucket (not cumulative; the last one is +Inf) and the sum of observations."""
+
+    bounds: tuple[float, ...]
+    counts: list[int] = field(default_factory=list)
+    total: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not self.counts:
+            self.counts = [0] * (len(self.bounds) + 1)
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect.bisect_left(self.bounds, value)] += 1  # le: a value equal to a bound falls in it
+        self.total += value
+
+    def merged(self, other: Histogram) -> Histogram:
+        counts = [a + b for a, b in zip(self.counts, other.counts, strict=True)]
+        return Histogram(self.bounds, counts, self.total + other.total)
+
+    def cumulative(self) -> list[tuple[str, int]]:
+        """[(le, count)] as Prometheus exposes them, ending with +Inf."""
+        out, running = [], 0
+        for bound, count in zip([*map(floatToGoString, self.bounds), "+Inf"], self.counts, strict=True):
+            running += count
+            out.append((bound, running))
+        return out
+
+
+def _number(value: Any) -> float | None:
+    """A finite, non-negative number from stored stats, or None (stats come from backends: untrusted)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value) if 0 <= value < float("inf") else None
+
+
+def draft_counts(stats: Mapping[str, Any]) -> tuple[int, int] | None:
+    """(drafted, accepted) tokens of a turn's speculative decoding, from llama-server's own timings
+    (``draft_n``, ``draft_n_accepted``; it sends them only when a draft model drafted), else None."""
+    timings = stats.get("backend_timings")
+    if not isinstance(timings, Mapping):
+        return None
+    drafted, accepted = _number(timings.get("draft_n")), _number(timings.get("draft_n_accepted"))
+    if not drafted or accepted is None or accepted > drafted:
+        return None
+    return int(drafted), int(accepted)
+
+
+@dataclass
+class Totals:
+    histograms: dict[tuple[str, RigModel], Histogram] = field(default_factory=dict)
+    turns: Counter[tuple[int, str, str]] = field(default_factory=Counter)  # (rig, model, status)
+    prompt_tokens: Counter[tuple[int, str, int]] = field(default_factory=Counter)  # (rig, model, user id)
+    output_tokens: Counter[tuple[int, str, int]] = field(default_factory=Counter)
+    draft_tokens: Counter[RigModel] = field(default_factory=Counter)
+    draft_accepted_tokens: Counter[RigModel] = field(default_factory=Counter)
+
+    def _observe(self, name: str, key: RigModel, values: Iterable[float]) -> None:
+        histogram = self.histograms.get((name, key))
+        if histogram is None:
+            histogram = self.histograms[(name, key)] = Histogram(BUCKETS[name])
+        for value in values:
+            histogram.observe(value)
+
+    def add(self, row: Mapping[str, Any]) -> None:
+        """One finished turn: a ``values()`` row of ``TURN_FIELDS``."""
+        key: RigModel = (row["session__rig_id"], row["session__model_name"])
+        user_key = (*key, row["session__owner_id"])
+        self.turns[(*key, row["status"])] += 1
+        self.prompt_tokens[user_key] += row["prompt_tokens"] or 0
+        self.output_tokens[user_key] += row["output_tokens"] or 0
+        if row["started_at"] is not None:
+            self._observe("queue", key, [max(0.0, (row["started_at"] - row["created_at"]).total_seconds())])
+        stats = row["stats"] if isinstance(row["stats"], Mapping) else {}
+        ttft_ms, e2e_ms = _number(stats.get("ttft_ms")), _number(stats.get("e2e_ms"))
+        if ttft_ms is not None:
+            self._observe("ttft", key, [ttft_ms / 1000])
+            if e2e_ms is not None:
+                self._observe("duration", key, [e2e_ms / 1000])
+        gaps = stats.get("inter_token_gaps_ms")
+        if isinstance(gaps, list):
+            self._observe("itl", key, [g / 1000 for g in map(_number, gaps) if g is not None])
+        drafts = draft_counts(stats)
+        if drafts is not None:
+            self.draft_tokens[key] += drafts[0]
+            self.draft_accepted_tokens[key] += drafts[1]
+
+    def merged(self, other: Totals) -> Totals:
+        histograms = dict(self.histograms)
+        for key, histogram in other.histograms.items():
+            mine = histograms.get(key)
+            histograms[key] = histogram if mine is None else mine.merged(histogram)
+        return Totals(
+            histograms,
+            self.turns + other.turns,
+            self.prompt_tokens + other.prompt_tokens,
+            self.output_tokens + other.output_tokens,
+            self.draft_tokens + other.draft_tokens,
+            self.draft_accepted_tokens + other.draft_accepted_tokens,
+        )
+
+
+TURN_FIELDS = (
+    "id", "status", "created_at", "started_at", "prompt_tokens", "output_tokens", "stats",
+    "session__rig_id", "session__model_name", "session__owner_id",
+)  # fmt: skip
+
+
+def _finished_rows(*, above: int, up_to: int | None = None) -> Iterable[dict[str, Any]]:
+    rows = Turn.objects.filter(id__gt=above, status__in=FINISHED)
+    if up_to is not None:
+        rows = rows.filter(id__lte=up_to)
+    rows_read: Iterable[dict[str, Any]] = rows.order_by("id").values(*TURN_FIELDS).iterator(chunk_size=FOLD_BATCH)
+    return rows_read
+
+
+class TurnTotals:
+    """This process's folded totals and their watermark; ``snapshot()`` is what one scrape reports."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._folded = Totals()
+        self._through_id = 0
+
+    def _watermark(self) -> int:
+        """The largest id up to which every turn is finished and old enough to be visible."""
+        settled = timezone.now() - timedelta(seconds=SETTLE_S)
+        bounds = Turn.objects.filter(id__gt=self._through_id).aggregate(
+            oldest_active=Min("id", filter=Q(status__in=Turn.ACTIVE)),
+            newest_settled=Max("id", filter=Q(created_at__lt=settled)),
+        )
+        through = bounds["newest_settled"] or self._through_id
+        if bounds["oldest_active"] is not None:
+            through = min(through, bounds["oldest_active"] - 1)
+        return max(through, self._through_id)
+
+    def snapshot(self) -> Totals:
+        with self._lock:
+            through = self._watermark()
+            for row in _finished_rows(above=self._through_id, up_to=through):
+                self._folded.add(row)
+            self._through_id = through
+            recent = Totals()
+            for row in _finished_rows(above=through):
+                recent.add(row)
+            return self._folded.merged(recent)
+
+
+turn_totals = TurnTotals()
