@@ -21,6 +21,7 @@ from django.db.models import Max, Min, Q
 from django.utils import timezone
 from prometheus_client.utils import floatToGoString
 
+from inference.backends import llamacpp
 from inference.models import Turn
 
 FINISHED = (Turn.Status.DONE, Turn.Status.FAILED, Turn.Status.CANCELLED, Turn.Status.INTERRUPTED)
@@ -76,15 +77,13 @@ def _number(value: Any) -> float | None:
 
 
 def draft_counts(stats: Mapping[str, Any]) -> tuple[int, int] | None:
-    """(drafted, accepted) tokens of a turn's speculative decoding, from llama-server's own timings
-    (``draft_n``, ``draft_n_accepted``; it sends them only when a draft model drafted), else None."""
+    """(drafted, accepted) tokens of a turn's speculative decoding, from the backend timings stored in its stats
+    (llama-server's ``draft_n``, ``draft_n_accepted``, sent only when a draft model drafted), else None."""
     timings = stats.get("backend_timings")
-    if not isinstance(timings, Mapping):
+    if not isinstance(timings, dict):
         return None
-    drafted, accepted = _number(timings.get("draft_n")), _number(timings.get("draft_n_accepted"))
-    if not drafted or accepted is None or accepted > drafted:
-        return None
-    return int(drafted), int(accepted)
+    drafted, accepted = llamacpp.draft_counts(timings)
+    return (drafted, accepted) if drafted and accepted is not None else None
 
 
 @dataclass

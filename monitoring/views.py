@@ -46,8 +46,12 @@ def overview(request: HttpRequest) -> HttpResponse:
 def rig_dashboard(request: HttpRequest, rig_id: int) -> HttpResponse:
     rig = get_object_or_404(Rig, pk=rig_id, enabled=True)
     range_key = request.GET.get("range", "15m")
-    figures = plotting.dashboard_figures(selectors.rig_series(rig, _range_s(request)), selectors.rig_latency(rig))
-    config = {"rig": rig.pk, "range": range_key, "figures": figures, "latest": _viewer_sample(request, rig)}
+    latency = selectors.rig_latency(rig)
+    figures = plotting.dashboard_figures(selectors.rig_series(rig, _range_s(request)), latency)
+    config = {
+        "rig": rig.pk, "range": range_key, "figures": figures, "latest": _viewer_sample(request, rig),
+        "speculative": latency["speculative"],
+    }  # fmt: skip
     return render(
         request,
         "monitoring/rig.html",
