@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from django.urls import path
 
-from inference.views import board, chat, keys, models, usage
+from inference.views import board, chat, keys, models, openai, usage
 
 app_name = "inference"
 
@@ -20,6 +20,9 @@ urlpatterns = [
     # The user's own API keys for the OpenAI-compatible API (staff see and revoke everyone's)
     path("keys/", keys.api_keys_page, name="api_keys"),
     path("keys/<int:key_id>/revoke", keys.api_key_revoke, name="api_key_revoke"),
+    # The OpenAI-compatible API, by API key (inference/views/openai.py)
+    path("v1/models", openai.models_list, name="openai_models"),
+    path("v1/models/<path:model_id>", openai.model_detail, name="openai_model"),
     # Model management (staff only)
     path("rigs/<int:rig_id>/models/", models.rig_models_page, name="rig_models"),
     path("api/rigs/<int:rig_id>/models/state", models.api_rig_models_state, name="api_rig_models_state"),
