@@ -1,10 +1,10 @@
 """Totals of finished turns for the Prometheus export: latency histograms and counters, kept incrementally.
 
 A finished turn (done, failed, cancelled, interrupted) never changes again, so each process folds it into its
-totals once. Turns up to a watermark id are folded for good; the watermark stops below the oldest turn still
-active and below turns younger than ``SETTLE_S`` (an insert's id may become visible after a larger one's), and
-finished turns above it are re-read at every scrape. A scrape therefore reads only the turns since the oldest
-active one, and every process reports the same figures from the database.
+totals once, and every process reports the same figures from the database. Turns are read in id order up to a
+mark that stays on turns older than ``SETTLE_S`` (an insert's id may become visible after a larger one's); those
+still queued or running then are remembered by id and folded once they finish. A scrape reads the turns of the
+last ``SETTLE_S`` and of the queue, never the history again.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
-from django.db.models import Max, Min, Q
+from django.db.models import Max, Q
 from django.utils import timezone
 from prometheus_client.utils import floatToGoString
 
@@ -146,42 +146,49 @@ TURN_FIELDS = (
 )  # fmt: skip
 
 
-def _finished_rows(*, above: int, up_to: int | None = None) -> Iterable[dict[str, Any]]:
-    rows = Turn.objects.filter(id__gt=above, status__in=FINISHED)
-    if up_to is not None:
-        rows = rows.filter(id__lte=up_to)
-    rows_read: Iterable[dict[str, Any]] = rows.order_by("id").values(*TURN_FIELDS).iterator(chunk_size=FOLD_BATCH)
-    return rows_read
+def _rows(where: Q) -> Iterable[dict[str, Any]]:
+    rows: Iterable[dict[str, Any]] = (
+        Turn.objects.filter(where).order_by("id").values(*TURN_FIELDS).iterator(chunk_size=FOLD_BATCH)
+    )
+    return rows
 
 
 class TurnTotals:
-    """This process's folded totals and their watermark; ``snapshot()`` is what one scrape reports."""
+    """This process's folded totals; ``snapshot()`` is what one scrape reports.
+
+    1. Turns up to ``_through_id`` have been read once: the finished ones folded, the active ones kept as pending.
+    2. Each scrape reads the turns above it that are older than SETTLE_S, in one statement, and moves the mark.
+    3. Pending turns that have finished since are folded (a handful: the turns queued or running).
+    4. Finished turns above the mark (the last SETTLE_S) are added for this scrape only.
+    """
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._folded = Totals()
         self._through_id = 0
+        self._pending: set[int] = set()
 
-    def _watermark(self) -> int:
-        """The largest id up to which every turn is finished and old enough to be visible."""
+    def _advance(self) -> None:
         settled = timezone.now() - timedelta(seconds=SETTLE_S)
-        bounds = Turn.objects.filter(id__gt=self._through_id).aggregate(
-            oldest_active=Min("id", filter=Q(status__in=Turn.ACTIVE)),
-            newest_settled=Max("id", filter=Q(created_at__lt=settled)),
-        )
-        through = bounds["newest_settled"] or self._through_id
-        if bounds["oldest_active"] is not None:
-            through = min(through, bounds["oldest_active"] - 1)
-        return max(through, self._through_id)
+        newest = Turn.objects.filter(id__gt=self._through_id, created_at__lt=settled).aggregate(Max("id"))["id__max"]
+        if newest is None:
+            return
+        for row in _rows(Q(id__gt=self._through_id, id__lte=newest)):
+            if row["status"] in FINISHED:
+                self._folded.add(row)
+            else:
+                self._pending.add(row["id"])
+        self._through_id = newest
 
     def snapshot(self) -> Totals:
         with self._lock:
-            through = self._watermark()
-            for row in _finished_rows(above=self._through_id, up_to=through):
-                self._folded.add(row)
-            self._through_id = through
+            self._advance()
+            if self._pending:
+                for row in _rows(Q(id__in=sorted(self._pending), status__in=FINISHED)):
+                    self._folded.add(row)
+                    self._pending.discard(row["id"])
             recent = Totals()
-            for row in _finished_rows(above=through):
+            for row in _rows(Q(id__gt=self._through_id, status__in=FINISHED)):
                 recent.add(row)
             return self._folded.merged(recent)
 

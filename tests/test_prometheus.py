@@ -165,17 +165,28 @@ def test_finished_turns_move_the_histograms_and_nothing_counts_twice(box, owner,
     assert scrape(admin_user)["rigdash_turns"].samples == after["rigdash_turns"].samples
 
 
-def test_a_scrape_reads_only_turns_since_the_oldest_active_one(box, owner, admin_user, django_assert_max_num_queries):
+def test_a_scrape_reads_no_history_twice_even_behind_a_waiting_turn(
+    box, owner, admin_user, django_assert_max_num_queries
+):
     session = ChatSession.objects.create(owner=owner, rig=box, model_name="SmolLM2")
+    waiting = Turn.objects.create(session=session, user_text="queued behind a rig that is down")
+    Turn.objects.filter(pk=waiting.pk).update(created_at=timezone.now() - timedelta(seconds=900))
     for _ in range(30):
         _finish(session, created_ago_s=600)
     client = Client()
     client.force_login(admin_user)
     scrape(admin_user, client)
-    assert turn_metrics.turn_totals._through_id == Turn.objects.latest("id").pk
-    # The session and user, the rig and its sample, rig names, the watermark, two reads of turns, the groups.
+    totals = turn_metrics.turn_totals
+    assert totals._through_id == Turn.objects.latest("id").pk and totals._pending == {waiting.pk}
+    # The session and user, the rig and its sample, rig names, the mark, the pending turn, the recent turns, groups:
+    # the same whatever the history.
     with django_assert_max_num_queries(9):
-        scrape(admin_user, client)
+        metrics = scrape(admin_user, client)
+    assert value(metrics["rigdash_turns"], "_total", status="done") == 30
+    Turn.objects.filter(pk=waiting.pk).update(status="cancelled", finished_at=timezone.now())
+    metrics = scrape(admin_user, client)
+    assert value(metrics["rigdash_turns"], "_total", status="cancelled") == 1 and not totals._pending
+    assert value(scrape(admin_user)["rigdash_turns"], "_total", status="cancelled") == 1
 
 
 def test_stored_stats_from_a_backend_are_untrusted():
