@@ -83,9 +83,10 @@
   function showSpeculative(spec) {
     const el = $("[data-testid=speculative]");
     if (!spec) return;
+    el.hidden = !spec.drafted; // a rig without a draft model: the backend signals say so
     el.textContent = spec.drafted
       ? `Speculative decoding: ${fmt(spec.acceptance * 100, 1)} % of draft tokens accepted (${spec.accepted} of ${spec.drafted}) in ${spec.drafted_turns} of the last ${spec.turns} turns`
-      : `Speculative decoding: no draft tokens in the last ${spec.turns} turns`;
+      : "";
   }
 
   function render(sample) {
