@@ -42,6 +42,10 @@ class ChatSession(models.Model):
     rig = models.ForeignKey(Rig, on_delete=models.PROTECT, related_name="sessions")
     model_name = models.CharField(max_length=200)
     title = models.CharField(max_length=200, blank=True)
+    # A session made by one request of the OpenAI-compatible API: the key it came with, and the messages the request
+    # gave before its last user message (system and earlier turns), said before the session's own turns.
+    api_key = models.ForeignKey("ApiKey", null=True, blank=True, on_delete=models.SET_NULL, related_name="sessions")
+    context_messages = models.JSONField(default=list, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 

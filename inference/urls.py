@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from django.urls import path
 
-from inference.views import board, chat, keys, models, openai, usage
+from inference.views import board, chat, keys, models, openai, openai_chat, usage
 
 app_name = "inference"
 
@@ -22,6 +22,7 @@ urlpatterns = [
     path("keys/<int:key_id>/revoke", keys.api_key_revoke, name="api_key_revoke"),
     # The OpenAI-compatible API, by API key (inference/views/openai.py)
     path("v1/models", openai.models_list, name="openai_models"),
+    path("v1/chat/completions", openai_chat.chat_completions, name="openai_chat_completions"),
     path("v1/models/<path:model_id>", openai.model_detail, name="openai_model"),
     # Model management (staff only)
     path("rigs/<int:rig_id>/models/", models.rig_models_page, name="rig_models"),
