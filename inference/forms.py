@@ -61,3 +61,12 @@ class UserCreateForm(forms.Form):
 
 class UserGroupsForm(forms.Form):
     groups = forms.ModelMultipleChoiceField(queryset=Group.objects.order_by("name"), required=False)
+
+
+class ApiKeyForm(forms.Form):
+    name = forms.CharField(max_length=100, help_text="What will use it, e.g. “editor on my laptop”.")
+    expires_in_days = forms.IntegerField(
+        required=False, min_value=1, max_value=3650, label="Expires in (days)",
+        help_text="Leave empty for a key that does not expire.",
+        widget=forms.NumberInput(attrs={"placeholder": "never"}),
+    )  # fmt: skip

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from datetime import datetime
+
 from django.conf import settings
 from django.contrib.auth.models import Group
 from django.core.validators import MaxValueValidator, MinValueValidator
@@ -45,6 +47,10 @@ class ChatSession(models.Model):
     rig = models.ForeignKey(Rig, on_delete=models.PROTECT, related_name="sessions")
     model_name = models.CharField(max_length=200)
     title = models.CharField(max_length=200, blank=True)
+    # A session made by one request of the OpenAI-compatible API: the key it came with, and the messages the request
+    # gave before its last user message (system and earlier turns), said before the session's own turns.
+    api_key = models.ForeignKey("ApiKey", null=True, blank=True, on_delete=models.SET_NULL, related_name="sessions")
+    context_messages = models.JSONField(default=list, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
@@ -195,3 +201,35 @@ class AuditLog(models.Model):
 
     def __str__(self) -> str:
         return f"{self.created_at:%Y-%m-%d %H:%M:%S} {self.actor_name} {self.action} {self.target}"
+
+
+class ApiKey(models.Model):
+    """A user's key for the OpenAI-compatible API (/v1/). The key is shown once; only its SHA-256 is stored
+    (a random 256-bit secret needs no slow password hash: there is nothing to guess from its digest)."""
+
+    owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="api_keys")
+    name = models.CharField(max_length=100)
+    prefix = models.CharField(max_length=16, help_text="The key's first characters, to tell keys apart.")
+    key_sha256 = models.CharField(max_length=64, unique=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    last_used_at = models.DateTimeField(null=True, blank=True)
+    expires_at = models.DateTimeField(null=True, blank=True)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+    revoked_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        indexes = [models.Index(fields=["owner", "-created_at"])]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.prefix}…)"
+
+    def state(self, now: datetime) -> str:
+        """active | expired | revoked"""
+        if self.revoked_at is not None:
+            return "revoked"
+        if self.expires_at is not None and self.expires_at <= now:
+            return "expired"
+        return "active"

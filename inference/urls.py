@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from django.urls import path
 
-from inference.views import board, chat, models, usage
+from inference.views import board, chat, keys, models, openai, openai_chat, usage
 
 app_name = "inference"
 
@@ -17,6 +17,13 @@ urlpatterns = [
     path("api/turns/<int:turn_id>", chat.api_turn_detail, name="api_turn_detail"),
     path("api/turns/<int:turn_id>/cancel", chat.api_turn_cancel, name="api_turn_cancel"),
     path("api/rigs/<int:rig_id>/models", chat.api_rig_models, name="api_rig_models"),
+    # The user's own API keys for the OpenAI-compatible API (staff see and revoke everyone's)
+    path("keys/", keys.api_keys_page, name="api_keys"),
+    path("keys/<int:key_id>/revoke", keys.api_key_revoke, name="api_key_revoke"),
+    # The OpenAI-compatible API, by API key (inference/views/openai.py)
+    path("v1/models", openai.models_list, name="openai_models"),
+    path("v1/chat/completions", openai_chat.chat_completions, name="openai_chat_completions"),
+    path("v1/models/<path:model_id>", openai.model_detail, name="openai_model"),
     # Model management (staff only)
     path("rigs/<int:rig_id>/models/", models.rig_models_page, name="rig_models"),
     path("api/rigs/<int:rig_id>/models/state", models.api_rig_models_state, name="api_rig_models_state"),

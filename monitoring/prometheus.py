@@ -1,10 +1,30 @@
-"""The latest sample of every rig in the Prometheus text exposition format (version 0.0.4)."""
+"""RigDash's Prometheus export through ``prometheus_client``: each rig's latest sample as gauges (and llama-server's
+own counters as counters), and histograms and counters of finished turns.
+
+A custom collector computes everything from the database at scrape time, not multiprocess mode: the database is
+the record every web and worker process shares, so any process answers with the same exact figures and no frozen
+worker code or shared metrics directory is needed (https://prometheus.github.io/client_python/collector/custom/).
+"""
 
 from __future__ import annotations
 
+from collections import Counter, defaultdict
+from collections.abc import Iterator
 from typing import Any
 
-# series name -> (metric name, help)
+from django.contrib.auth.models import Group
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
+
+from inference.models import Rig
+from monitoring import selectors
+from monitoring.turn_metrics import Totals, turn_totals
+
+CONTENT_TYPE = CONTENT_TYPE_PLAIN_0_0_4  # what generate_latest writes
+NO_GROUP = "none"
+
+# sample series name -> (metric name, help)
 GAUGES = {
     "decode_tps": ("rigdash_decode_tokens_per_second", "Decode tokens/s of the rig, all slots together"),
     "bound_tps": ("rigdash_decode_bound_tokens_per_second", "Memory-bandwidth bound on decode tokens/s"),
@@ -23,9 +43,20 @@ GAUGES = {
     "host_total_bytes": ("rigdash_host_memory_total_bytes", "System RAM"),
     "backend_rss_bytes": ("rigdash_backend_resident_bytes", "Resident memory of the backend process"),
     "backend_vram_bytes": ("rigdash_backend_vram_bytes", "GPU memory NVML attributes to the backend process"),
-    "llamacpp_tokens_predicted_total": ("rigdash_backend_tokens_predicted_total", "Backend counter of decoded tokens"),
-    "llamacpp_prompt_tokens_total": ("rigdash_backend_prompt_tokens_total", "Backend counter of prompt tokens"),
+    "spec_acceptance": (
+        "rigdash_backend_draft_acceptance_ratio",
+        "Draft tokens accepted over drafted since the backend started (llama-server's counters)",
+    ),
 }
+# llama-server's own counters (monotonic; they restart with the server): sample series -> (name without _total, help)
+BACKEND_COUNTERS = {
+    "llamacpp_tokens_predicted_total": ("rigdash_backend_tokens_predicted", "Backend counter of decoded tokens"),
+    "llamacpp_prompt_tokens_total": ("rigdash_backend_prompt_tokens", "Backend counter of prompt tokens"),
+    "llamacpp_spec_decode_num_draft_tokens_total": (
+        "rigdash_backend_draft_tokens", "Backend counter of tokens its draft model proposed"),
+    "llamacpp_spec_decode_num_accepted_tokens_total": (
+        "rigdash_backend_draft_accepted_tokens", "Backend counter of draft tokens the model accepted"),
+}  # fmt: skip
 GPU_GAUGES = {
     "memory_used_bytes": ("rigdash_gpu_memory_used_bytes", "GPU memory used"),
     "memory_total_bytes": ("rigdash_gpu_memory_total_bytes", "GPU memory"),
@@ -34,43 +65,146 @@ GPU_GAUGES = {
     "power_w": ("rigdash_gpu_power_watts", "GPU power draw"),
     "temperature_c": ("rigdash_gpu_temperature_celsius", "GPU temperature"),
 }
+HISTOGRAMS = {
+    "ttft": ("rigdash_time_to_first_token_seconds", "Backend request to first token of finished turns"),
+    "itl": ("rigdash_inter_token_latency_seconds", "Gaps between successive tokens of finished turns"),
+    "duration": ("rigdash_request_duration_seconds", "Backend request to last token of finished turns"),
+    "queue": ("rigdash_queue_wait_seconds", "Turn created to started on the rig (RigDash's fair queue)"),
+}
+RIG_MODEL = ["rig", "model"]
 
 
-def _escape(value: str) -> str:
-    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+def _number(value: Any) -> float | None:
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
 
 
-def _labels(**labels: str) -> str:
-    return "{" + ",".join(f'{key}="{_escape(value)}"' for key, value in labels.items()) + "}"
-
-
-def render(rigs: list[dict[str, Any]]) -> str:
-    """``rigs``: [{"name", "model", "up", "series", "turns_by_user"}] -> exposition text."""
-    lines: list[str] = []
-
-    def family(metric: str, help_text: str, rows: list[tuple[str, float]]) -> None:
-        if rows:
-            lines.extend([f"# HELP {metric} {help_text}", f"# TYPE {metric} gauge"])
-            lines.extend(f"{metric}{labels} {value:g}" for labels, value in rows)
-
-    family("rigdash_rig_up", "1 when RigDash's last sample reached the rig's backend",
-           [(_labels(rig=r["name"], model=r["model"]), 1.0 if r["up"] else 0.0) for r in rigs])  # fmt: skip
+def rig_metrics(rigs: list[dict[str, Any]]) -> Iterator[Metric]:
+    """``rigs``: [{"name", "model", "up", "series", "turns_by_user"}] -> the rigs' gauges and backend counters."""
+    up = GaugeMetricFamily("rigdash_rig_up", "1 when RigDash's last sample reached the rig's backend", labels=RIG_MODEL)
+    for r in rigs:
+        up.add_metric([r["name"], r["model"]], 1.0 if r["up"] else 0.0)
+    yield up
     for key, (metric, help_text) in GAUGES.items():
-        rows = [
-            (_labels(rig=r["name"], model=r["model"]), float(r["series"][key]))
-            for r in rigs
-            if isinstance(r["series"].get(key), int | float)
-        ]
-        family(metric, help_text, rows)
-    for key, (metric, help_text) in GPU_GAUGES.items():
-        rows = []
+        gauge = GaugeMetricFamily(metric, help_text, labels=RIG_MODEL)
         for r in rigs:
-            for name, value in r["series"].items():
-                if name.startswith("gpu") and name.endswith("_" + key):
-                    gpu = name[3 : -len(key) - 1]
-                    rows.append((_labels(rig=r["name"], model=r["model"], gpu=gpu), float(value)))
-        family(metric, help_text, rows)
-    family("rigdash_active_turns_by_user", "Turns queued or running, by user",
-           [(_labels(rig=r["name"], model=r["model"], user=user), float(count))
-            for r in rigs for user, count in r["turns_by_user"].items()])  # fmt: skip
-    return "\n".join(lines) + "\n"
+            if (value := _number(r["series"].get(key))) is not None:
+                gauge.add_metric([r["name"], r["model"]], value)
+        yield gauge
+    for key, (metric, help_text) in BACKEND_COUNTERS.items():
+        counter = CounterMetricFamily(metric, help_text, labels=RIG_MODEL)
+        for r in rigs:
+            if (value := _number(r["series"].get(key))) is not None:
+                counter.add_metric([r["name"], r["model"]], value)
+        yield counter
+    for key, (metric, help_text) in GPU_GAUGES.items():
+        gauge = GaugeMetricFamily(metric, help_text, labels=[*RIG_MODEL, "gpu"])
+        for r in rigs:
+            for name, raw in r["series"].items():
+                value = _number(raw)
+                if name.startswith("gpu") and name.endswith("_" + key) and value is not None:
+                    gauge.add_metric([r["name"], r["model"], name[3 : -len(key) - 1]], value)
+        yield gauge
+    by_user = GaugeMetricFamily("rigdash_active_turns_by_user", "Turns queued or running, by user",
+                                labels=[*RIG_MODEL, "user"])  # fmt: skip
+    for r in rigs:
+        for user, count in r["turns_by_user"].items():
+            by_user.add_metric([r["name"], r["model"], user], float(count))
+    yield by_user
+
+
+def turn_metrics(totals: Totals, rig_names: dict[int, str], user_groups: dict[int, str]) -> Iterator[Metric]:
+    """Histograms and counters of finished turns, labelled by rig name, model and (tokens) user group."""
+    for name, (metric, help_text) in HISTOGRAMS.items():
+        histograms = HistogramMetricFamily(metric, help_text, labels=RIG_MODEL)
+        for (kind, (rig_id, model)), histogram in sorted(totals.histograms.items()):
+            if kind == name:
+                rig = rig_names.get(rig_id, str(rig_id))
+                histograms.add_metric([rig, model], histogram.cumulative(), histogram.total)
+        yield histograms
+    turns = CounterMetricFamily("rigdash_turns", "Finished turns by final status", labels=[*RIG_MODEL, "status"])
+    for (rig_id, model, status), count in sorted(totals.turns.items()):
+        turns.add_metric([rig_names.get(rig_id, str(rig_id)), model, status], count)
+    yield turns
+    for metric, help_text, by_user in (
+        ("rigdash_prompt_tokens", "Prompt tokens of finished turns", totals.prompt_tokens),
+        ("rigdash_generation_tokens", "Reply tokens of finished turns", totals.output_tokens),
+    ):
+        by_group: Counter[tuple[str, str, str]] = Counter()
+        for (rig_id, model, user_id), count in by_user.items():
+            by_group[(rig_names.get(rig_id, str(rig_id)), model, user_groups.get(user_id, NO_GROUP))] += count
+        family = CounterMetricFamily(metric, f"{help_text} (by the user's first group)", labels=[*RIG_MODEL, "group"])
+        for labels, count in sorted(by_group.items()):
+            family.add_metric(list(labels), count)
+        yield family
+    for metric, help_text, counts in (
+        ("rigdash_draft_tokens", "Draft tokens proposed in finished turns (speculative decoding)", totals.draft_tokens),
+        ("rigdash_draft_accepted_tokens", "Draft tokens accepted in finished turns", totals.draft_accepted_tokens),
+    ):
+        family = CounterMetricFamily(metric, help_text, labels=RIG_MODEL)
+        for (rig_id, model), count in sorted(counts.items()):
+            family.add_metric([rig_names.get(rig_id, str(rig_id)), model], count)
+        yield family
+
+
+def _rig_rows() -> list[dict[str, Any]]:
+    rigs = []
+    for rig in Rig.objects.filter(enabled=True):
+        latest = selectors.rig_latest(rig) or {"series": {}, "detail": {}}
+        detail = latest["detail"]
+        rigs.append(
+            {
+                "name": rig.name,
+                "model": str(detail.get("model", "")),
+                "up": bool(detail.get("sources", {}).get("backend", {}).get("ok")),
+                "series": latest["series"],
+                "turns_by_user": Counter(turn["user"] for turn in detail.get("turns", [])),
+            }
+        )
+    return rigs
+
+
+def user_groups() -> dict[int, str]:
+    """Each user in a group -> the name of their first group by name (a user counts in one group only)."""
+    first: dict[int, str] = {}
+    memberships = defaultdict(list)
+    for user_id, name in Group.user_set.through.objects.values_list("user_id", "group__name"):
+        memberships[user_id].append(name)
+    for user_id, names in memberships.items():
+        first[user_id] = min(names)
+    return first
+
+
+class RigDashCollector:
+    """Reads the database at every scrape (``turn_totals`` keeps finished turns' totals incrementally)."""
+
+    def describe(self) -> list[Metric]:
+        return []  # unknown until a scrape: the registry must not call collect() at registration
+
+    def collect(self) -> Iterator[Metric]:
+        yield from rig_metrics(_rig_rows())
+        rig_names = dict(Rig.objects.values_list("id", "name"))
+        yield from turn_metrics(turn_totals.snapshot(), rig_names, user_groups())
+
+
+registry = CollectorRegistry(auto_describe=False)
+registry.register(RigDashCollector())  # type: ignore[arg-type]
+
+
+def render(rigs: list[dict[str, Any]] | None = None) -> str:
+    """The exposition text: of everything (``rigs`` None), or of the given rigs' gauges alone."""
+    if rigs is None:
+        return generate_latest(registry).decode()
+    one_off = CollectorRegistry(auto_describe=False)
+    one_off.register(_Fixed(list(rig_metrics(rigs))))  # type: ignore[arg-type]
+    return generate_latest(one_off).decode()
+
+
+class _Fixed:
+    def __init__(self, metrics: list[Metric]) -> None:
+        self.metrics = metrics
+
+    def describe(self) -> list[Metric]:
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        return iter(self.metrics)

@@ -11,6 +11,7 @@ from inference.models import Rig
 from inference.turns import selectors as turn_selectors
 from monitoring import decode
 from monitoring.models import RigSample
+from monitoring.turn_metrics import draft_counts
 
 RANGES_S = {"5m": 300, "15m": 900, "1h": 3600, "6h": 6 * 3600, "24h": 86400, "7d": 7 * 86400, "30d": 30 * 86400}
 RAW_UP_TO_S = 6 * 3600
@@ -43,11 +44,15 @@ def rig_latest(rig: Rig) -> dict[str, Any] | None:
 
 
 def rig_latency(rig: Rig, *, turns: int = 20) -> dict[str, Any]:
-    """Inter-token gaps and TTFT of the rig's most recent finished turns, with gap percentiles."""
+    """Inter-token gaps and TTFT of the rig's most recent finished turns, with gap percentiles, and the draft
+    tokens their speculative decoding accepted (llama-server's per-reply counts)."""
     recent = turn_selectors.rig_recent_finished(rig.pk, limit=turns)
     gaps: list[float] = []
     per_turn = []
+    drafted = accepted = drafted_turns = 0
     for row in recent:
+        if (drafts := draft_counts(row["stats"])) is not None:
+            drafted, accepted, drafted_turns = drafted + drafts[0], accepted + drafts[1], drafted_turns + 1
         turn_gaps = [float(g) for g in row["stats"].get("inter_token_gaps_ms") or []]
         gaps.extend(turn_gaps)
         per_turn.append(
@@ -57,6 +62,7 @@ def rig_latency(rig: Rig, *, turns: int = 20) -> dict[str, Any]:
                 "ttft_ms": row["stats"].get("ttft_ms"),
                 "decode_tps": row["stats"].get("decode_tps"),
                 "gaps_ms": turn_gaps,
+                "draft_acceptance": drafts[1] / drafts[0] if drafts else None,
             }
         )
     return {
@@ -65,6 +71,13 @@ def rig_latency(rig: Rig, *, turns: int = 20) -> dict[str, Any]:
         "p95_ms": decode.percentile(gaps, 95),
         "p99_ms": decode.percentile(gaps, 99),
         "gap_count": len(gaps),
+        "speculative": {
+            "turns": len(recent),
+            "drafted_turns": drafted_turns,
+            "drafted": drafted,
+            "accepted": accepted,
+            "acceptance": accepted / drafted if drafted else None,
+        },
     }
 
 

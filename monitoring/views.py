@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import hmac
-from collections import Counter
 
 from django.conf import settings
 from django.contrib.auth.decorators import login_required
@@ -47,8 +46,12 @@ def overview(request: HttpRequest) -> HttpResponse:
 def rig_dashboard(request: HttpRequest, rig_id: int) -> HttpResponse:
     rig = get_object_or_404(Rig, pk=rig_id, enabled=True)
     range_key = request.GET.get("range", "15m")
-    figures = plotting.dashboard_figures(selectors.rig_series(rig, _range_s(request)), selectors.rig_latency(rig))
-    config = {"rig": rig.pk, "range": range_key, "figures": figures, "latest": _viewer_sample(request, rig)}
+    latency = selectors.rig_latency(rig)
+    figures = plotting.dashboard_figures(selectors.rig_series(rig, _range_s(request)), latency)
+    config = {
+        "rig": rig.pk, "range": range_key, "figures": figures, "latest": _viewer_sample(request, rig),
+        "speculative": latency["speculative"],
+    }  # fmt: skip
     return render(
         request,
         "monitoring/rig.html",
@@ -89,24 +92,11 @@ def _metrics_allowed(request: HttpRequest) -> bool:
 def prometheus_metrics(request: HttpRequest) -> HttpResponse:
     """Prometheus scrape target. It names users and models: a bearer token (RIGDASH_METRICS_TOKEN) or an
     admin session is required."""
-    from monitoring.prometheus import render as render_metrics
+    from monitoring import prometheus
 
     if not _metrics_allowed(request):
         response = HttpResponse("Authentication required: Authorization: Bearer <RIGDASH_METRICS_TOKEN>\n",
                                 status=401, content_type="text/plain")  # fmt: skip
         response["WWW-Authenticate"] = 'Bearer realm="rigdash-metrics"'
         return response
-    rigs = []
-    for rig in Rig.objects.filter(enabled=True):
-        latest = selectors.rig_latest(rig) or {"series": {}, "detail": {}}
-        detail = latest["detail"]
-        rigs.append(
-            {
-                "name": rig.name,
-                "model": str(detail.get("model", "")),
-                "up": bool(detail.get("sources", {}).get("backend", {}).get("ok")),
-                "series": latest["series"],
-                "turns_by_user": Counter(turn["user"] for turn in detail.get("turns", [])),
-            }
-        )
-    return HttpResponse(render_metrics(rigs), content_type="text/plain; version=0.0.4; charset=utf-8")
+    return HttpResponse(prometheus.render(), content_type=prometheus.CONTENT_TYPE)

@@ -121,6 +121,8 @@ def test_stream_is_text_chunks_then_one_final_chunk_with_stats(target):
     assert stats.decode_tps and stats.decode_tps > 0
     assert stats.raw
     assert all(count <= stats.output_tokens for count in running)
+    # Speculative decoding: no draft model on either server, so no draft counts (tests/test_speculative.py has one).
+    assert stats.draft_tokens is None and stats.draft_acceptance is None
 
 
 def test_leaving_the_stream_early_stops_the_server_generating(target):

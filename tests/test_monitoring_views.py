@@ -47,10 +47,10 @@ def test_metrics_need_a_token_or_an_admin_session(sampled_rig, owner, admin_user
     assert by_token.status_code == 200
     assert by_token["Content-Type"].startswith("text/plain; version=0.0.4")
     text = by_token.content.decode()
-    assert 'rigdash_decode_tokens_per_second{rig="box",model="SmolLM2"} 123.5' in text
-    assert 'rigdash_rig_up{rig="box",model="SmolLM2"} 1' in text
-    assert 'rigdash_gpu_memory_used_bytes{rig="box",model="SmolLM2",gpu="0"} 5e+09' in text
-    assert 'rigdash_active_turns_by_user{rig="box",model="SmolLM2",user="owner"} 1' in text
+    assert 'rigdash_decode_tokens_per_second{model="SmolLM2",rig="box"} 123.5' in text
+    assert 'rigdash_rig_up{model="SmolLM2",rig="box"} 1.0' in text
+    assert 'rigdash_gpu_memory_used_bytes{gpu="0",model="SmolLM2",rig="box"} 5e+09' in text
+    assert 'rigdash_active_turns_by_user{model="SmolLM2",rig="box",user="owner"} 1.0' in text
     assert _client(admin_user).get("/metrics").status_code == 200
 
 
@@ -60,7 +60,7 @@ def test_metrics_without_a_configured_token_refuse_any_bearer(sampled_rig):
 
 def test_prometheus_labels_are_escaped():
     text = render([{"name": 'a"b', "model": "m\\1\n", "up": True, "series": {}, "turns_by_user": {}}])
-    assert 'rigdash_rig_up{rig="a\\"b",model="m\\\\1\\n"} 1' in text
+    assert 'rigdash_rig_up{model="m\\\\1\\n",rig="a\\"b"} 1.0' in text
 
 
 def test_dashboards_need_login_and_show_only_enabled_rigs(sampled_rig, owner):

@@ -109,8 +109,8 @@ def test_the_reservation_is_exported_beside_used_memory():
     rig = {"name": "box", "model": "m", "up": True, "turns_by_user": {},
            "series": {"gpu0_memory_used_bytes": 0.0, "gpu0_memory_reserved_bytes": float(RESERVED)}}  # fmt: skip
     text = render([rig])
-    assert 'rigdash_gpu_memory_reserved_bytes{rig="box",model="m",gpu="0"} 6.4494e+08' in text
-    assert 'rigdash_gpu_memory_used_bytes{rig="box",model="m",gpu="0"} 0' in text
+    assert 'rigdash_gpu_memory_reserved_bytes{gpu="0",model="m",rig="box"} 6.44939776e+08' in text
+    assert 'rigdash_gpu_memory_used_bytes{gpu="0",model="m",rig="box"} 0.0' in text
 
 
 def test_a_process_vram_is_what_nvml_attributes_to_its_pid(fake_nvml):

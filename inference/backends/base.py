@@ -123,7 +123,17 @@ class BackendStats:
     output_tokens: int | None = None
     decode_ms: float | None = None
     decode_tps: float | None = None
+    # Speculative decoding: tokens the draft model proposed for this reply and how many the model accepted.
+    draft_tokens: int | None = None
+    draft_accepted_tokens: int | None = None
     raw: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def draft_acceptance(self) -> float | None:
+        """Accepted over drafted tokens, or None when nothing was drafted."""
+        if not self.draft_tokens or self.draft_accepted_tokens is None:
+            return None
+        return self.draft_accepted_tokens / self.draft_tokens
 
 
 @dataclass

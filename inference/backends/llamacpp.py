@@ -34,7 +34,22 @@ from inference.backends.base import (
 )
 
 
+def draft_counts(timings: dict[str, Any]) -> tuple[int | None, int | None]:
+    """(drafted, accepted) tokens of speculative decoding: llama-server adds ``draft_n`` and ``draft_n_accepted`` to
+    a reply's timings once its draft model proposed a token (``server_slot_stats::to_json`` in
+    tools/server/server-common.cpp). Counts that are not whole, or more accepted than drafted, are refused."""
+    drafted, accepted = _count(timings.get("draft_n")), _count(timings.get("draft_n_accepted"))
+    if drafted is None or accepted is None or accepted > drafted:
+        return None, None
+    return drafted, accepted
+
+
+def _count(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+
+
 def stats_from_timings(timings: dict[str, Any]) -> BackendStats:
+    drafted, accepted = draft_counts(timings)
     return BackendStats(
         prompt_tokens=timings.get("prompt_n"),
         prompt_ms=timings.get("prompt_ms"),
@@ -42,6 +57,8 @@ def stats_from_timings(timings: dict[str, Any]) -> BackendStats:
         output_tokens=timings.get("predicted_n"),
         decode_ms=timings.get("predicted_ms"),
         decode_tps=timings.get("predicted_per_second"),
+        draft_tokens=drafted,
+        draft_accepted_tokens=accepted,
         raw=timings,
     )
 

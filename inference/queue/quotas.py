@@ -140,7 +140,8 @@ def session_prompt_estimate(session: ChatSession, new_text: str) -> int:
         last = turns[measured[-1]]
         base = (last.prompt_tokens or 0) + (last.output_tokens or estimate_tokens(last.reply_text))
         rest = turns[measured[-1] + 1 :]
-    messages = [m for t in rest for m in t.as_history_messages()] + [{"role": "user", "content": new_text}]
+    said = [m for t in rest for m in t.as_history_messages()] + [{"role": "user", "content": new_text}]
+    messages = [*session.context_messages, *said] if not measured else said
     return base + estimate_prompt_tokens(messages)
 
 

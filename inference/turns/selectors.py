@@ -113,7 +113,7 @@ def turns_with_history(turn_ids: Sequence[int]) -> tuple[list[Turn], dict[int, l
     )
     history: dict[int, list[dict[str, str]]] = {}
     for turn in turns:
-        messages: list[dict[str, str]] = []
+        messages: list[dict[str, str]] = list(turn.session.context_messages)  # an API request's earlier messages
         for previous in by_session[turn.session_id].values():
             if previous.pk != turn.pk and previous.created_at <= turn.created_at:
                 messages.extend(previous.as_history_messages())

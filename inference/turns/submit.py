@@ -25,6 +25,7 @@ def turn_submit(*, session: ChatSession, text: Any, params: Any = None) -> Turn:
     with transaction.atomic():
         lock_rows(ChatSession.objects.filter(pk=session.pk))  # one submit at a time per session
         busy, conversations = _sessions_read({session.pk})
+        conversations[session.pk][:0] = session.context_messages
         limits: dict[int, Limits] = {}
         turn = _turn_prepare(session=session, text=text, params=params, busy=busy, limits=limits)
         _turns_insert([turn])
@@ -72,6 +73,8 @@ def _turns_submit_atomic(requests: Sequence[SubmitRequest], results: list[Submit
             for found in locking(selectors.session_list_for(user).filter(pk__in=asked).order_by()):
                 sessions[(user.pk, found.pk)] = found
         busy, conversations = _sessions_read({s.pk for s in sessions.values()})
+        for found in sessions.values():
+            conversations[found.pk][:0] = found.context_messages
         limits: dict[int, Limits] = {}
         for request in requests:
             # No savepoint per request: _turn_prepare refuses a turn before it writes anything, so a refusal leaves

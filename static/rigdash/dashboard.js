@@ -72,6 +72,23 @@
     el.textContent = source && !source.ok ? `unavailable: ${source.error}` : "";
   }
 
+  // llama-server's counters (llamacpp:spec_decode_num_*_tokens_total) move only once a draft model drafts, which
+  // takes -md with --spec-type (draft-simple); a server without them (Ollama, older builds) does not report any.
+  function backendAcceptance(s) {
+    if (s.spec_acceptance !== undefined) return `${fmt(s.spec_acceptance * 100, 0)} % of ${fmt(s.llamacpp_spec_decode_num_draft_tokens_total, 0)} drafted tokens`;
+    if (s.llamacpp_spec_decode_num_draft_tokens_total !== undefined) return "nothing drafted (no draft model, or -md without --spec-type)";
+    return "not reported by the backend";
+  }
+
+  function showSpeculative(spec) {
+    const el = $("[data-testid=speculative]");
+    if (!spec) return;
+    el.hidden = !spec.drafted; // a rig without a draft model: the backend signals say so
+    el.textContent = spec.drafted
+      ? `Speculative decoding: ${fmt(spec.acceptance * 100, 1)} % of draft tokens accepted (${spec.accepted} of ${spec.drafted}) in ${spec.drafted_turns} of the last ${spec.turns} turns`
+      : "";
+  }
+
   function render(sample) {
     const d = sample.detail || {};
     const s = sample.series || {};
@@ -131,7 +148,7 @@
       ["queued in Celery", fmt(s.queue_depth, 0)],
       ["prompt tokens (finished requests)", fmt(s.llamacpp_prompt_tokens_total, 0)],
       ["decoded tokens (finished requests)", fmt(s.llamacpp_tokens_predicted_total, 0)],
-      ["speculative acceptance", s.spec_acceptance === undefined ? "no draft model" : `${fmt(s.spec_acceptance * 100, 0)} %`],
+      ["speculative acceptance (llama-server, since it started)", backendAcceptance(s)],
     ];
     $("[data-testid=signals] tbody").replaceChildren(...signals.map(([k, v]) => row([k, v])));
     $("[data-testid=active-turns] tbody").replaceChildren(
@@ -158,6 +175,7 @@
       const body = await refetch(`/monitoring/api/rigs/${cfg.rig}/latency`);
       Object.assign(figures, body.figures);
       for (const name of ["gaps", "histogram", "ttft"]) draw(name, figures[name]);
+      showSpeculative(body.latency.speculative);
     } catch (err) {
       console.warn(err);
     }
@@ -172,6 +190,7 @@
   });
 
   drawAll();
+  showSpeculative(cfg.speculative);
   if (cfg.latest) render(cfg.latest);
   RigDashSocket.open(`/ws/monitoring/rigs/${cfg.rig}/`, {
     handlers: { "rig.sample": (msg) => render(msg.sample) },

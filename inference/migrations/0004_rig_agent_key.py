@@ -5,7 +5,7 @@ from django.db import migrations, models
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("inference", "0002_admin_quotas_fair_queue"),
+        ("inference", "0003_api_keys"),
     ]
 
     operations = [

@@ -1,0 +1,124 @@
+"""Per-user API keys for the OpenAI-compatible API: create (the key is returned once), list, revoke, authenticate.
+
+A key is ``rdk_`` + 43 URL-safe characters (32 random bytes). Only its SHA-256 is stored, and a request's key is
+found by that digest, so the database never holds a usable key.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import secrets
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from django.contrib.auth.models import AbstractBaseUser, AnonymousUser, User
+from django.db import transaction
+from django.db.models import QuerySet
+from django.utils import timezone
+
+from inference.board.audit import audit_record
+from inference.db import lock_rows
+from inference.errors import InvalidInput, NotFound
+from inference.models import ApiKey
+from rigdash.access import staff_now
+
+KEY_PREFIX = "rdk_"
+KEY_RE = re.compile(r"rdk_[A-Za-z0-9_-]{43}")
+SHOWN_CHARS = 12  # "rdk_" and 8 more: enough to tell a user's keys apart, far too few to guess the rest
+MAX_KEYS_PER_USER = 50  # active keys
+MAX_EXPIRY_DAYS = 3650
+LAST_USED_EVERY_S = 60  # last_used_at is written at most this often per key: not a write per request
+
+
+def key_digest(raw_key: str) -> str:
+    return hashlib.sha256(raw_key.encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class NewKey:
+    key: ApiKey
+    secret: str  # the whole key: shown to its owner once, never stored
+
+
+def api_key_create(*, owner: AbstractBaseUser, name: str, expires_in_days: int | None = None) -> NewKey:
+    """A new key for ``owner``; the secret is in the result and nowhere else."""
+    name = (name or "").strip()
+    if not name or len(name) > 100:
+        raise InvalidInput("invalid_name", "Name the key (1-100 characters), e.g. the tool that will use it.")
+    if expires_in_days is not None and not 1 <= expires_in_days <= MAX_EXPIRY_DAYS:
+        raise InvalidInput("invalid_expiry", f"A key expires in 1 to {MAX_EXPIRY_DAYS} days, or never.")
+    now = timezone.now()
+    with transaction.atomic():
+        lock_rows(User.objects.filter(pk=owner.pk))  # one create at a time per user: the cap holds
+        if _active(ApiKey.objects.filter(owner_id=owner.pk), now).count() >= MAX_KEYS_PER_USER:
+            raise InvalidInput("too_many_keys", f"You have {MAX_KEYS_PER_USER} active keys: revoke one first.")
+        secret = KEY_PREFIX + secrets.token_urlsafe(32)
+        key = ApiKey.objects.create(
+            owner_id=owner.pk,
+            name=name,
+            prefix=secret[:SHOWN_CHARS],
+            key_sha256=key_digest(secret),
+            expires_at=now + timedelta(days=expires_in_days) if expires_in_days else None,
+        )
+    return NewKey(key=key, secret=secret)
+
+
+def api_key_list_for(user: AbstractBaseUser) -> QuerySet[ApiKey]:
+    return ApiKey.objects.filter(owner_id=user.pk).select_related("revoked_by")
+
+
+def api_key_list_all() -> QuerySet[ApiKey]:
+    """Every user's keys (for staff)."""
+    return ApiKey.objects.select_related("owner", "revoked_by")
+
+
+def api_key_revoke(*, key_id: int, actor: AbstractBaseUser | AnonymousUser) -> ApiKey:
+    """Revoke a key: its owner may, and staff may revoke anyone's (audited). Anyone else: NotFound."""
+    if not actor.is_authenticated:
+        raise NotFound("key")
+    keys = ApiKey.objects.all() if staff_now(actor) else ApiKey.objects.filter(owner_id=actor.pk)
+    key = keys.filter(pk=key_id).select_related("owner").first()
+    if key is None:
+        raise NotFound("key")
+    revoked = ApiKey.objects.filter(pk=key.pk, revoked_at__isnull=True)
+    if revoked.update(revoked_at=timezone.now(), revoked_by_id=actor.pk):
+        key.refresh_from_db()
+        if key.owner_id != actor.pk:
+            detail = {"owner": key.owner.get_username(), "name": key.name, "prefix": key.prefix}
+            audit_record(actor=actor, action="apikey.revoke", target=f"apikey:{key.pk}", detail=detail)
+    return key
+
+
+def _active(keys: QuerySet[ApiKey], now: datetime) -> QuerySet[ApiKey]:
+    return keys.filter(revoked_at__isnull=True).exclude(expires_at__lte=now)
+
+
+class KeyRejected(Exception):
+    """A request's key is missing, malformed, unknown, revoked or expired, or its owner is inactive."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+def api_key_authenticate(authorization: str) -> ApiKey:
+    """The active key of an ``Authorization: Bearer rdk_...`` header (with its owner), or KeyRejected."""
+    scheme, _, raw = (authorization or "").partition(" ")
+    raw = raw.strip()
+    if scheme.lower() != "bearer" or not raw:
+        raise KeyRejected("You didn't provide an API key: send Authorization: Bearer <your RigDash API key>.")
+    if not KEY_RE.fullmatch(raw):
+        raise KeyRejected("Incorrect API key provided. Create one on your API keys page.")
+    key = ApiKey.objects.select_related("owner").filter(key_sha256=key_digest(raw)).first()
+    now = timezone.now()
+    if key is None:
+        raise KeyRejected("Incorrect API key provided. Create one on your API keys page.")
+    if key.state(now) != "active":
+        raise KeyRejected(f"This API key is {key.state(now)}.")
+    if not key.owner.is_active:
+        raise KeyRejected("This API key's account is deactivated.")
+    if key.last_used_at is None or (now - key.last_used_at).total_seconds() >= LAST_USED_EVERY_S:
+        ApiKey.objects.filter(pk=key.pk).update(last_used_at=now)
+        key.last_used_at = now
+    return key

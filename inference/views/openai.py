@@ -1,0 +1,198 @@
+"""The OpenAI-compatible API's edge (/v1/): API-key authentication, OpenAI's error shape, the model list and the
+parsing of a chat completion request.
+
+Protocol: https://platform.openai.com/docs/api-reference (``GET /v1/models``, ``POST /v1/chat/completions``).
+Requests authenticate with a RigDash API key only (``Authorization: Bearer rdk_...``), never a session cookie,
+which is why these views need no CSRF token.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from django.conf import settings
+from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.views.decorators.csrf import csrf_exempt
+
+from inference.backends.base import BackendError
+from inference.board import apikeys
+from inference.errors import InvalidInput
+from inference.models import Rig
+from inference.turns.params import params_validate
+from inference.turns.selectors import rig_list_enabled
+from inference.turns.sessions import rig_models
+
+MAX_BODY_BYTES = 1_048_576
+ROLES = ("system", "user", "assistant")
+# Accepted and ignored: they change nothing RigDash sends (``user`` is OpenAI's end-user tag).
+IGNORED_FIELDS = {"user", "stream_options", "n", "frequency_penalty", "presence_penalty", "store", "metadata"}
+PARAMS = ("temperature", "top_p", "seed")
+
+
+def openai_error(status: int, message: str, *, code: str | None = None, param: str | None = None,
+                 kind: str = "invalid_request_error") -> JsonResponse:  # fmt: skip
+    """OpenAI's error body: ``{"error": {"message", "type", "param", "code"}}``."""
+    body = {"error": {"message": message, "type": kind, "param": param, "code": code}}
+    return JsonResponse(body, status=status)
+
+
+View = Callable[..., HttpResponse]
+
+
+def key_required(view: View) -> View:
+    """Authenticate by API key; the view gets ``request.api_key`` and ``request.user`` (the key's owner)."""
+
+    @csrf_exempt
+    @functools.wraps(view)
+    def wrapped(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+        try:
+            key = apikeys.api_key_authenticate(request.headers.get("Authorization", ""))
+        except apikeys.KeyRejected as exc:
+            response = openai_error(401, exc.message, code="invalid_api_key")
+            response["WWW-Authenticate"] = 'Bearer realm="rigdash-api"'
+            return response
+        request.api_key = key  # type: ignore[attr-defined]
+        request.user = key.owner
+        return view(request, *args, **kwargs)
+
+    return wrapped
+
+
+@dataclass(frozen=True)
+class CatalogueEntry:
+    id: str  # the model's name, or "<rig>/<model>" when several rigs serve that name
+    rig: Rig
+    model: str
+    context_length: int | None = None
+
+
+def model_catalogue() -> list[CatalogueEntry]:
+    """Every model the enabled rigs serve now (a rig whose backend cannot say is left out)."""
+    found: list[tuple[Rig, str, int | None]] = []
+    for rig in rig_list_enabled().order_by("-is_default", "name"):
+        try:
+            found.extend((rig, m.name, m.context_length) for m in rig_models(rig))
+        except BackendError:
+            continue
+    names = [model for _, model, _ in found]
+    return [
+        CatalogueEntry(model if names.count(model) == 1 else f"{rig.name}/{model}", rig, model, ctx)
+        for rig, model, ctx in found
+    ]
+
+
+def model_resolve(model_id: str, catalogue: list[CatalogueEntry]) -> CatalogueEntry | None:
+    return next((entry for entry in catalogue if model_id in (entry.id, f"{entry.rig.name}/{entry.model}")), None)
+
+
+def model_object(entry: CatalogueEntry) -> dict[str, Any]:
+    return {"id": entry.id, "object": "model", "created": int(entry.rig.created_at.timestamp()),
+            "owned_by": entry.rig.name}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class ChatCompletionRequest:
+    """A validated ``POST /v1/chat/completions`` body in RigDash's terms."""
+
+    model: str
+    history: list[dict[str, str]]  # the messages before the last user message
+    user_text: str
+    stream: bool = False
+    include_usage: bool = False
+    params: dict[str, Any] = field(default_factory=dict)  # RigDash's turn params (inference/turns/params.py)
+
+
+class BadRequest(InvalidInput):
+    def __init__(self, message: str, param: str | None = None, status: int = 400) -> None:
+        super().__init__("invalid_request_error", message)
+        self.param = param
+        self.status = status
+
+
+def _content(message: Any, index: int) -> tuple[str, str]:
+    if not isinstance(message, dict) or message.get("role") not in ROLES:
+        raise BadRequest(f"messages[{index}] must be an object with a role of {', '.join(ROLES)}", "messages")
+    content = message.get("content")
+    if isinstance(content, list):  # content parts: text only
+        if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str) for p in content):
+            raise BadRequest(f"messages[{index}].content: only text parts are supported", "messages")
+        content = "".join(part["text"] for part in content)
+    if not isinstance(content, str):
+        raise BadRequest(f"messages[{index}].content must be a string", "messages")
+    return message["role"], content
+
+
+def _stream_flags(body: dict[str, Any]) -> tuple[bool, bool]:
+    stream, options = body.get("stream", False), body.get("stream_options")
+    if not isinstance(stream, bool) and stream is not None:
+        raise BadRequest("stream must be a boolean", "stream")
+    valid_options = isinstance(options, dict) and isinstance(options.get("include_usage", False), bool)
+    if options is not None and not valid_options:
+        raise BadRequest("stream_options must be an object with a boolean include_usage", "stream_options")
+    return bool(stream), bool(stream and isinstance(options, dict) and options.get("include_usage"))
+
+
+def _params(body: dict[str, Any]) -> dict[str, Any]:
+    raw = {name: body[name] for name in PARAMS if body.get(name) is not None}
+    max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
+    if max_tokens is not None:
+        raw["max_tokens"] = max_tokens
+    if body.get("n") not in (None, 1):
+        raise BadRequest("only n=1 is supported", "n")
+    try:
+        return params_validate(raw)
+    except InvalidInput as exc:
+        raise BadRequest(exc.message) from exc
+
+
+def chat_request_parse(raw_body: bytes) -> ChatCompletionRequest:
+    """Validate a request body; BadRequest (400, or 413 for a body too large) says what is wrong."""
+    if len(raw_body) > MAX_BODY_BYTES:
+        raise BadRequest(f"The request body is larger than {MAX_BODY_BYTES} bytes.", status=413)
+    try:
+        body = json.loads(raw_body)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise BadRequest("The body is not valid JSON.") from exc
+    if not isinstance(body, dict):
+        raise BadRequest("The body must be a JSON object.")
+    unknown = sorted(set(body) - {"model", "messages", "stream", "max_tokens", "max_completion_tokens", *PARAMS,
+                                  *IGNORED_FIELDS})  # fmt: skip
+    if unknown:
+        raise BadRequest(f"Unsupported parameter: {unknown[0]}", unknown[0])
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise BadRequest("model must be a non-empty string", "model")
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise BadRequest("messages must be a non-empty array", "messages")
+    turns = [_content(message, index) for index, message in enumerate(messages)]
+    role, user_text = turns[-1]
+    if role != "user" or not user_text.strip():
+        raise BadRequest("The last message must be a non-empty user message.", "messages")
+    if len(user_text) > settings.RIGDASH.max_message_chars:
+        raise BadRequest(f"The last message is longer than {settings.RIGDASH.max_message_chars} characters.",
+                         "messages")  # fmt: skip
+    stream, include_usage = _stream_flags(body)
+    history = [{"role": r, "content": c} for r, c in turns[:-1]]
+    return ChatCompletionRequest(model, history, user_text, stream, include_usage, _params(body))
+
+
+@key_required
+def models_list(request: HttpRequest) -> HttpResponse:
+    if request.method != "GET":
+        return openai_error(405, "Use GET.", code="method_not_allowed")
+    return JsonResponse({"object": "list", "data": [model_object(entry) for entry in model_catalogue()]})
+
+
+@key_required
+def model_detail(request: HttpRequest, model_id: str) -> HttpResponse:
+    if request.method != "GET":
+        return openai_error(405, "Use GET.", code="method_not_allowed")
+    entry = model_resolve(model_id, model_catalogue())
+    if entry is None:
+        return openai_error(404, f"The model '{model_id}' does not exist", code="model_not_found", param="model")
+    return JsonResponse(model_object(entry))

@@ -1,0 +1,184 @@
+"""``POST /v1/chat/completions``: one request is one turn (inference/turns/api.py), answered whole or streamed as
+OpenAI's server-sent events read from the turn's live list.
+
+https://platform.openai.com/docs/api-reference/chat (``chat.completion``, ``chat.completion.chunk``, ``usage``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import math
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from asgiref.sync import sync_to_async
+from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
+from django.utils import timezone
+
+from inference.board import apikeys
+from inference.errors import InvalidInput, QueueUnavailable, QuotaExceeded
+from inference.live import state
+from inference.models import ApiKey, Turn
+from inference.turns.api import api_turn_submit
+from inference.turns.lifecycle import turn_cancel
+from inference.views.openai import BadRequest, chat_request_parse, model_catalogue, model_resolve
+from inference.views.openai import openai_error as error
+
+POLL_S = 0.01  # how often a streaming answer reads the live list (a batch waits at most this long here)
+STATUS_EVERY_S = 0.25  # how often it reads the turn's state from the database
+ENDED_STATUSES: dict[str, int] = {"failed": 502, "interrupted": 502, "cancelled": 409}
+
+
+def _usage(turn: Turn) -> dict[str, int]:
+    prompt, completion = turn.prompt_tokens or 0, turn.output_tokens or 0
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+
+def _finish_reason(turn: Turn) -> str:
+    return "length" if turn.finish_reason == "length" else "stop"
+
+
+def _submit(request: HttpRequest) -> tuple[Turn, str, bool, bool] | HttpResponse:
+    """The request's turn (model id, stream, include_usage), or the error response that refused it."""
+    try:
+        parsed = chat_request_parse(request.body)
+    except BadRequest as exc:
+        return error(exc.status, exc.message, param=exc.param)
+    entry = model_resolve(parsed.model, model_catalogue())
+    if entry is None:
+        return error(404, f"The model '{parsed.model}' does not exist", code="model_not_found", param="model")
+    key = request.api_key  # type: ignore[attr-defined]
+    assert isinstance(key, ApiKey)
+    try:
+        turn = api_turn_submit(key=key, rig=entry.rig, model=entry.model, history=parsed.history,
+                               text=parsed.user_text, params=parsed.params)  # fmt: skip
+    except QuotaExceeded as exc:
+        response = error(429, exc.message, code="rate_limit_exceeded", kind="requests")
+        if exc.resets_at is not None:
+            response["Retry-After"] = str(max(1, math.ceil((exc.resets_at - timezone.now()).total_seconds())))
+        return response
+    except InvalidInput as exc:
+        return error(400, exc.message, code=exc.code)
+    except QueueUnavailable as exc:
+        return error(503, exc.message, code=exc.code, kind="server_error")
+    return turn, entry.id, parsed.stream, parsed.include_usage
+
+
+async def _cancel_if_running(turn_id: int) -> None:
+    """The client went away before the end: cancel the turn, which frees the backend's slot."""
+
+    def cancel() -> None:
+        latest = Turn.objects.filter(pk=turn_id, status__in=Turn.ACTIVE).select_related("session").first()
+        if latest is not None:
+            with contextlib.suppress(InvalidInput):  # it ended meanwhile
+                turn_cancel(turn=latest)
+
+    await sync_to_async(cancel)()
+
+
+async def _ended(turn_id: int) -> Turn | None:
+    turn = await Turn.objects.filter(pk=turn_id).afirst()
+    return turn if turn is None or turn.status not in Turn.ACTIVE else None
+
+
+async def _wait_for_end(turn_id: int) -> Turn:
+    try:
+        while (turn := await _ended(turn_id)) is None:
+            await asyncio.sleep(STATUS_EVERY_S)
+    except asyncio.CancelledError:  # Django cancels an async view when its client disconnects
+        await asyncio.shield(_cancel_if_running(turn_id))
+        raise
+    return turn
+
+
+async def chat_completions(request: HttpRequest) -> HttpResponse | StreamingHttpResponse:
+    """Async, so that waiting for a reply holds no thread; the key check and the submit run in one."""
+    if request.method != "POST":
+        return error(405, "Use POST.", code="method_not_allowed")
+    submitted = await sync_to_async(_authenticated_submit)(request)
+    if isinstance(submitted, HttpResponse):
+        return submitted
+    turn, model_id, stream, include_usage = submitted
+    if stream:
+        response = StreamingHttpResponse(_stream(turn, model_id, include_usage), content_type="text/event-stream")
+        response["Cache-Control"] = "no-cache"
+        return response
+    turn = await _wait_for_end(turn.pk)
+    if turn.status in ENDED_STATUSES:
+        return error(ENDED_STATUSES[turn.status], turn.error or f"The reply was {turn.status}.", code=turn.status,
+                     kind="server_error")  # fmt: skip
+    return JsonResponse({
+        "id": f"chatcmpl-rd{turn.pk}", "object": "chat.completion", "created": int(turn.created_at.timestamp()),
+        "model": model_id,
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": turn.reply_text},
+                     "finish_reason": _finish_reason(turn)}],
+        "usage": _usage(turn),
+    })  # fmt: skip
+
+
+chat_completions.csrf_exempt = True  # type: ignore[attr-defined]  # API keys only, never a session cookie
+
+
+def _authenticated_submit(request: HttpRequest) -> tuple[Turn, str, bool, bool] | HttpResponse:
+    try:
+        request.api_key = apikeys.api_key_authenticate(request.headers.get("Authorization", ""))  # type: ignore[attr-defined]
+    except apikeys.KeyRejected as exc:
+        response = error(401, exc.message, code="invalid_api_key")
+        response["WWW-Authenticate"] = 'Bearer realm="rigdash-api"'
+        return response
+    return _submit(request)
+
+
+def _sse(payload: dict[str, Any] | str) -> bytes:
+    data = payload if isinstance(payload, str) else json.dumps(payload, ensure_ascii=False, separators=(",", ":"))
+    return f"data: {data}\n\n".encode()
+
+
+async def _stream(turn: Turn, model_id: str, include_usage: bool) -> AsyncIterator[bytes]:
+    """The turn's text as ``chat.completion.chunk`` events, as the worker appends it to the live list. Closing the
+    iterator before the end (the client went away) cancels the turn."""
+    base = {"id": f"chatcmpl-rd{turn.pk}", "object": "chat.completion.chunk",
+            "created": int(turn.created_at.timestamp()), "model": model_id}  # fmt: skip
+
+    def chunk(delta: dict[str, str], finish: str | None = None) -> bytes:
+        return _sse({**base, "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]})
+
+    redis, key = state.sync_client(), state.live_key(turn.pk)
+
+    def batches_from(start: int) -> list[Any]:
+        found: list[Any] = redis.lrange(key, start, -1)  # type: ignore[assignment]
+        return found
+
+    read_batches = sync_to_async(batches_from, thread_sensitive=False)
+    sent, read, checked = "", 0, 0.0
+    ended: Turn | None = None
+    try:
+        yield chunk({"role": "assistant", "content": ""})
+        while ended is None:
+            for raw in await read_batches(read):
+                read += 1
+                text = json.loads(raw)["x"]
+                sent += text
+                if text:
+                    yield chunk({"content": text})
+            if time.monotonic() - checked >= STATUS_EVERY_S:
+                checked = time.monotonic()
+                ended = await _ended(turn.pk)
+            if ended is None:
+                await asyncio.sleep(POLL_S)
+        if ended.status in ENDED_STATUSES:
+            yield _sse({"error": {"message": ended.error or f"The reply was {ended.status}.",
+                                  "type": "server_error", "param": None, "code": ended.status}})  # fmt: skip
+        else:
+            if ended.reply_text.startswith(sent) and len(ended.reply_text) > len(sent):
+                yield chunk({"content": ended.reply_text[len(sent) :]})  # what the live list no longer held
+            yield chunk({}, _finish_reason(ended))
+            if include_usage:
+                yield _sse({**base, "choices": [], "usage": _usage(ended)})
+        yield _sse("[DONE]")
+    finally:
+        if ended is None:
+            await asyncio.shield(_cancel_if_running(turn.pk))

@@ -1,0 +1,138 @@
+"""The OpenAI-compatible API's edge: the official ``openai`` client against RigDash's web server (uvicorn) in front
+of the real llama-server, for the model list and key authentication; the chat request parser on its own (chat
+completions themselves are not served yet)."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import openai
+import pytest
+from django.conf import settings
+from django.test import Client
+
+from inference.board import apikeys
+from inference.models import Rig
+from inference.views.openai import MAX_BODY_BYTES, BadRequest, chat_request_parse, model_catalogue
+from tests.conftest import session_cookie_for
+
+MESSAGES = [
+    {"role": "system", "content": "Be brief."},
+    {"role": "user", "content": "Hi"},
+    {"role": "assistant", "content": "Hello!"},
+    {"role": "user", "content": [{"type": "text", "text": "Why?"}]},
+]
+
+
+def _client(web_url: str, key: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{web_url}/v1", api_key=key, max_retries=0, timeout=30)
+
+
+@pytest.mark.llama
+@pytest.mark.django_db(transaction=True)
+def test_models_through_the_official_client(web_url, rig, model_name, owner):
+    key = apikeys.api_key_create(owner=owner, name="sdk")
+    client = _client(web_url, key.secret)
+    models = client.models.list()
+    assert [m.id for m in models.data] == [model_name]
+    assert models.data[0].owned_by == rig.name and models.data[0].object == "model"
+    assert client.models.retrieve(model_name).id == model_name
+    assert client.models.retrieve(f"{rig.name}/{model_name}").id == model_name
+    with pytest.raises(openai.NotFoundError) as missing:
+        client.models.retrieve("no-such-model")
+    assert missing.value.body["code"] == "model_not_found"
+
+
+@pytest.mark.llama
+@pytest.mark.django_db(transaction=True)
+def test_missing_malformed_unknown_and_revoked_keys_get_openais_401(web_url, rig, owner):
+    key = apikeys.api_key_create(owner=owner, name="sdk")
+    missing = httpx.get(f"{web_url}/v1/models")  # the client itself refuses to send no key
+    assert missing.status_code == 401 and missing.headers["WWW-Authenticate"].startswith("Bearer")
+    assert missing.json()["error"]["code"] == "invalid_api_key" and "provide an API key" in missing.text
+    for bad in ("sk-not-ours", "rdk_" + "B" * 43, key.secret + "x"):
+        with pytest.raises(openai.AuthenticationError) as refused:
+            _client(web_url, bad).models.list()
+        assert refused.value.status_code == 401
+        assert refused.value.body["code"] == "invalid_api_key" and refused.value.body["type"] == "invalid_request_error"
+    apikeys.api_key_revoke(key_id=key.key.pk, actor=owner)
+    with pytest.raises(openai.AuthenticationError, match="revoked"):
+        _client(web_url, key.secret).models.list()
+    # A logged-in browser session is not an API key: /v1/ takes keys only.
+    cookie = session_cookie_for(owner)
+    assert httpx.get(f"{web_url}/keys/", cookies={settings.SESSION_COOKIE_NAME: cookie}).status_code == 200
+    response = httpx.get(f"{web_url}/v1/models", cookies={settings.SESSION_COOKIE_NAME: cookie})
+    assert response.status_code == 401 and response.json()["error"]["code"] == "invalid_api_key"
+
+
+@pytest.mark.llama
+@pytest.mark.django_db
+def test_a_model_on_two_rigs_is_named_by_rig(rig, llama_url, model_name):
+    Rig.objects.create(name="twin", kind=Rig.Kind.LLAMACPP, base_url=llama_url, queue="rig.twin")
+    Rig.objects.create(name="down", kind=Rig.Kind.LLAMACPP, base_url="http://127.0.0.1:9", queue="rig.down")
+    ids = sorted(entry.id for entry in model_catalogue())
+    assert ids == sorted([f"{rig.name}/{model_name}", f"twin/{model_name}"])  # the rig that is down is left out
+
+
+@pytest.mark.django_db
+def test_the_api_needs_no_csrf_token_and_refuses_other_methods(owner):
+    key = apikeys.api_key_create(owner=owner, name="sdk")
+    response = Client(enforce_csrf_checks=True).post("/v1/models", HTTP_AUTHORIZATION=f"Bearer {key.secret}")
+    assert response.status_code == 405 and response.json()["error"]["code"] == "method_not_allowed"
+
+
+def test_a_chat_request_becomes_a_turn_request():
+    body = {"model": "m", "messages": MESSAGES, "stream": True, "stream_options": {"include_usage": True},
+            "temperature": 0.5, "max_completion_tokens": 64, "seed": 7, "user": "ignored"}  # fmt: skip
+    parsed = chat_request_parse(json.dumps(body).encode())
+    assert parsed.model == "m" and parsed.user_text == "Why?"
+    assert parsed.history == [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"},
+                              {"role": "assistant", "content": "Hello!"}]  # fmt: skip
+    assert parsed.stream and parsed.include_usage
+    assert parsed.params == {"temperature": 0.5, "max_tokens": 64, "seed": 7}
+    plain = chat_request_parse(json.dumps({"model": "m", "messages": MESSAGES[1:2]}).encode())
+    assert not plain.stream and not plain.include_usage and plain.params == {} and plain.history == []
+
+
+BAD = [
+    (b"{not json", "not valid JSON", None),
+    (b"[]", "JSON object", None),
+    (json.dumps({"messages": MESSAGES}).encode(), "model", "model"),
+    (json.dumps({"model": "m", "messages": []}).encode(), "non-empty array", "messages"),
+    (json.dumps({"model": "m", "messages": MESSAGES[:3]}).encode(), "last message", "messages"),
+    (json.dumps({"model": "m", "messages": [{"role": "tool", "content": "x"}]}).encode(), "role", "messages"),
+    (
+        json.dumps(
+            {"model": "m", "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]}
+        ).encode(),
+        "only text parts",
+        "messages",
+    ),
+    (json.dumps({"model": "m", "messages": MESSAGES, "tools": []}).encode(), "Unsupported parameter: tools", "tools"),
+    (json.dumps({"model": "m", "messages": MESSAGES, "n": 2}).encode(), "n=1", "n"),
+    (json.dumps({"model": "m", "messages": MESSAGES, "temperature": 3}).encode(), "between 0 and 2", None),
+    (json.dumps({"model": "m", "messages": MESSAGES, "max_tokens": 10**6}).encode(), "max_tokens", None),
+    (json.dumps({"model": "m", "messages": MESSAGES, "stream": "yes"}).encode(), "boolean", "stream"),
+    (
+        json.dumps({"model": "m", "messages": MESSAGES, "stream": True, "stream_options": 1}).encode(),
+        "stream_options",
+        "stream_options",
+    ),
+]
+
+
+@pytest.mark.parametrize(("body", "message", "param"), BAD)
+def test_bad_chat_requests_are_refused_with_a_reason(body, message, param):
+    with pytest.raises(BadRequest, match=message) as refused:
+        chat_request_parse(body)
+    assert refused.value.status == 400 and refused.value.param == param
+
+
+def test_oversized_bodies_and_messages():
+    with pytest.raises(BadRequest) as too_big:
+        chat_request_parse(b" " * (MAX_BODY_BYTES + 1))
+    assert too_big.value.status == 413
+    long = [{"role": "user", "content": "x" * (settings.RIGDASH.max_message_chars + 1)}]
+    with pytest.raises(BadRequest, match="longer than"):
+        chat_request_parse(json.dumps({"model": "m", "messages": long}).encode())
