@@ -1,0 +1,90 @@
+"""A rig whose queue no worker consumes is reported: in /healthz and on the rig's monitoring page."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator
+
+import pytest
+from django.test import Client
+
+from inference.models import Rig
+from monitoring import queues
+from rigdash.launcher import Stack, worker_command
+from tests.conftest import LOG_DIR, free_port
+
+QUEUE = f"rig.consumed{os.getpid()}"
+
+
+@pytest.fixture(scope="module")
+def queue_worker(stack: Stack, service_env: dict[str, str]) -> Iterator[str]:
+    """A real Celery worker on QUEUE only."""
+    name = f"queues{os.getpid()}@localhost"
+    stack.start("queue-worker", worker_command(queues=[QUEUE], concurrency=1, name=name, beat_schedule=None),
+                env=service_env, log_path=LOG_DIR / "queue-worker.log")  # fmt: skip
+    from rigdash.celery import app
+
+    deadline = time.monotonic() + 60
+    while not any(name in reply for reply in app.control.ping(timeout=0.5)):
+        assert time.monotonic() < deadline, f"worker did not answer; see {LOG_DIR / 'queue-worker.log'}"
+    yield name
+
+
+@pytest.fixture
+def rigs(db):
+    queues.forget()
+    served = Rig.objects.create(name="served", kind="llamacpp", base_url=f"http://127.0.0.1:{free_port()}", queue=QUEUE)
+    orphan = Rig.objects.create(name="orphan", kind="ollama", base_url="http://ollama:11434")
+    Rig.objects.create(name="off", kind="ollama", base_url="http://off:11434", enabled=False)
+    yield served, orphan
+    queues.forget()
+
+
+@pytest.mark.django_db
+def test_healthz_names_a_rig_whose_queue_has_no_worker(queue_worker, rigs):
+    body = Client().get("/healthz").json()
+    assert body["checks"]["queues"]["served"] == {
+        "ok": True, "queue": QUEUE, "workers": [queue_worker], "detail": "1 worker(s)"
+    }  # fmt: skip
+    assert body["checks"]["queues"]["orphan"]["ok"] is False
+    assert body["checks"]["queues"]["orphan"]["detail"] == "no worker consumes rig.orphan"
+    assert "queue:orphan" in body["down"] and "queue:served" not in body["down"]
+    assert "off" not in body["checks"]["queues"], "a disabled rig needs no worker"
+
+
+@pytest.mark.django_db
+def test_the_rig_page_says_so_and_a_consumed_rig_s_does_not(queue_worker, rigs, owner):
+    served, orphan = rigs
+    client = Client()
+    client.force_login(owner)
+    page = client.get(f"/monitoring/rigs/{orphan.pk}/").content.decode()
+    assert 'data-testid="no-consumer"' in page and "-Q rig.orphan" in page
+    page = client.get(f"/monitoring/rigs/{served.pk}/").content.decode()
+    assert 'data-testid="no-consumer"' not in page
+
+
+def test_the_answer_is_cached_for_a_few_seconds(monkeypatch):
+    calls = []
+
+    def ask(*, timeout_s, app):
+        calls.append(timeout_s)
+        return queues.Consumers(by_worker={"w@h": frozenset({"rig.a"})})
+
+    monkeypatch.setattr(queues, "_ask", ask)
+    queues.forget()
+    try:
+        assert queues.consumers().workers_of("rig.a") == ["w@h"]
+        assert queues.consumers().workers_of("rig.b") == []
+        assert len(calls) == 1
+        assert queues.consumers(max_age_s=0).queues == {"rig.a"}
+        assert len(calls) == 2
+    finally:
+        queues.forget()
+
+
+def test_a_failed_broadcast_is_reported_with_its_error():
+    found = queues.Consumers(by_worker={}, error="ConnectionRefusedError(111)")
+    report = queues.rig_consumers([Rig(name="r", queue="rig.r")], found)
+    assert report["r"] == {"ok": False, "queue": "rig.r", "workers": [],
+                           "detail": "cannot ask the workers: ConnectionRefusedError(111)"}  # fmt: skip
