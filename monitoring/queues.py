@@ -51,6 +51,31 @@ def consumers(*, timeout_s: float = TIMEOUT_S, app: Celery | None = None, max_ag
     return found
 
 
+_refreshing = threading.Event()
+
+
+def consumers_nowait(*, timeout_s: float = TIMEOUT_S, max_age_s: float = CACHE_S) -> Consumers | None:
+    """The last answer if it is fresh, else None at once while one thread asks again (for pages every user
+    opens: a broadcast waits its whole timeout, which a chat page must not)."""
+    with _lock:
+        fresh = _cached is not None and time.monotonic() - _cached[0] < max_age_s
+        if fresh and _cached is not None:
+            return _cached[1]
+        stale = _cached[1] if _cached is not None else None
+        if _refreshing.is_set():
+            return stale
+        _refreshing.set()
+
+    def refresh() -> None:
+        try:
+            consumers(timeout_s=timeout_s, max_age_s=0)
+        finally:
+            _refreshing.clear()
+
+    threading.Thread(target=refresh, name="rig-queues", daemon=True).start()
+    return stale
+
+
 def _ask(*, timeout_s: float, app: Celery | None) -> Consumers:
     from rigdash.celery import app as rigdash_app
 

@@ -88,3 +88,43 @@ def test_a_failed_broadcast_is_reported_with_its_error():
     report = queues.rig_consumers([Rig(name="r", queue="rig.r")], found)
     assert report["r"] == {"ok": False, "queue": "rig.r", "workers": [],
                            "detail": "cannot ask the workers: ConnectionRefusedError(111)"}  # fmt: skip
+
+
+@pytest.mark.django_db
+def test_a_user_s_chat_on_a_rig_without_a_worker_says_so(queue_worker, rigs, owner, admin_user):
+    from inference.models import ChatSession
+
+    served, orphan = rigs
+    waiting = ChatSession.objects.create(owner=owner, rig=orphan, model_name="m")
+    fine = ChatSession.objects.create(owner=owner, rig=served, model_name="m")
+    queues.consumers(max_age_s=0)  # the chat page never waits for the broadcast: fill the cache first
+    client = Client()
+    client.force_login(owner)
+    page = client.get(f"/sessions/{waiting.pk}/").content.decode()
+    assert 'data-testid="no-consumer"' in page and "Tell an admin" in page and "rig.orphan" not in page
+    assert 'data-testid="no-consumer"' not in client.get(f"/sessions/{fine.pk}/").content.decode()
+
+
+def test_pages_every_user_opens_never_wait_for_the_broadcast(monkeypatch):
+    import threading
+
+    release = threading.Event()
+
+    def ask(*, timeout_s, app):
+        release.wait(10)
+        return queues.Consumers(by_worker={"w@h": frozenset({"rig.a"})})
+
+    monkeypatch.setattr(queues, "_ask", ask)
+    queues.forget()
+    try:
+        assert queues.consumers_nowait() is None, "nothing known yet: no banner, and no wait"
+        assert queues.consumers_nowait() is None, "one refresh at a time"
+        release.set()
+        deadline = time.monotonic() + 10
+        while (found := queues.consumers_nowait()) is None:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        assert found.queues == {"rig.a"}
+    finally:
+        release.set()
+        queues.forget()
