@@ -212,6 +212,16 @@ def test_services_start_in_compose_order_on_a_fresh_database_and_stop_on_sigterm
     assert {name: check["ok"] for name, check in body["checks"]["queues"].items()} == {"embedded": True, "ollama": True}
     assert body["checks"]["rigs"]["ollama"]["url"] == "http://ollama:11434"
     assert body["down"] == ["rig:embedded", "rig:ollama"], "only the backends, which do not run here, are down"
+    with httpx.Client(base_url=f"http://127.0.0.1:{services.port}", timeout=30) as web:
+        # Static files come from the image's folders (no collectstatic into the data volume).
+        assert web.get("/static/rigdash/app.css").status_code == 200
+        assert web.get("/static/admin/css/base.css").status_code == 200
+        # The admin account migrate created logs in through the web server (CSRF and all).
+        web.get("/login/")
+        login = web.post("/login/", data={"username": "admin", "password": "a-long-admin-password",
+                                          "csrfmiddlewaretoken": web.cookies["csrftoken"]})  # fmt: skip
+        assert login.status_code == 302, login.text[:500]
+        assert web.get("/admin/inference/rig/").status_code == 200
 
     # `docker compose stop`: SIGTERM to each, then SIGKILL after its stop_grace_period.
     for name in reversed(long_running):
@@ -273,3 +283,28 @@ def test_the_sampler_stops_on_sigterm_as_pid_1(service_env, tmp_path):
             outer.wait()
     assert outer.returncode == 0, (tmp_path / "sampler.log").read_text()
     assert "sampler stopped" in (tmp_path / "sampler.log").read_text()
+
+
+@pytest.mark.skipif(shutil.which("unshare") is None, reason="util-linux unshare is needed for a PID namespace")
+def test_a_service_still_waiting_for_migrations_stops_on_sigterm_as_pid_1(tmp_path):
+    """`docker compose stop` while the database is not there yet: the wait ends at once, even as PID 1."""
+    probe = subprocess.run(["unshare", "--pid", "--fork", "true"], capture_output=True)
+    if probe.returncode != 0:
+        pytest.skip(f"no PID namespace here: {probe.stderr.decode().strip()}")
+    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "DJANGO_ALLOW_ASYNC_UNSAFE")}
+    env.update(POSTGRES_HOST="127.0.0.1", POSTGRES_PORT=str(free_port()), RIGDASH_VAR_DIR=str(tmp_path),
+               PATH=f"{VENV_BIN}:{os.environ['PATH']}")  # fmt: skip
+    log = tmp_path / "worker.log"
+    outer, pid1 = _pid1(composekit.command_words(composekit.load()["services"]["worker"]), env, log)
+    try:
+        deadline = time.monotonic() + 60
+        while "waiting for migrations" not in log.read_text():
+            assert time.monotonic() < deadline and outer.poll() is None, log.read_text()
+            time.sleep(0.2)
+        pid1.send_signal(signal.SIGTERM)
+        outer.wait(timeout=5)
+    finally:
+        if outer.poll() is None:
+            outer.kill()
+            outer.wait()
+    assert outer.returncode == 128 + signal.SIGTERM, log.read_text()
