@@ -11,6 +11,7 @@ import dj_database_url
 import psycopg
 import pytest
 from django.core.exceptions import ImproperlyConfigured
+from django.test import Client
 
 from rigdash.env import database_url
 from rigdash.launcher import ROOT
@@ -95,3 +96,34 @@ def test_settings_connect_through_the_parts(tmp_path):
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "postgres"
+
+
+PROXY = {"HTTP_HOST": "rig.example.com", "HTTP_ORIGIN": "https://rig.example.com",
+         "HTTP_REFERER": "https://rig.example.com/login/"}  # fmt: skip
+
+
+def _login_through_a_tls_proxy(admin_user, *, forwarded_proto: bool) -> int:
+    client = Client(enforce_csrf_checks=True)
+    extra = {**PROXY, "HTTP_X_FORWARDED_PROTO": "https"} if forwarded_proto else dict(PROXY)
+    assert client.get("/login/", **extra).status_code == 200
+    data = {"username": admin_user.username, "password": "admin-pw-123",
+            "csrfmiddlewaretoken": client.cookies["csrftoken"].value}  # fmt: skip
+    return client.post("/login/", data, **extra).status_code
+
+
+@pytest.mark.django_db
+def test_login_behind_a_tls_proxy(admin_user, settings):
+    """docs/deploy.md's proxy contract: with RIGDASH_SECURE=1 and a proxy that passes Host and X-Forwarded-Proto,
+    the login works; RIGDASH_SECURE=0 behind TLS is the 403 of a CSRF origin mismatch, which
+    RIGDASH_CSRF_TRUSTED_ORIGINS also lifts."""
+    admin_user.set_password("admin-pw-123")
+    admin_user.save()
+    settings.ALLOWED_HOSTS = ["rig.example.com"]
+    settings.SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")  # what RIGDASH_SECURE=1 sets
+    settings.CSRF_COOKIE_SECURE = settings.SESSION_COOKIE_SECURE = True
+    assert _login_through_a_tls_proxy(admin_user, forwarded_proto=True) == 302
+    settings.SECURE_PROXY_SSL_HEADER = None  # RIGDASH_SECURE=0
+    settings.CSRF_COOKIE_SECURE = settings.SESSION_COOKIE_SECURE = False
+    assert _login_through_a_tls_proxy(admin_user, forwarded_proto=True) == 403
+    settings.CSRF_TRUSTED_ORIGINS = ["https://rig.example.com"]
+    assert _login_through_a_tls_proxy(admin_user, forwarded_proto=True) == 302
