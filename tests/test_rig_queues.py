@@ -54,12 +54,15 @@ def test_healthz_names_a_rig_whose_queue_has_no_worker(queue_worker, rigs):
 
 
 @pytest.mark.django_db
-def test_the_rig_page_says_so_and_a_consumed_rig_s_does_not(queue_worker, rigs, owner):
+def test_the_rig_page_says_so_and_a_consumed_rig_s_does_not(queue_worker, rigs, owner, admin_user):
     served, orphan = rigs
     client = Client()
     client.force_login(owner)
     page = client.get(f"/monitoring/rigs/{orphan.pk}/").content.decode()
-    assert 'data-testid="no-consumer"' in page and "-Q rig.orphan" in page
+    assert 'data-testid="no-consumer"' in page and "rig.orphan" in page and "Tell an admin" in page
+    staff = Client()
+    staff.force_login(admin_user)
+    assert "-Q rig.orphan" in staff.get(f"/monitoring/rigs/{orphan.pk}/").content.decode()
     page = client.get(f"/monitoring/rigs/{served.pk}/").content.decode()
     assert 'data-testid="no-consumer"' not in page
 
