@@ -8,13 +8,22 @@ from django.contrib.auth.models import User
 from django.http import HttpRequest
 
 from inference.board.audit import audit_record
-from inference.forms import QuotaForm
+from inference.forms import QuotaForm, RigForm
 from inference.models import AuditLog, ChatSession, Quota, Rig, Turn
 
 
 @admin.register(Rig)
 class RigAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+    """Rigs: any http(s) host a container network or LAN uses; the queue follows the name (shown, not typed)."""
+
+    form = RigForm
     list_display = ("name", "kind", "base_url", "queue", "slots", "is_default", "enabled")
+    readonly_fields = ("queue",)
+    fields = ("name", "kind", "base_url", "queue", "slots", "is_default", "enabled")
+
+    def save_model(self, request: HttpRequest, obj: Rig, form: Any, change: bool) -> None:
+        obj.queue = Rig.queue_for(obj.name)
+        super().save_model(request, obj, form, change)
 
 
 @admin.register(ChatSession)

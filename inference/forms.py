@@ -1,4 +1,4 @@
-"""Forms for the admin pages: quotas (validated by the model's limits) and new users."""
+"""Forms for the admin pages: rigs, quotas (validated by the model's limits) and new users."""
 
 from __future__ import annotations
 
@@ -9,7 +9,31 @@ from django.contrib.auth.models import Group, User
 from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 
-from inference.models import Quota
+from inference.models import Quota, Rig
+
+
+class RigForm(forms.ModelForm):  # type: ignore[type-arg]
+    """A rig as admins edit it: the URL may name any host a container network or LAN resolves
+    (inference.validators); the queue is not typed but derived from the name (Rig.queue_for)."""
+
+    class Meta:
+        model = Rig
+        fields = ["name", "kind", "base_url", "slots", "is_default", "enabled"]
+        widgets = {"base_url": forms.TextInput(attrs={"placeholder": "http://ollama:11434", "size": 60})}
+
+    def save(self, commit: bool = True) -> Rig:
+        rig: Rig = super().save(commit=False)
+        rig.queue = Rig.queue_for(rig.name)
+        if commit:
+            rig.save()
+        return rig
+
+    def clean_name(self) -> str:
+        name: str = self.cleaned_data["name"]
+        queue = Rig.queue_for(name)
+        if Rig.objects.filter(queue=queue).exclude(pk=self.instance.pk).exists():
+            raise forms.ValidationError(f"Another rig already uses the queue {queue}.")
+        return name
 
 
 class QuotaForm(forms.ModelForm):  # type: ignore[type-arg]

@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 from datetime import datetime
+from typing import Any
 
 from django.conf import settings
 from django.contrib.auth.models import Group
 from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 
+from inference.validators import validate_backend_url
+
 
 class Rig(models.Model):
-    """A backend server RigDash drives; each rig has its own Celery queue."""
+    """A backend server RigDash drives; each rig has its own Celery queue, ``rig.<name>`` (queue_for)."""
 
     class Kind(models.TextChoices):
         LLAMACPP = "llamacpp", "llama.cpp server"
@@ -19,8 +22,15 @@ class Rig(models.Model):
 
     name = models.SlugField(max_length=64, unique=True)
     kind = models.CharField(max_length=16, choices=Kind.choices)
-    base_url = models.URLField(max_length=300, help_text="Set by admins only; RigDash connects here.")
-    queue = models.CharField(max_length=100, unique=True)
+    base_url = models.CharField(
+        max_length=300,
+        validators=[validate_backend_url],
+        help_text="Set by admins only; RigDash connects here: http(s)://host[:port], e.g. http://ollama:11434.",
+    )
+    # Derived from the name when the rig is saved without one (Rig.save); the admin shows it read-only.
+    queue = models.CharField(
+        max_length=100, unique=True, blank=True, help_text="The Celery queue a worker for this rig consumes."
+    )
     is_default = models.BooleanField(default=False)
     enabled = models.BooleanField(default=True)
     slots = models.PositiveSmallIntegerField(
@@ -33,6 +43,8 @@ class Rig(models.Model):
         blank=True,
         help_text="The rig agent's secret (RIGDASH_AGENT_KEY on the rig's host); empty when no agent runs beside it.",
     )
+    # What the environment last set (inference.bootstrap): a field an admin has changed since keeps the admin's value.
+    bootstrapped = models.JSONField(default=dict, blank=True, editable=False)
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
@@ -40,6 +52,19 @@ class Rig(models.Model):
 
     def __str__(self) -> str:
         return f"{self.name} ({self.kind})"
+
+    def save(self, *args: Any, **kwargs: Any) -> None:
+        if not self.queue:
+            self.queue = self.queue_for(self.name)
+            update_fields = kwargs.get("update_fields")
+            if update_fields is not None:
+                kwargs["update_fields"] = {*update_fields, "queue"}
+        super().save(*args, **kwargs)
+
+    @staticmethod
+    def queue_for(name: str) -> str:
+        """The Celery queue of the rig named ``name``: a worker serves it with ``-Q rig.<name>``."""
+        return f"rig.{name}"
 
 
 class ChatSession(models.Model):

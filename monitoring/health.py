@@ -1,4 +1,5 @@
-"""Liveness of everything a chat turn needs: database, Redis, Celery workers, each rig's backend."""
+"""Liveness of everything a chat turn needs: database, Redis, Celery workers, each rig's backend and a worker
+consuming each rig's queue (monitoring.queues)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from inference.backends.base import BackendError
 from inference.live import agents
 from inference.live import state as live
 from inference.models import Rig
+from monitoring.queues import rig_consumers
 
 
 def check_database() -> dict[str, Any]:
@@ -68,9 +70,12 @@ def health_report() -> dict[str, Any]:
             "redis": pool.submit(check_redis),
             "workers": pool.submit(check_workers),
         }
+        queues = pool.submit(rig_consumers, rigs)
         rig_futures = {rig.name: pool.submit(check_rig, rig) for rig in rigs}
         checks = {name: future.result() for name, future in futures.items()}
         checks["rigs"] = {name: future.result() for name, future in rig_futures.items()}
+        checks["queues"] = queues.result()
     down = [name for name in ("database", "redis", "workers") if not checks[name]["ok"]]
     down += [f"rig:{name}" for name, result in checks["rigs"].items() if not result["ok"]]
+    down += [f"queue:{name}" for name, result in checks["queues"].items() if not result["ok"]]
     return {"status": "ok" if not down else "down", "down": down, "checks": checks}

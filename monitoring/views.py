@@ -13,6 +13,7 @@ from django.views.decorators.http import require_GET
 from inference.models import Rig
 from monitoring import plotting, selectors
 from monitoring.health import health_report
+from monitoring.queues import consumers, rig_consumers
 from rigdash.access import is_staff
 
 
@@ -52,11 +53,10 @@ def rig_dashboard(request: HttpRequest, rig_id: int) -> HttpResponse:
         "rig": rig.pk, "range": range_key, "figures": figures, "latest": _viewer_sample(request, rig),
         "speculative": latency["speculative"],
     }  # fmt: skip
-    return render(
-        request,
-        "monitoring/rig.html",
-        {"rig": rig, "ranges": list(selectors.RANGES_S), "range": range_key, "page_config": config},
-    )
+    # A short wait: the page must not hang on a broker that does not answer (monitoring.queues caches it).
+    queue = rig_consumers([rig], consumers(timeout_s=0.5))[rig.name]
+    context = {"rig": rig, "ranges": list(selectors.RANGES_S), "range": range_key, "page_config": config}
+    return render(request, "monitoring/rig.html", {**context, "queue": queue})
 
 
 @login_required

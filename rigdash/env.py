@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from urllib.parse import quote
 
 from django.core.exceptions import ImproperlyConfigured
 
@@ -84,3 +85,32 @@ class RigDashConfig:
     # The interval while one turn streams alone on a worker; each more streaming turn adds half as much, up to
     # flush_interval_ms (inference.worker.pace.FlushPace).
     flush_min_interval_ms: int = 10
+
+
+def database_url(default: str) -> str:
+    """DATABASE_URL; else a PostgreSQL URL built from POSTGRES_* parts when POSTGRES_HOST is set; else ``default``.
+
+    The parts are percent-encoded, so a password with ``/``, ``#``, ``@`` or ``%`` reaches PostgreSQL as typed
+    (dj-database-url decodes them). POSTGRES_PASSWORD_FILE (a Docker secret) is read when POSTGRES_PASSWORD is unset.
+    """
+    url = os.environ.get("DATABASE_URL", "")
+    if url:
+        return url
+    host = os.environ.get("POSTGRES_HOST", "")
+    if not host:
+        return default
+    user = env_str("POSTGRES_USER", "postgres") or "postgres"
+    password = os.environ.get("POSTGRES_PASSWORD", "")
+    secret_file = os.environ.get("POSTGRES_PASSWORD_FILE", "")
+    if not password and secret_file:
+        try:
+            with open(secret_file, encoding="utf-8") as handle:
+                password = handle.read().rstrip("\r\n")
+        except OSError as exc:
+            raise ImproperlyConfigured(f"POSTGRES_PASSWORD_FILE {secret_file!r} cannot be read: {exc}") from exc
+    port = env_int("POSTGRES_PORT", 5432, minimum=1, maximum=65535)
+    name = env_str("POSTGRES_DB", user) or user
+    credentials = quote(user, safe="") + (f":{quote(password, safe='')}" if password else "")
+    if ":" in host and not host.startswith("["):
+        host = f"[{host}]"  # an IPv6 literal
+    return f"postgres://{credentials}@{host}:{port}/{quote(name, safe='')}"

