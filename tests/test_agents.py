@@ -274,3 +274,63 @@ def test_the_roofline_takes_the_gpus_peak_where_the_weights_are_in_its_memory(db
     assert admin._bandwidth(on_gpu) == {"gbs": 900.0, "source": "set by an admin in the rig's profile"}
     remote = RigSampler(rig=rig, bandwidth_gbs=25.0, bandwidth_source="probe", local_host=False)
     assert remote._bandwidth({})["gbs"] is None  # the probe measured another host: not the rig's figure
+
+
+# In the browser ------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.browser
+@pytest.mark.llama
+@pytest.mark.django_db(transaction=True)
+def test_the_overview_shows_both_rigs_and_each_rig_page_fills_from_its_agent(
+    two_rigs, web_url, sampler_process, admin_user, tmp_path
+):
+    """The central sampler process, two agents, Chromium: both rigs on the overview, each dashboard filled from its own
+    agent, and each sample's way from the agent's reading to the page (sample-to-browser delay) measured."""
+    from playwright.sync_api import sync_playwright
+
+    from tests.test_browser import CHROMIUM, login
+
+    rig_a, rig_b, _ = two_rigs
+    for rig in (rig_a, rig_b):
+        wait_until(lambda r=rig: agents.agent_state(r.pk, r.agent_key).up, timeout_s=60, what=f"{rig.name}'s agent")
+    os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = "true"  # Playwright's sync API runs a loop in this thread
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu"])
+        page = browser.new_context(viewport={"width": 1200, "height": 800}).new_page()
+        page.set_default_timeout(30_000)
+        errors: list[str] = []
+        page.on("pageerror", lambda exc: errors.append(str(exc)))
+        delays: list[float] = []
+
+        def on_socket(ws: Any) -> None:
+            def frame(payload: Any) -> None:
+                message = json.loads(payload)
+                sampled = (message.get("sample") or {}).get("detail", {}).get("agent_sampled_at")
+                if message.get("type") == "rig.sample" and sampled:
+                    delays.append(time.time() - sampled)
+
+            ws.on("framereceived", frame)
+
+        login(page, web_url, "admin")
+        page.goto(f"{web_url}/monitoring/")
+        for rig in (rig_a, rig_b):
+            page.wait_for_selector(f"text={rig.name}")
+        page.on("websocket", on_socket)
+        page.goto(f"{web_url}/monitoring/rigs/{rig_b.pk}/")
+        page.wait_for_selector("[data-testid=agent-state][data-state=up]")
+        page.wait_for_selector("[data-testid=kv-facts]:has-text('geometry from the GGUF')")
+        assert "host figures from agent on" in page.get_by_test_id("placement").inner_text()
+        assert "set by an admin" in page.get_by_test_id("roofline").inner_text()
+        for _ in range(100):  # the sync API hands over frames only while it waits itself
+            if len(delays) >= 6:
+                break
+            page.wait_for_timeout(500)
+        page.screenshot(path=str(tmp_path / "agent-rig.png"), full_page=True)
+        browser.close()
+    assert len(delays) >= 6, delays  # an idle rig is sampled every 5 s
+    delays.sort()
+    p95 = delays[int(0.95 * (len(delays) - 1))]
+    print(f"sample-to-browser delay over {len(delays)} samples: p50 {delays[len(delays) // 2]:.2f} s, p95 {p95:.2f} s")
+    assert p95 <= 2.0, delays
+    assert errors == []
