@@ -116,7 +116,10 @@ class Services:
         argv = composekit.healthcheck_argv(self.compose["services"][name])
         assert argv is not None, name
         timeout = composekit.duration_s(self.compose["services"][name]["healthcheck"].get("timeout"), 30)
-        result = subprocess.run(self.argv(argv), cwd=ROOT, env=self.env(name), capture_output=True, timeout=timeout)
+        try:
+            result = subprocess.run(self.argv(argv), cwd=ROOT, env=self.env(name), capture_output=True, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return False  # as Docker counts it: a failed attempt, tried again
         return result.returncode == 0
 
     def wait_for(self, dependency: str, condition: str) -> None:
