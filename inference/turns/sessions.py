@@ -1,4 +1,4 @@
-"""Chat sessions and the rigs they run on: which models a rig serves, the default rig, a new session."""
+"""Chat sessions and the rigs they run on: which models a rig serves, a new session."""
 
 from __future__ import annotations
 
@@ -17,24 +17,6 @@ def rig_models(rig: Rig) -> list[ModelInfo]:
     """The models the rig's backend serves now (raises BackendError when it cannot say)."""
     backend = backend_for(rig, timeout_s=settings.RIGDASH.backend_health_timeout_s)
     return asyncio.run(backend.list_models())
-
-
-def rig_ensure_default(*, base_url: str, name: str = "embedded", slots: int = 4) -> Rig:
-    """The default rig (the embedded llama-server); its URL and slots follow LLAMA_SERVER_URL and LLAMA_SLOTS."""
-    rig, created = Rig.objects.get_or_create(
-        name=name,
-        defaults={
-            "kind": Rig.Kind.LLAMACPP,
-            "base_url": base_url,
-            "queue": f"rig.{name}",
-            "is_default": True,
-            "slots": slots,
-        },
-    )
-    if not created and (rig.base_url, rig.slots) != (base_url, slots):
-        rig.base_url, rig.slots = base_url, slots
-        rig.save(update_fields=["base_url", "slots"])
-    return rig
 
 
 def session_create(*, owner: User, rig: Rig, model_name: str) -> ChatSession:
