@@ -7,7 +7,7 @@ from django.contrib.auth.admin import UserAdmin
 from django.contrib.auth.models import User
 from django.http import HttpRequest
 
-from inference.board.audit import audit_record
+from inference.audit import audit_record
 from inference.forms import QuotaForm, RigForm
 from inference.models import AuditLog, ChatSession, Quota, Rig, Turn
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from django.urls import path
 
-from inference.views import board, chat, keys, models, openai, openai_chat, usage
+from inference.views import board, chat, keys, models, openai, openai_chat, rigs, usage
 
 app_name = "inference"
 
@@ -43,6 +43,11 @@ board_urlpatterns = (
         path("board/quotas/<int:quota_id>/", board.quotas_page, name="quota_edit"),
         path("board/quotas/<int:quota_id>/delete", board.quota_delete, name="quota_delete"),
         path("board/audit/", board.audit_page, name="audit"),
+        path("board/rigs/", rigs.rigs_page, name="rigs"),
+        path("board/rigs/new", rigs.rig_edit, name="rig_new"),
+        path("board/rigs/<int:rig_id>/", rigs.rig_edit, name="rig_edit"),
+        path("board/rigs/<int:rig_id>/delete", rigs.rig_delete, name="rig_delete"),
+        path("board/rigs/<int:rig_id>/agent-key", rigs.rig_agent_key, name="rig_agent_key"),
         path("usage/", usage.usage_page, name="usage"),
         path("usage.csv", usage.usage_csv, name="usage_csv"),
     ],

@@ -22,6 +22,7 @@ import dataclasses
 import logging
 import time
 from datetime import timedelta
+from typing import Any
 
 from channels.db import database_sync_to_async
 from channels.layers import get_channel_layer
@@ -175,9 +176,19 @@ def _maintenance() -> None:
     )
 
 
+def _rig_configurations() -> dict[int, tuple[Any, ...]]:
+    """Each enabled rig's id and what its sampler is made from (the rig and its profile)."""
+    rows = Rig.objects.filter(enabled=True).values_list(
+        "pk", "kind", "base_url", "agent_key", "profile__kv_cache_type", "profile__bandwidth_gbs",
+        "profile__model_layers", "profile__model_kv_heads", "profile__model_head_dim",
+    )  # fmt: skip
+    return {row[0]: tuple(row[1:]) for row in rows}
+
+
 async def run(*, stop: asyncio.Event | None = None) -> None:
     conf = settings.RIGDASH
     loops: dict[int, asyncio.Task[None]] = {}
+    started_with: dict[int, tuple[Any, ...]] = {}
     wakes: dict[int, asyncio.Event] = {}
     rigs_changed = asyncio.Event()
     listener = asyncio.create_task(listen(wakes, rigs_changed))
@@ -186,12 +197,12 @@ async def run(*, stop: asyncio.Event | None = None) -> None:
     try:
         while not stop.is_set():
             rigs_changed.clear()  # a change from here on brings another refresh
-            wanted = set(
-                await database_sync_to_async(
-                    lambda: list(Rig.objects.filter(enabled=True).values_list("pk", flat=True))
-                )()
-            )
-            for rig_id in wanted - loops.keys():
+            wanted = await database_sync_to_async(_rig_configurations)()
+            for rig_id, config in wanted.items():  # a rig whose configuration changed starts afresh
+                if rig_id in loops and started_with.get(rig_id) != config:
+                    loops.pop(rig_id).cancel()
+            for rig_id in wanted.keys() - loops.keys():
+                started_with[rig_id] = wanted[rig_id]
                 loops[rig_id] = asyncio.create_task(
                     supervise(
                         rig_id,

@@ -9,6 +9,7 @@ app_name = "monitoring"
 urlpatterns = [
     path("", views.overview, name="overview"),
     path("rigs/<int:rig_id>/", views.rig_dashboard, name="rig_dashboard"),
+    path("rigs/<int:rig_id>/profile/", views.rig_profile, name="rig_profile"),
     path("api/rigs/<int:rig_id>/series", views.api_rig_series, name="api_rig_series"),
     path("api/rigs/<int:rig_id>/latency", views.api_rig_latency, name="api_rig_latency"),
 ]

@@ -6,12 +6,12 @@ import hmac
 
 from django.conf import settings
 from django.contrib.auth.decorators import login_required
-from django.http import HttpRequest, HttpResponse, JsonResponse
-from django.shortcuts import get_object_or_404, render
-from django.views.decorators.http import require_GET
+from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
+from django.shortcuts import get_object_or_404, redirect, render
+from django.views.decorators.http import require_GET, require_http_methods
 
 from inference.models import Rig
-from monitoring import plotting, selectors
+from monitoring import plotting, profiles, selectors, services
 from monitoring.health import health_report
 from monitoring.queues import consumers, rig_consumers
 from rigdash.access import is_staff
@@ -40,6 +40,21 @@ def _viewer_sample(request: HttpRequest, rig: Rig) -> dict[str, object] | None:
 def overview(request: HttpRequest) -> HttpResponse:
     rigs = [{"rig": rig, "latest": _viewer_sample(request, rig)} for rig in Rig.objects.filter(enabled=True)]
     return render(request, "monitoring/overview.html", {"rigs": rigs, "page_config": {"overview": True}})
+
+
+@login_required
+@require_http_methods(["GET", "POST"])
+def rig_profile(request: HttpRequest, rig_id: int) -> HttpResponse:
+    """A rig's monitoring profile (staff only; 404 for everyone else)."""
+    if not is_staff(request.user):
+        raise Http404("No such page")
+    rig = get_object_or_404(Rig, pk=rig_id)
+    form = profiles.RigProfileForm(request.POST or None, instance=services.profile_for(rig))
+    if request.method == "POST" and form.is_valid():
+        profiles.profile_save(actor=request.user, form=form)
+        return redirect("monitoring:rig_dashboard", rig_id=rig.pk)
+    status = 400 if request.method == "POST" else 200
+    return render(request, "monitoring/rig_profile.html", {"rig": rig, "form": form}, status=status)
 
 
 @login_required

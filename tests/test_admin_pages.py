@@ -11,7 +11,7 @@ from django.contrib.auth.models import Group, User
 from django.test import Client
 from django.utils import timezone
 
-from inference.board.audit import audit_record
+from inference.audit import audit_record
 from inference.models import AuditLog, Turn
 from inference.turns import usage
 from inference.turns.usage import TurnRecord, UsageRow, aggregate_usage, figure_by_day, usage_csv

@@ -15,7 +15,7 @@ from django.core.exceptions import ValidationError
 from django.db import transaction
 
 from inference import events
-from inference.board.audit import audit_record
+from inference.audit import audit_record
 from inference.errors import InvalidInput, NotFound
 from inference.models import Quota, Turn
 from inference.turns.lifecycle import turn_cancel

@@ -17,7 +17,7 @@ from django.db import transaction
 from django.db.models import QuerySet
 from django.utils import timezone
 
-from inference.board.audit import audit_record
+from inference.audit import audit_record
 from inference.db import lock_rows
 from inference.errors import InvalidInput, NotFound
 from inference.models import ApiKey

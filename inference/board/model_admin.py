@@ -21,9 +21,9 @@ from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
 
 from inference import events
+from inference.audit import audit_record
 from inference.backends import backend_for, backend_supports
 from inference.backends.base import BackendError, PullProgress
-from inference.board.audit import audit_record
 from inference.errors import InvalidInput, NotFound
 from inference.models import Rig, Turn
 from inference.worker import loop

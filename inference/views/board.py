@@ -7,8 +7,8 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
+from inference.audit import audit_recent
 from inference.board import actions
-from inference.board.audit import audit_recent
 from inference.errors import InvalidInput, NotFound
 from inference.forms import QuotaForm, UserCreateForm, UserGroupsForm
 from inference.models import Quota

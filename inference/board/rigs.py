@@ -1,0 +1,72 @@
+"""Rigs as staff manage them in RigDash's own pages: create, edit, disable, delete, issue an agent key. Each is
+audited; the agent key itself never goes in the log."""
+
+from __future__ import annotations
+
+import secrets
+from typing import Any
+
+from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
+from django.db import transaction
+
+from inference.audit import audit_record
+from inference.errors import InvalidInput
+from inference.models import ChatSession, Rig, Turn
+from rigdash.access import staff_now
+
+FIELDS = ("name", "kind", "base_url", "slots", "is_default", "enabled")
+
+
+def require_staff(actor: AbstractBaseUser | AnonymousUser) -> Any:
+    admin = staff_now(actor)
+    if admin is None:
+        raise InvalidInput("forbidden", "Only an active admin may do this.")
+    return admin
+
+
+def rig_save(*, actor: AbstractBaseUser | AnonymousUser, rig: Rig) -> Rig:
+    """Store a validated rig (inference/forms.py, RigForm) and record what changed."""
+    admin = require_staff(actor)
+    before = None if rig.pk is None else dict(Rig.objects.filter(pk=rig.pk).values(*FIELDS)[0])
+    with transaction.atomic():
+        rig.save()
+        after = {name: getattr(rig, name) for name in FIELDS}
+        changed = after if before is None else {k: v for k, v in after.items() if before.get(k) != v}
+        audit_record(
+            actor=admin,
+            action="rig.create" if before is None else "rig.update",
+            target=f"rig:{rig.name}",
+            detail=changed,
+        )
+    return rig
+
+
+def rig_delete(*, actor: AbstractBaseUser | AnonymousUser, rig: Rig) -> None:
+    """Delete a rig nobody's chats use; refused (with what to do instead) while turns or chats use it."""
+    admin = require_staff(actor)
+    active = Turn.objects.filter(session__rig=rig, status__in=Turn.ACTIVE).count()
+    if active:
+        raise InvalidInput("rig_in_use", f"{active} turn(s) are waiting or running on {rig.name}: stop them first.")
+    chats = ChatSession.objects.filter(rig=rig).count()
+    if chats:
+        raise InvalidInput(
+            "rig_has_chats", f"{chats} chat(s) were held on {rig.name}: disable it instead, so their history stays."
+        )
+    with transaction.atomic():
+        audit_record(actor=admin, action="rig.delete", target=f"rig:{rig.name}", detail={"kind": rig.kind})
+        rig.delete()
+
+
+def rig_issue_agent_key(*, actor: AbstractBaseUser | AnonymousUser, rig: Rig) -> str:
+    """A new agent key for the rig (the old one's agent is refused from now on); shown once to the admin."""
+    admin = require_staff(actor)
+    key = secrets.token_urlsafe(32)
+    with transaction.atomic():
+        Rig.objects.filter(pk=rig.pk).update(agent_key=key)
+        audit_record(actor=admin, action="rig.agent_key", target=f"rig:{rig.name}", detail={"rotated": True})
+    return key
+
+
+def rig_rows(rigs: list[Rig], agent_states: dict[int, Any]) -> list[dict[str, Any]]:
+    """The rigs page's rows: each rig, its queue and its agent's state."""
+    return [{"rig": rig, "agent": agent_states.get(rig.pk)} for rig in rigs]
