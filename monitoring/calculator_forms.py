@@ -79,8 +79,8 @@ class CalculatorForm(forms.Form):
         choices=[("cpu", "computed where it lies (llama.cpp)"), ("link", "read over the link")],
         label="spilled layers are",
     )
-    tflops = _float(0.001, 100_000, label="compute TFLOP/s (prefill)")
-    watts = _float(1, 100_000, label="power while decoding (W)")
+    tflops = _float(0.001, 100_000, required=False, label="compute TFLOP/s (prefill; blank: not computed)")
+    watts = _float(1, 100_000, required=False, label="power while decoding (W; blank: no energy)")
     price = _float(0, 100, required=False, label="electricity price per kWh")
 
     def clean(self) -> dict[str, Any]:
@@ -154,7 +154,7 @@ def inputs(form: CalculatorForm) -> tuple[calc.ModelSpec, calc.Hardware, calc.Wo
         link_bytes_s=d["link_gbs"] * 1e9,
         spill_read=d["spill"],
         reserved_bytes=d["reserved_gib"] * GIB,
-        flops=d["tflops"] * 1e12,
+        flops=d["tflops"] * 1e12 if d["tflops"] else None,
         power_w=d["watts"],
     )
     work = calc.Workload(
