@@ -357,20 +357,29 @@ def predict(model: ModelSpec, hw: Hardware, work: Workload, *, price_per_kwh: fl
     )
 
 
-def context_ladder(context_tokens: int, *, points: int = 48) -> list[int]:
-    """Contexts from 128 tokens to four times ``context_tokens``, evenly spaced on a log scale, with it included."""
-    top = max(4 * context_tokens, 1024)
+def _top(value: int, floor: int, marks: tuple[int | None, ...], stretch: int) -> int:
+    """Four times ``value`` (at least ``floor``), stretched to show the marks (a spill point) up to ``stretch`` x."""
+    top = max(4 * value, floor)
+    shown = [mark for mark in marks if mark is not None and mark <= stretch * value]
+    return max([top, *(math.ceil(mark * 1.25) for mark in shown)])
+
+
+def context_ladder(context_tokens: int, *, marks: tuple[int | None, ...] = (), points: int = 48) -> list[int]:
+    """Contexts from 128 tokens to four times ``context_tokens`` (further, up to 64 times, to show ``marks``),
+    evenly spaced on a log scale, with ``context_tokens`` and the marks included."""
+    top = _top(context_tokens, 1024, marks, 64)
     ladder = {round(128 * (top / 128) ** (i / (points - 1))) for i in range(points)}
-    return sorted(ladder | {context_tokens})
+    return sorted(ladder | {context_tokens} | {m for m in marks if m is not None and m <= top})
 
 
-def sessions_ladder(sessions: int, *, limit: int = 4096) -> list[int]:
-    """1 .. max(4 x ``sessions``, 16) sessions: every count up to 64, then a log scale."""
-    top = min(max(4 * sessions, 16), limit)
+def sessions_ladder(sessions: int, *, marks: tuple[int | None, ...] = (), limit: int = 4096) -> list[int]:
+    """1 .. max(4 x ``sessions``, 16) sessions (further, up to 64 times, to show ``marks``): every count up to 64,
+    then a log scale."""
+    top = min(_top(sessions, 16, marks, 64), limit)
     ladder = set(range(1, min(top, 64) + 1))
     if top > 64:
         ladder |= {round(64 * (top / 64) ** (i / 32)) for i in range(33)}
-    return sorted(ladder | {min(sessions, limit)})
+    return sorted(ladder | {min(sessions, limit)} | {m for m in marks if m is not None and m <= top})
 
 
 def curve(

@@ -75,8 +75,6 @@ def context_figure(
     prediction: calc.Prediction,
     points: Sequence[TurnPoint] = (),
 ) -> dict[str, Any]:
-    ladder = calc.context_ladder(work.context_tokens)
-    rates = calc.curve(model, hw, work, contexts=ladder)
     no_fit = (
         calc.max_context(
             capacity_bytes=hw.total_bytes,
@@ -86,6 +84,8 @@ def context_figure(
         )
         + 1
     )
+    ladder = calc.context_ladder(work.context_tokens, marks=(prediction.spill_context, no_fit))
+    rates = calc.curve(model, hw, work, contexts=ladder)
     per_session = _tps(rates)
     data = [
         {
@@ -130,9 +130,9 @@ def sessions_figure(
     prediction: calc.Prediction,
     points: Sequence[TurnPoint] = (),
 ) -> dict[str, Any]:
-    ladder = calc.sessions_ladder(work.sessions)
-    rates = calc.curve(model, hw, work, sessions=ladder)
     no_fit = prediction.max_sessions_total + 1
+    ladder = calc.sessions_ladder(work.sessions, marks=(prediction.spill_sessions, no_fit))
+    rates = calc.curve(model, hw, work, sessions=ladder)
     per_session = _tps(rates)
     data = [
         {

@@ -268,3 +268,10 @@ def test_every_preset_names_its_source_and_fills_only_form_fields():
         assert device.host in calculator_presets.HOSTS, key
     assert calculator_presets.DEVICES["h200"].bandwidth_gbs == 4800
     assert calculator_presets.DEVICES["rtx-4090"].bandwidth_gbs == 1008
+
+
+def test_ladders_stretch_to_show_the_spill_point_within_reason():
+    assert calc.context_ladder(4096, marks=(30_000,))[-1] == math.ceil(30_000 * 1.25)
+    assert 30_000 in calc.context_ladder(4096, marks=(30_000,))
+    assert calc.context_ladder(4096, marks=(10**9, None))[-1] == 4 * 4096  # too far to show
+    assert calc.sessions_ladder(1, marks=(19,))[-1] == 24 and 19 in calc.sessions_ladder(1, marks=(19,))

@@ -90,7 +90,7 @@
       ["prefill", secs(r.prefill_s), "prefill"],
       ["time to first token", secs(r.ttft_s), "ttft"],
       ["most sessions at this context", `${r.max_sessions_fast} in fast memory, ${r.max_sessions_total} in all memory`, "max-sessions"],
-      ["spills from", `${r.spill_context ?? "–"} tokens a session · ${r.spill_sessions ?? "–"} sessions`, "spill-at"],
+      ["spills from", `${r.spill_context === null ? "–" : num(r.spill_context, 0)} tokens a session · ${r.spill_sessions === null ? "–" : num(r.spill_sessions, 0)} sessions`, "spill-at"],
       ["energy per million output tokens", e ? `${num(e.joules_per_million / 1e6, 2)} MJ (${num(e.kwh_per_million, 3)} kWh)` : "–", "energy"],
       ["cost per million output tokens", e && e.cost_per_million !== null ? num(e.cost_per_million, 4) : "–", "cost"],
       ["reading pace", r.reading_pace === null ? "–" : `${num(r.reading_pace, 1)} × a reader's ${num(r.reading_tps, 1)} tokens/s (238 words/min)`, "reading"],
@@ -171,6 +171,7 @@
   });
 
   showSources();
+  form.dataset.computed = "0";
   if (cfg.answer) {
     const draw = () => render(cfg.answer);
     if (typeof Plotly !== "undefined") draw();
