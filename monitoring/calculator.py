@@ -195,6 +195,7 @@ class DecodeRate:
     total_tps: float
     step_s: float
     read_bytes: float  # per step: the weights once and each session's KV cache in use
+    compute_bound: bool = False  # the step's FLOPs, not its bytes, set its time
 
 
 def decode_rate(
@@ -205,9 +206,11 @@ def decode_rate(
     context_tokens: int,
     sessions: int,
     context_in_use: int | None = None,
+    params: float | None = None,
 ) -> DecodeRate | None:
     """Tokens/s with ``sessions`` sequences of ``context_tokens`` allocated, each holding ``context_in_use`` tokens
-    now (the whole context when None); None when the footprint does not fit."""
+    now (the whole context when None); None when the footprint does not fit. With ``params`` and the hardware's FLOP/s,
+    a step takes at least its 2 x parameters x sessions FLOPs: many sessions make decode compute-bound."""
     _positive(weight_bytes=weight_bytes)
     allocated = kv_bytes(per_token=kv_per_token, context_tokens=context_tokens, sessions=sessions)
     placement = place(weight_bytes + allocated, hw)
@@ -216,7 +219,8 @@ def decode_rate(
     in_use = context_tokens if context_in_use is None else min(context_in_use, context_tokens)
     read = weight_bytes + kv_bytes(per_token=kv_per_token, context_tokens=in_use, sessions=sessions)
     step = decode_step_s(read_bytes=read, placement=placement, hw=hw)
-    return DecodeRate(per_session_tps=1 / step, total_tps=sessions / step, step_s=step, read_bytes=read)
+    compute = 2 * params * sessions / hw.flops if params and hw.flops else 0.0
+    return DecodeRate(1 / max(step, compute), sessions / max(step, compute), max(step, compute), read, compute > step)
 
 
 def prefill_s(*, params: float, prompt_tokens: int, flops: float) -> float:
@@ -319,6 +323,7 @@ def predict(model: ModelSpec, hw: Hardware, work: Workload, *, price_per_kwh: fl
         hw=hw,
         context_tokens=work.context_tokens,
         sessions=work.sessions,
+        params=model.params,
     )
     full, start = rate(), rate(context_in_use=work.prompt_tokens)
     prefill = prefill_s(params=model.params, prompt_tokens=work.prompt_tokens, flops=hw.flops) if hw.flops else None
@@ -394,6 +399,13 @@ def curve(
     per_token = kv_bytes_per_token(model.arch, work.kv_type)
     pairs = [(c, work.sessions) for c in contexts] if contexts else [(work.context_tokens, s) for s in sessions or []]
     return [
-        decode_rate(weight_bytes=model.weight_bytes, kv_per_token=per_token, hw=hw, context_tokens=c, sessions=s)
+        decode_rate(
+            weight_bytes=model.weight_bytes,
+            kv_per_token=per_token,
+            hw=hw,
+            context_tokens=c,
+            sessions=s,
+            params=model.params,
+        )
         for c, s in pairs
     ]

@@ -275,3 +275,15 @@ def test_ladders_stretch_to_show_the_spill_point_within_reason():
     assert 30_000 in calc.context_ladder(4096, marks=(30_000,))
     assert calc.context_ladder(4096, marks=(10**9, None))[-1] == 4 * 4096  # too far to show
     assert calc.sessions_ladder(1, marks=(19,))[-1] == 24 and 19 in calc.sessions_ladder(1, marks=(19,))
+
+
+def test_many_sessions_make_decode_compute_bound():
+    """1 B parameters at 10 TFLOP/s: a step of 1,000 sessions needs 2 TFLOPs, 0.2 s, where its 2 GB (weights once,
+    no context) take 2 ms at 1 TB/s: the total stops at 5,000 tokens/s, not 500,000."""
+    hw = calc.Hardware(fast=calc.Tier(80 * GIB, 1e12), flops=10e12)
+    args = {"weight_bytes": 2e9, "kv_per_token": 1.0, "hw": hw, "context_tokens": 1, "context_in_use": 0}
+    one = calc.decode_rate(**args, sessions=1, params=1e9)
+    assert not one.compute_bound and one.per_session_tps == pytest.approx(500)
+    many = calc.decode_rate(**args, sessions=1000, params=1e9)
+    assert many.compute_bound and many.total_tps == pytest.approx(5000)
+    assert calc.decode_rate(**args, sessions=1000).total_tps == pytest.approx(1000 * 500, rel=1e-3)  # no params

@@ -85,7 +85,7 @@
       ["KV cache (context × sessions)", bytes(r.kv_bytes), "kv-total"],
       ["fits", p.fits ? (p.spilled_bytes > 0 ? `yes, ${bytes(p.spilled_bytes)} (${num(p.spill_fraction * 100, 1)} %) spilled to system RAM` : "yes, all in fast memory") : `no: ${bytes(p.short_bytes)} short`, "fits"],
       ["decode tokens/s per session (full context)", full ? num(full.per_session_tps, 1) : "–", "tps-session"],
-      ["decode tokens/s total (full context)", full ? num(full.total_tps, 1) : "–", "tps-total"],
+      ["decode tokens/s total (full context)", full ? `${num(full.total_tps, 1)}${full.compute_bound ? " (compute-bound: FLOP/s, not bandwidth, sets it)" : ""}` : "–", "tps-total"],
       ["decode tokens/s per session at the prompt", start ? num(start.per_session_tps, 1) : "–", "tps-start"],
       ["prefill", secs(r.prefill_s), "prefill"],
       ["time to first token", secs(r.ttft_s), "ttft"],
