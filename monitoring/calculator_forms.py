@@ -130,6 +130,8 @@ def _check_rig(form: CalculatorForm, data: dict[str, Any], rig: RigFacts | None)
         return
     if data["model"] == RIG and rig.model_error:
         form.add_error("model", f"{rig.name}: {rig.model_error}")
+    if data["model"] == RIG and not rig.model_error and "params_b" not in rig.model and not data.get("params_b"):
+        form.add_error("params_b", f"{rig.name} does not report its parameter count: type it")
     if data["hw"] == RIG and not rig.hw.get("vram_gbs") and not data.get("vram_gbs"):
         form.add_error("vram_gbs", f"{rig.name} has no measured bandwidth: type one (or: manage.py rigdash_bandwidth)")
 

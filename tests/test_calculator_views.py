@@ -199,3 +199,18 @@ def test_the_charts_mark_the_spill_point(owner):
     predicted = context_fig["data"][0]
     assert predicted["x"][0] == 128 and 4096 in predicted["x"]
     assert any(t["name"].startswith("reading pace") for t in context_fig["data"])
+
+
+def test_a_rig_that_does_not_report_its_parameter_count_asks_for_it(owner, db):
+    """An Ollama rig: the geometry comes from /api/show (kept per loaded model), the parameter count does not."""
+    rig = Rig.objects.create(name="oll", kind="ollama", base_url="http://127.0.0.1:9", queue="rig.oll")
+    RigSample.objects.create(
+        rig=rig, ts=timezone.now(), series={"weight_bytes": 270_000_000.0},
+        detail={"kv": {"cache_type": "f16", "arch": None},
+                "loaded_models": [{"name": "smollm2:135m", "size_bytes": 270_000_000, "arch": SMOLLM2_ARCH}]},
+    )  # fmt: skip
+    refused = _api(_client(owner), rig=str(rig.pk), model="rig")
+    assert refused.status_code == 400
+    assert "does not report its parameter count" in " ".join(refused.json()["error"]["fields"]["params_b"])
+    body = _api(_client(owner), rig=str(rig.pk), model="rig", params_b="0.135").json()
+    assert body["inputs"]["layers"] == 30 and body["result"]["weight_bytes"] == pytest.approx(270e6, rel=1e-5)
