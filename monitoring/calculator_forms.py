@@ -133,7 +133,11 @@ def _check_rig(form: CalculatorForm, data: dict[str, Any], rig: RigFacts | None)
     if data["model"] == RIG and not rig.model_error and "params_b" not in rig.model and not data.get("params_b"):
         form.add_error("params_b", f"{rig.name} does not report its parameter count: type it")
     if data["hw"] == RIG and not rig.hw.get("vram_gbs") and not data.get("vram_gbs"):
-        form.add_error("vram_gbs", f"{rig.name} has no measured bandwidth: type one (or: manage.py rigdash_bandwidth)")
+        form.add_error(
+            "vram_gbs",
+            f"{rig.name}: its fast memory's bandwidth is not known; type it (a CPU rig's: "
+            "manage.py rigdash_bandwidth measures it)",
+        )
 
 
 def inputs(form: CalculatorForm) -> tuple[calc.ModelSpec, calc.Hardware, calc.Workload, float | None]:

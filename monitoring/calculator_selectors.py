@@ -13,11 +13,14 @@ from typing import Any
 from django.db.models import Q
 
 from inference.models import Rig, Turn
+from monitoring import calculator_presets as presets
 from monitoring import selectors
 from monitoring.models import RigProfile
 
 GIB = 2**30
 MAX_POINTS = 500
+# NVML device names -> GPU presets (calculator_presets.DEVICES), checked in this order.
+NVML_MODELS = {"RTX 3090": "rtx-3090", "RTX 4090": "rtx-4090", "A100": "a100-80gb", "H100": "h100-sxm", "H200": "h200"}
 
 
 @dataclass(frozen=True)
@@ -70,12 +73,22 @@ def _model_fields(detail: dict[str, Any], series: dict[str, Any]) -> tuple[dict[
     return fields, ""
 
 
-def _memory_fields(series: dict[str, Any], bandwidth_gbs: float | None) -> tuple[dict[str, Any], dict[str, Any]]:
-    """A GPU rig: VRAM from NVML, and the measured bandwidth is its system RAM's. A CPU rig: RAM is the fast tier."""
+def gpu_preset(name: str) -> str | None:
+    """The GPU preset whose model NVML's device name contains ("NVIDIA GeForce RTX 4090" -> rtx-4090)."""
+    return next((key for model, key in NVML_MODELS.items() if model in name.upper()), None)
+
+
+def _memory_fields(
+    series: dict[str, Any], gpus: list[dict[str, Any]], bandwidth_gbs: float | None
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A GPU rig: VRAM from NVML (its bandwidth, compute and power from the spec sheet of the GPU NVML names), and the
+    measured bandwidth is its system RAM's. A CPU rig: its RAM is the fast tier, at the measured bandwidth."""
     host_gib = round(series["host_total_bytes"] / GIB, 2) if series.get("host_total_bytes") else None
     gpu_bytes = series.get("gpu0_memory_total_bytes")
     if gpu_bytes:
-        hw = {"vram_gib": round(gpu_bytes / GIB, 2)}
+        preset = gpu_preset(str(gpus[0].get("name", ""))) if gpus else None
+        hw = {**presets.DEVICES[preset].fields()} if preset else {"reserved_gib": presets.CUDA_RESERVED_GIB}
+        hw["vram_gib"] = round(gpu_bytes / GIB, 2)
         host = {"ram_gib": host_gib} if host_gib else {}
         if bandwidth_gbs:
             host["ram_gbs"] = bandwidth_gbs
@@ -92,12 +105,17 @@ def rig_facts(rig: Rig) -> RigFacts:
     profile = RigProfile.objects.filter(rig=rig).first()
     bandwidth = profile.bandwidth_gbs if profile else None
     model, error = _model_fields(latest["detail"], latest["series"])
-    hw, host = _memory_fields(latest["series"], bandwidth)
+    gpus = latest["detail"].get("gpus") or []
+    hw, host = _memory_fields(latest["series"], gpus, bandwidth)
     source = (
         f"{rig.name}: bandwidth {bandwidth} GB/s ({profile.get_bandwidth_source_display()})"
         if (profile and bandwidth)
         else f"{rig.name}: no bandwidth measured (manage.py rigdash_bandwidth {rig.name})"
     )
+    on_gpu = bool(gpus) and bool(latest["series"].get("gpu0_memory_total_bytes"))
+    preset = gpu_preset(str(gpus[0].get("name", ""))) if on_gpu else None
+    if preset:
+        source += f"; {gpus[0]['name']}: {presets.DEVICES[preset].source}"
     return RigFacts(rig.pk, rig.name, model, error, hw, host, source)
 
 

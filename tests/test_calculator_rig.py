@@ -40,7 +40,7 @@ def test_the_embedded_rig_fills_the_calculator_with_what_llama_server_reports(ri
     """The sampler keeps llama-server's parameter count (/v1/models) beside the GGUF geometry: SmolLM2-135M's
     134,515,008 parameters, the preset's figure; the rig's own file size is what the calculator reads for it."""
     refused = _api(owner, rig=rig.pk, hw="rig").json()["error"]["fields"]
-    assert "no measured bandwidth" in " ".join(refused["vram_gbs"])
+    assert "bandwidth is not known" in " ".join(refused["vram_gbs"])
     RigProfile.objects.create(rig=rig, bandwidth_gbs=9.5, bandwidth_source=RigProfile.BandwidthSource.PROBE)
     sample = _store_a_sample(rig)
     assert sample.detail["kv"]["params"] == calculator_presets.MODELS["smollm2-135m"].params

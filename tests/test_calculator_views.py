@@ -214,3 +214,24 @@ def test_a_rig_that_does_not_report_its_parameter_count_asks_for_it(owner, db):
     assert "does not report its parameter count" in " ".join(refused.json()["error"]["fields"]["params_b"])
     body = _api(_client(owner), rig=str(rig.pk), model="rig", params_b="0.135").json()
     assert body["inputs"]["layers"] == 30 and body["result"]["weight_bytes"] == pytest.approx(270e6, rel=1e-5)
+
+
+def test_a_gpu_rig_takes_its_vram_from_nvml_and_its_bandwidth_from_the_gpus_spec_sheet(owner, db):
+    """What the sampler stored on an H200 (docs/monitoring.md: NVML said 140.4 GiB): the VRAM's bandwidth is not
+    measured, so it comes from the preset of the GPU NVML names; the probe's figure is the system RAM's."""
+    rig = Rig.objects.create(name="gpu", kind="llamacpp", base_url="http://127.0.0.1:9", queue="rig.gpu")
+    RigProfile.objects.create(rig=rig, bandwidth_gbs=11.0, bandwidth_source=RigProfile.BandwidthSource.PROBE)
+    series = {"gpu0_memory_total_bytes": 140.4 * GIB, "host_total_bytes": 128 * GIB}
+    sample = RigSample.objects.create(rig=rig, ts=timezone.now(), series=series,
+                                      detail={"gpus": [{"index": 0, "name": "NVIDIA H200"}]})  # fmt: skip
+    body = _api(_client(owner), rig=str(rig.pk), hw="rig").json()
+    inputs = body["inputs"]
+    assert (inputs["vram_gib"], inputs["vram_gbs"], inputs["reserved_gib"]) == (140.4, 4800, 0.6)
+    assert (inputs["ram_gib"], inputs["ram_gbs"]) == (128, 11.0)
+    sample.detail = {"gpus": [{"index": 0, "name": "NVIDIA L4"}]}  # no preset for it
+    sample.save()
+    refused = _api(_client(owner), rig=str(rig.pk), hw="rig")
+    assert refused.status_code == 400 and "bandwidth is not known" in " ".join(
+        refused.json()["error"]["fields"]["vram_gbs"]
+    )
+    assert _api(_client(owner), rig=str(rig.pk), hw="rig", vram_gbs="300").status_code == 200
