@@ -69,3 +69,41 @@ def test_inputs_redraw_the_charts_and_a_shared_url_restores_them(page, web_url, 
     if SHOT_DIR:
         other.screenshot(path=os.path.join(SHOT_DIR, "calculator.png"), full_page=True)
     assert page.errors == []
+
+
+def test_picking_a_rig_plots_its_turns_and_fills_its_model(page, web_url, owner):  # noqa: F811
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from inference.models import ChatSession, Rig, Turn
+    from monitoring.models import RigSample
+
+    rig = Rig.objects.create(name="box", kind="llamacpp", base_url="http://127.0.0.1:9", queue="rig.box")
+    arch = {"arch": "llama", "block_count": 30, "head_count": 9, "head_count_kv": 3, "embedding_length": 576,
+            "context_length": 8192, "key_length": None, "value_length": None}  # fmt: skip
+    RigSample.objects.create(rig=rig, ts=timezone.now(), series={"weight_bytes": 96_576_768.0},
+                             detail={"kv": {"cache_type": "f16", "arch": arch, "params": 134_515_008}})  # fmt: skip
+    session = ChatSession.objects.create(owner=owner, rig=rig, model_name="SmolLM2")
+    start = timezone.now() - timedelta(minutes=1)
+    Turn.objects.create(session=session, user_text="hi", status=Turn.Status.DONE, started_at=start,
+                        finished_at=start + timedelta(seconds=5),
+                        stats={"decode_tps": 61.5, "context_tokens": 300, "output_tokens": 200})  # fmt: skip
+
+    login(page, web_url, "owner")
+    page.goto(f"{web_url}/monitoring/calculator/")
+    page.wait_for_function("() => document.getElementById('fig-context').data")
+    computed = page.evaluate("document.querySelector('[data-testid=calc-form]').dataset.computed")
+    _field(page, "rig").select_option(str(rig.pk))
+    computed = _wait_computed(page, computed)
+    assert "1 finished turns" in page.get_by_test_id("measured-note").inner_text()
+    measured = page.evaluate(
+        "() => document.getElementById('fig-context').data.filter(t => t.name.startsWith('measured'))[0]"
+    )
+    assert measured["x"] == [200] and measured["y"] == [61.5]
+    _field(page, "model").select_option("rig")
+    _wait_computed(page, computed)
+    assert _field(page, "layers").input_value() == "30" and _field(page, "kv_heads").input_value() == "3"
+    assert page.get_by_test_id("out-kv-per-token").inner_text() == "23,040 bytes"
+    assert f"rig={rig.pk}" in page.url and "model=rig" in page.url
+    assert page.errors == []
