@@ -303,9 +303,9 @@ class Prediction:
     reading_pace: float | None
 
 
-def _first_spill(*, fits_up_to: int, limit: int | None = None) -> int | None:
-    first = fits_up_to + 1
-    return None if limit is not None and first > limit else first
+def _first_spill(hw: Hardware, fits_up_to: int) -> int | None:
+    """The first count past what the fast tier holds; None with nothing to spill to (past it, nothing fits)."""
+    return None if hw.slow is None else fits_up_to + 1
 
 
 def predict(model: ModelSpec, hw: Hardware, work: Workload, *, price_per_kwh: float | None = None) -> Prediction:
@@ -355,8 +355,8 @@ def predict(model: ModelSpec, hw: Hardware, work: Workload, *, price_per_kwh: fl
         ttft_s=ttft,
         max_sessions_fast=fast_sessions,
         max_sessions_total=all_sessions,
-        spill_context=_first_spill(fits_up_to=fast_context),
-        spill_sessions=_first_spill(fits_up_to=fast_sessions),
+        spill_context=_first_spill(hw, fast_context),
+        spill_sessions=_first_spill(hw, fast_sessions),
         energy=energy,
         reading_pace=reading_pace(full.per_session_tps) if full else None,
     )

@@ -38,8 +38,8 @@ PRESET_GROUPS: dict[str, dict[str, Any]] = {
 }
 
 
-def _choices(group: dict[str, Any], *, rig: bool = True) -> list[tuple[str, str]]:
-    extra = [(RIG, "this rig (measured)")] if rig else []
+def _choices(group: dict[str, Any], *, rig: str = "") -> list[tuple[str, str]]:
+    extra = [(RIG, rig)] if rig else []
     return [(key, p.label) for key, p in group.items()] + extra + [(CUSTOM, "custom")]
 
 
@@ -53,7 +53,7 @@ def _float(low: float, high: float, **kw: Any) -> forms.FloatField:
 
 class CalculatorForm(forms.Form):
     rig = forms.IntegerField(required=False, min_value=1, help_text="a rig whose finished turns are plotted")
-    model = forms.ChoiceField(choices=_choices(presets.MODELS))
+    model = forms.ChoiceField(choices=_choices(presets.MODELS, rig="the rig's model"))
     layers = _int(1, 1000, label="layers")
     heads = _int(1, 1024, label="attention heads")
     kv_heads = _int(1, 1024, label="KV heads")
@@ -66,14 +66,14 @@ class CalculatorForm(forms.Form):
     context = _int(1, 10_000_000, label="context per session (tokens)")
     sessions = _int(1, 4096, label="concurrent sessions")
     prompt = _int(0, 10_000_000, label="prompt (tokens)")
-    hw = forms.ChoiceField(choices=_choices(presets.DEVICES), label="accelerator or CPU")
+    hw = forms.ChoiceField(choices=_choices(presets.DEVICES, rig="the rig (as measured)"), label="accelerator or CPU")
     vram_gib = _float(0.01, 65_536, label="fast memory (VRAM) GiB")
     vram_gbs = _float(0.1, 20_000, label="fast memory bandwidth GB/s")
     reserved_gib = _float(0, 1024, label="fast memory not for the model (GiB)")
-    host = forms.ChoiceField(choices=_choices(presets.HOSTS), label="system RAM")
+    host = forms.ChoiceField(choices=_choices(presets.HOSTS, rig="the rig's RAM"), label="system RAM")
     ram_gib = _float(0, 65_536, label="system RAM GiB (0: nothing to spill to)")
     ram_gbs = _float(0, 20_000, label="system RAM bandwidth GB/s")
-    link = forms.ChoiceField(choices=_choices(presets.LINKS, rig=False), label="link")
+    link = forms.ChoiceField(choices=_choices(presets.LINKS), label="link")
     link_gbs = _float(0.1, 2000, label="link bandwidth GB/s")
     spill = forms.ChoiceField(
         choices=[("cpu", "computed where it lies (llama.cpp)"), ("link", "read over the link")],

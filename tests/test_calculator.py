@@ -287,3 +287,10 @@ def test_many_sessions_make_decode_compute_bound():
     many = calc.decode_rate(**args, sessions=1000, params=1e9)
     assert many.compute_bound and many.total_tps == pytest.approx(5000)
     assert calc.decode_rate(**args, sessions=1000).total_tps == pytest.approx(1000 * 500, rel=1e-3)  # no params
+
+
+def test_with_nothing_to_spill_to_there_is_no_spill_point_only_a_limit():
+    hw = calc.Hardware(fast=calc.Tier(1 * GIB, 100e9))
+    p = calc.predict(_smollm2_model(), hw, calc.Workload(context_tokens=4096, sessions=4, prompt_tokens=512))
+    assert p.spill_context is None and p.spill_sessions is None
+    assert p.max_sessions_fast == p.max_sessions_total == 9

@@ -92,7 +92,7 @@
       ["most sessions at this context", `${r.max_sessions_fast} in fast memory, ${r.max_sessions_total} in all memory`, "max-sessions"],
       ["spills from", `${r.spill_context === null ? "–" : num(r.spill_context, 0)} tokens a session · ${r.spill_sessions === null ? "–" : num(r.spill_sessions, 0)} sessions`, "spill-at"],
       ["energy per million output tokens", e ? `${num(e.joules_per_million / 1e6, 2)} MJ (${num(e.kwh_per_million, 3)} kWh)` : "–", "energy"],
-      ["cost per million output tokens", e && e.cost_per_million !== null ? num(e.cost_per_million, 4) : "–", "cost"],
+      ["cost per million output tokens (the price's currency)", e && e.cost_per_million !== null ? num(e.cost_per_million, 4) : "–", "cost"],
       ["reading pace", r.reading_pace === null ? "–" : `${num(r.reading_pace, 1)} × a reader's ${num(r.reading_tps, 1)} tokens/s (238 words/min)`, "reading"],
     ];
   }
