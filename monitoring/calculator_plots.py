@@ -10,9 +10,9 @@ from monitoring import calculator as calc
 from monitoring.calculator_selectors import TurnPoint
 
 BASE: dict[str, Any] = {
-    "margin": {"l": 55, "r": 55, "t": 35, "b": 45},
-    "height": 320,
-    "legend": {"orientation": "h", "y": -0.25},
+    "margin": {"l": 55, "r": 55, "t": 35, "b": 40},
+    "height": 360,
+    "legend": {"orientation": "h", "y": -0.3, "yanchor": "top"},
 }
 
 
