@@ -9,8 +9,8 @@ import pytest
 from django.test import Client
 from django.utils import timezone
 
-from inference import services
 from inference.models import Turn
+from inference.turns.submit import turn_submit
 from monitoring import calculator as calc
 from monitoring import calculator_presets
 from monitoring.models import RigProfile, RigSample
@@ -66,7 +66,7 @@ def test_the_embedded_rig_fills_the_calculator_with_what_llama_server_reports(ri
 
 @pytest.mark.django_db(transaction=True)
 def test_a_finished_turn_is_a_measured_point_beside_the_prediction(celery_worker, chat_session, owner):
-    turn = services.turn_submit(session=chat_session, text="Count from one to twenty.", params={"max_tokens": 48})
+    turn = turn_submit(session=chat_session, text="Count from one to twenty.", params={"max_tokens": 48})
     wait_until(lambda: Turn.objects.get(pk=turn.pk).status not in Turn.ACTIVE, timeout_s=90, what="the turn to finish")
     turn.refresh_from_db()
     assert turn.status == Turn.Status.DONE, turn.error
