@@ -32,7 +32,8 @@ def _rig(query: Any) -> tuple[Rig | None, str]:
     raw = str(query.get("rig", "")).strip()
     if not raw:
         return None, ""
-    rig = Rig.objects.filter(pk=int(raw), enabled=True).first() if raw.isdigit() else None
+    valid = raw.isdigit() and int(raw) < 2**31  # the primary key's range: a longer number is no rig, not a 500
+    rig = Rig.objects.filter(pk=int(raw), enabled=True).first() if valid else None
     return rig, "" if rig else f"no enabled rig with id {raw!r}"
 
 

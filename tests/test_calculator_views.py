@@ -118,6 +118,7 @@ def test_a_model_that_spills_says_how_much_and_reads_slower(owner):
         ({"model": "rig"}, {"rig"}),
         ({"rig": "999999"}, {"rig"}),
         ({"rig": "abc"}, {"rig"}),
+        ({"rig": "9" * 30}, {"rig"}),
         ({"weight_gib": "nan"}, {"weight_gib"}),
         ({"watts": "inf"}, {"watts"}),
     ],
