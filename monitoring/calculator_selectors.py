@@ -81,14 +81,16 @@ def gpu_preset(name: str) -> str | None:
 def _memory_fields(
     series: dict[str, Any], gpus: list[dict[str, Any]], bandwidth_gbs: float | None
 ) -> tuple[dict[str, Any], dict[str, Any]]:
-    """A GPU rig: VRAM from NVML (its bandwidth, compute and power from the spec sheet of the GPU NVML names), and the
-    measured bandwidth is its system RAM's. A CPU rig: its RAM is the fast tier, at the measured bandwidth."""
+    """A GPU rig: VRAM and its peak bandwidth from NVML (else the spec sheet of the GPU NVML names, which also gives
+    compute and power), and the measured bandwidth is its system RAM's. A CPU rig: its RAM is the fast tier."""
     host_gib = round(series["host_total_bytes"] / GIB, 2) if series.get("host_total_bytes") else None
     gpu_bytes = series.get("gpu0_memory_total_bytes")
     if gpu_bytes:
         preset = gpu_preset(str(gpus[0].get("name", ""))) if gpus else None
         hw = {**presets.DEVICES[preset].fields()} if preset else {"reserved_gib": presets.CUDA_RESERVED_GIB}
         hw["vram_gib"] = round(gpu_bytes / GIB, 2)
+        if gpus and gpus[0].get("memory_bandwidth_gbs"):  # NVML's peak: memory clock x bus width
+            hw["vram_gbs"] = round(float(gpus[0]["memory_bandwidth_gbs"]), 1)
         host = {"ram_gib": host_gib} if host_gib else {}
         if bandwidth_gbs:
             host["ram_gbs"] = bandwidth_gbs

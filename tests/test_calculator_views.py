@@ -229,6 +229,9 @@ def test_a_gpu_rig_takes_its_vram_from_nvml_and_its_bandwidth_from_the_gpus_spec
     inputs = body["inputs"]
     assert (inputs["vram_gib"], inputs["vram_gbs"], inputs["reserved_gib"]) == (140.4, 4800, 0.6)
     assert (inputs["ram_gib"], inputs["ram_gbs"]) == (128, 11.0)
+    sample.detail = {"gpus": [{"index": 0, "name": "NVIDIA H200", "memory_bandwidth_gbs": 4915.2}]}  # NVML's peak
+    sample.save()
+    assert _api(_client(owner), rig=str(rig.pk), hw="rig").json()["inputs"]["vram_gbs"] == 4915.2
     sample.detail = {"gpus": [{"index": 0, "name": "NVIDIA L4"}]}  # no preset for it
     sample.save()
     refused = _api(_client(owner), rig=str(rig.pk), hw="rig")
