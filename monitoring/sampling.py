@@ -56,6 +56,7 @@ class RigSampler:
     arch_source: str = ""
     weight_bytes: float | None = None
     weights_error: str = ""
+    params: float | None = None
     backend_pid: int | None = None
     previous_slots: dict[int, tuple[int | None, int, float]] = field(default_factory=dict)
     ollama_arch: dict[str, ModelArchitecture | None] = field(default_factory=dict)
@@ -202,6 +203,7 @@ class RigSampler:
                     "context_length": model.context_length, "expires_at": model.expires_at,
                     "kv_bytes_per_token": per_token,
                     "kv_allocated_bytes": allocated,
+                    "arch": vars(arch) if arch else None,
                 }
             )  # fmt: skip
         detail["loaded_models"] = models
@@ -240,6 +242,8 @@ class RigSampler:
             try:
                 models = await backend.list_models()
                 self.weight_bytes = float(models[0].size_bytes) if models and models[0].size_bytes else None
+                n_params = models[0].details.get("n_params") if models else None
+                self.params = float(n_params) if isinstance(n_params, int | float) and n_params > 0 else None
             except BackendError as exc:
                 self.weights_error = str(exc)
         if self.arch is None and not self.arch_error:
@@ -278,7 +282,7 @@ class RigSampler:
         series["kv_used_bytes"] = sum(slot["kv_bytes"] for slot in slots)
         series["kv_allocated_bytes"] = sum(slot["n_ctx"] for slot in slots) * per_token
         series["context_tokens"] = float(sum(slot["context_tokens"] for slot in slots))
-        detail["kv"] = {"cache_type": self.kv_cache_type, "arch": vars(self.arch)}
+        detail["kv"] = {"cache_type": self.kv_cache_type, "arch": vars(self.arch), "params": self.params}
         detail["provenance"]["kv"] = self.arch_source
         detail["sources"]["kv"] = {"ok": True, "error": ""}
 

@@ -6,10 +6,12 @@ from django.urls import include, path
 
 from inference.urls import board_urlpatterns
 from monitoring.views import healthz, prometheus_metrics
+from monitoring.views_calculator import api_calculator
 
 urlpatterns = [
     path("healthz", healthz, name="healthz"),
     path("metrics", prometheus_metrics, name="metrics"),
+    path("api/calculator", api_calculator, name="api_calculator"),
     path("monitoring/", include("monitoring.urls")),
     path("login/", auth_views.LoginView.as_view(), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
