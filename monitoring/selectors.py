@@ -61,7 +61,13 @@ def rig_latest(rig: Rig) -> dict[str, Any] | None:
 
 
 def rigs_latest(rigs: Iterable[Rig]) -> dict[int, dict[str, Any]]:
-    """Each rig's newest raw sample, in two queries whatever the number of rigs (an index probe per rig)."""
+    """Each rig's newest raw sample: one query for one rig, two whatever the number of rigs (an index probe each)."""
+    rigs = list(rigs)
+    if len(rigs) == 1:
+        one = RigSample.objects.filter(rig=rigs[0], resolution_s=RigSample.RAW_S).order_by("-ts").first()
+        return (
+            {} if one is None else {one.rig_id: {"ts": one.ts.timestamp(), "series": one.series, "detail": one.detail}}
+        )
     newest = RigSample.objects.filter(rig=OuterRef("pk"), resolution_s=RigSample.RAW_S).order_by("-ts").values("pk")
     ids = Rig.objects.filter(pk__in=[rig.pk for rig in rigs]).annotate(latest=Subquery(newest[:1]))
     chosen = [pk for pk in ids.values_list("latest", flat=True) if pk is not None]

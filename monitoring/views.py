@@ -52,8 +52,8 @@ def rig_dashboard(request: HttpRequest, rig_id: int) -> HttpResponse:
     latency = selectors.rig_latency(rig)
     figures = plotting.dashboard_figures(selectors.rig_series(rig, _range_s(request)), latency)
     config = {
-        "rig": rig.pk, "range": range_key, "figures": figures, "latest": _viewer_sample(request, selectors.rig_latest(rig)),
-        "speculative": latency["speculative"],
+        "rig": rig.pk, "range": range_key, "figures": figures,
+        "latest": _viewer_sample(request, selectors.rig_latest(rig)), "speculative": latency["speculative"],
     }  # fmt: skip
     # A short wait: the page must not hang on a broker that does not answer (monitoring.queues caches it).
     queue = rig_consumers([rig], consumers(timeout_s=0.5))[rig.name]

