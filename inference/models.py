@@ -126,7 +126,19 @@ class Turn(models.Model):
 
     class Meta:
         ordering = ["created_at", "id"]
-        indexes = [models.Index(fields=["status"]), models.Index(fields=["started_at"])]
+        # created_at: usage's recent days and its rollup (inference/turns/usage_rollup.py), read from the index alone
+        # (PostgreSQL; elsewhere the included columns are left out); finished_at: the board's ended turns and a
+        # rig's latest replies, newest first (docs/benchmarks.md, "Cost as the data grows").
+        indexes = [
+            models.Index(fields=["status"]),
+            models.Index(fields=["started_at"]),
+            models.Index(
+                fields=["created_at"],
+                name="turn_created_at",
+                include=["id", "session", "started_at", "finished_at", "prompt_tokens", "output_tokens"],
+            ),
+            models.Index(fields=["finished_at"], name="turn_finished_at"),
+        ]
 
     def __str__(self) -> str:
         return f"Turn {self.pk} ({self.status})"
@@ -258,3 +270,33 @@ class ApiKey(models.Model):
         if self.expires_at is not None and self.expires_at <= now:
             return "expired"
         return "active"
+
+
+class UsageDay(models.Model):
+    """Usage of one user and model on one closed UTC day: what ``inference.turns.usage`` adds up from turns, stored
+    once the day is over, so a year of usage reads a few rows a day instead of every turn
+    (inference/turns/usage_rollup.py)."""
+
+    day = models.DateField()
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="+")
+    model_name = models.CharField(max_length=200)
+    turns = models.PositiveIntegerField(default=0)
+    prompt_tokens = models.PositiveBigIntegerField(default=0)
+    output_tokens = models.PositiveBigIntegerField(default=0)
+    busy_s = models.FloatField(default=0.0)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["day", "user", "model_name"], name="usage_day_user_model")]
+        indexes = [models.Index(fields=["user", "day"], name="usage_day_user")]
+
+    def __str__(self) -> str:
+        return f"usage of user {self.user_id} on {self.day} ({self.model_name})"
+
+
+class UsageRolledDay(models.Model):
+    """A UTC day whose turns are in UsageDay (a day without turns has no UsageDay rows, but is rolled up)."""
+
+    day = models.DateField(primary_key=True)
+
+    def __str__(self) -> str:
+        return f"usage of {self.day} rolled up"

@@ -63,7 +63,9 @@ class RigSample(models.Model):
     RAW_S = 1
     DOWNSAMPLED_S = 60
 
-    rig = models.ForeignKey(Rig, on_delete=models.CASCADE, related_name="samples")
+    # No index of its own: the (rig, resolution_s, ts) index below leads with it, and a second one on rig alone drew
+    # the planner to read a rig's every sample for a day's range (docs/benchmarks.md, "Cost as the data grows").
+    rig = models.ForeignKey(Rig, on_delete=models.CASCADE, related_name="samples", db_index=False)
     ts = models.DateTimeField()
     resolution_s = models.PositiveIntegerField(default=RAW_S)
     series = models.JSONField(default=dict)

@@ -148,8 +148,10 @@ def turn_metrics(totals: Totals, rig_names: dict[int, str], user_groups: dict[in
 
 def _rig_rows() -> list[dict[str, Any]]:
     rigs = []
-    for rig in Rig.objects.filter(enabled=True):
-        latest = selectors.rig_latest(rig) or {"series": {}, "detail": {}}
+    enabled = list(Rig.objects.filter(enabled=True))
+    newest = selectors.rigs_latest(enabled)  # two queries for every rig, not one per rig
+    for rig in enabled:
+        latest = newest.get(rig.pk) or {"series": {}, "detail": {}}
         detail = latest["detail"]
         rigs.append(
             {

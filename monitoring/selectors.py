@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
-from datetime import timedelta
+import math
+from collections.abc import Iterable
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from django.db.models import OuterRef, QuerySet, Subquery
 from django.utils import timezone
 
 from inference.models import Rig
@@ -15,32 +18,65 @@ from monitoring.turn_metrics import draft_counts
 
 RANGES_S = {"5m": 300, "15m": 900, "1h": 3600, "6h": 6 * 3600, "24h": 86400, "7d": 7 * 86400, "30d": 30 * 86400}
 RAW_UP_TO_S = 6 * 3600
-MAX_POINTS = 3000
+MAX_POINTS = 1500  # a chart is narrower than this in pixels
 
 
 def rig_series(rig: Rig, range_s: int) -> dict[str, Any]:
-    """Columns {ts: [...], series: {name: [...]}} for the range: raw samples up to 6 h, minutes beyond."""
+    """Columns {ts: [...], series: {name: [...]}} over the whole range: raw samples up to 6 h, minutes beyond, and
+    where the range holds more than MAX_POINTS of them, the first sample of each of MAX_POINTS equal buckets (the
+    chart keeps its span, and the query reads the samples' JSON only for the points it draws)."""
     since = timezone.now() - timedelta(seconds=range_s)
     resolution = RigSample.RAW_S if range_s <= RAW_UP_TO_S else RigSample.DOWNSAMPLED_S
-    rows = list(
-        RigSample.objects.filter(rig=rig, resolution_s=resolution, ts__gte=since)
-        .order_by("-ts")
-        .values_list("ts", "series")[:MAX_POINTS]
-    )
-    rows.reverse()
+    thinned = range_s // resolution > MAX_POINTS
+    step_s = math.ceil(range_s / MAX_POINTS / resolution) * resolution if thinned else resolution
+    samples = RigSample.objects.filter(rig=rig, resolution_s=resolution, ts__gte=since)
+    if thinned:
+        samples = samples.filter(ts__in=_bucket_starts(samples, resolution, step_s, since))
+    rows = list(samples.order_by("ts").values_list("ts", "series"))
     names = sorted({name for _, series in rows for name in series})
     return {
         "resolution_s": resolution,
+        "step_s": step_s,
         "ts": [ts.timestamp() for ts, _ in rows],
         "series": {name: [series.get(name) for _, series in rows] for name in names},
     }
 
 
+def _bucket_starts(samples: QuerySet[RigSample], resolution: int, step_s: int, since: datetime) -> list[datetime]:
+    """The first sample time in each ``step_s`` bucket. Minute samples sit on whole minutes, so with a whole number of
+    minutes per bucket that is each bucket's start (nothing read); raw ones are read from the index, times only."""
+    if resolution == RigSample.DOWNSAMPLED_S:
+        first = math.ceil(since.timestamp() / step_s) * step_s
+        return [datetime.fromtimestamp(t, tz=UTC) for t in range(first, int(timezone.now().timestamp()) + 1, step_s)]
+    chosen, bucket = [], None
+    for ts in samples.order_by("ts").values_list("ts", flat=True):
+        if (here := int(ts.timestamp() // step_s)) != bucket:
+            chosen.append(ts)
+            bucket = here
+    return chosen
+
+
 def rig_latest(rig: Rig) -> dict[str, Any] | None:
-    sample = RigSample.objects.filter(rig=rig, resolution_s=RigSample.RAW_S).order_by("-ts").first()
-    if sample is None:
-        return None
-    return {"ts": sample.ts.timestamp(), "series": sample.series, "detail": sample.detail}
+    return rigs_latest([rig]).get(rig.pk)
+
+
+def rigs_latest(rigs: Iterable[Rig]) -> dict[int, dict[str, Any]]:
+    """Each rig's newest raw sample: one query for one rig, two whatever the number of rigs (an index probe each)."""
+    rigs = list(rigs)
+    if len(rigs) == 1:
+        one = RigSample.objects.filter(rig=rigs[0], resolution_s=RigSample.RAW_S).order_by("-ts").first()
+        return (
+            {} if one is None else {one.rig_id: {"ts": one.ts.timestamp(), "series": one.series, "detail": one.detail}}
+        )
+    newest = RigSample.objects.filter(rig=OuterRef("pk"), resolution_s=RigSample.RAW_S).order_by("-ts").values("pk")
+    ids = Rig.objects.filter(pk__in=[rig.pk for rig in rigs]).annotate(latest=Subquery(newest[:1]))
+    chosen = [pk for pk in ids.values_list("latest", flat=True) if pk is not None]
+    return {
+        rig_id: {"ts": ts.timestamp(), "series": series, "detail": detail}
+        for rig_id, ts, series, detail in RigSample.objects.filter(pk__in=chosen).values_list(
+            "rig_id", "ts", "series", "detail"
+        )
+    }
 
 
 def rig_latency(rig: Rig, *, turns: int = 20) -> dict[str, Any]:

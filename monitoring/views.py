@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hmac
+from typing import Any
 
 from django.conf import settings
 from django.contrib.auth.decorators import login_required
@@ -28,8 +29,7 @@ def _range_s(request: HttpRequest) -> int:
     return selectors.RANGES_S.get(request.GET.get("range", "15m"), selectors.RANGES_S["15m"])
 
 
-def _viewer_sample(request: HttpRequest, rig: Rig) -> dict[str, object] | None:
-    latest = selectors.rig_latest(rig)
+def _viewer_sample(request: HttpRequest, latest: dict[str, Any] | None) -> dict[str, object] | None:
     if latest is None:
         return None
     return selectors.redact_users(latest, viewer=request.user.get_username(), is_staff=is_staff(request.user))
@@ -38,7 +38,9 @@ def _viewer_sample(request: HttpRequest, rig: Rig) -> dict[str, object] | None:
 @login_required
 @require_GET
 def overview(request: HttpRequest) -> HttpResponse:
-    rigs = [{"rig": rig, "latest": _viewer_sample(request, rig)} for rig in Rig.objects.filter(enabled=True)]
+    enabled = list(Rig.objects.filter(enabled=True))
+    latest = selectors.rigs_latest(enabled)
+    rigs = [{"rig": rig, "latest": _viewer_sample(request, latest.get(rig.pk))} for rig in enabled]
     return render(request, "monitoring/overview.html", {"rigs": rigs, "page_config": {"overview": True}})
 
 
@@ -65,8 +67,8 @@ def rig_dashboard(request: HttpRequest, rig_id: int) -> HttpResponse:
     latency = selectors.rig_latency(rig)
     figures = plotting.dashboard_figures(selectors.rig_series(rig, _range_s(request)), latency)
     config = {
-        "rig": rig.pk, "range": range_key, "figures": figures, "latest": _viewer_sample(request, rig),
-        "speculative": latency["speculative"],
+        "rig": rig.pk, "range": range_key, "figures": figures,
+        "latest": _viewer_sample(request, selectors.rig_latest(rig)), "speculative": latency["speculative"],
     }  # fmt: skip
     # A short wait: the page must not hang on a broker that does not answer (monitoring.queues caches it).
     queue = rig_consumers([rig], consumers(timeout_s=0.5))[rig.name]

@@ -164,7 +164,7 @@ def test_a_user_sees_only_their_own_usage_and_an_admin_sees_everyones(owner, adm
     assert page.status_code == 200
     assert [r.user for r in page.context["rows"]] == ["owner", "owner"]
     assert page.context["totals"]["output_tokens"] == 42
-    mine = list(csv.DictReader(io.StringIO(own.get("/usage.csv?days=7").content.decode())))
+    mine = list(csv.DictReader(io.StringIO(own.get("/usage.csv?days=7").getvalue().decode())))
     assert {(r["user"], r["model"], r["output_tokens"], r["busy_s"]) for r in mine} == {
         ("owner", "model-a", "30", "3.0"), ("owner", "model-b", "12", "3.0"),
     }  # fmt: skip
@@ -173,7 +173,7 @@ def test_a_user_sees_only_their_own_usage_and_an_admin_sees_everyones(owner, adm
     everyone = admin.get("/usage/")
     assert everyone.context["totals"]["output_tokens"] == 92 and len(everyone.context["figures"]) == 5
     assert b'id="usage-figures"' in everyone.content and b"<script>" not in everyone.content
-    just_owner = admin.get(f"/usage.csv?user={owner.pk}").content.decode()
+    just_owner = admin.get(f"/usage.csv?user={owner.pk}").getvalue().decode()
     assert "other" not in just_owner and just_owner.count("owner") == 2
     for bad in ("days=0", "days=400", "days=lots"):
         assert own.get(f"/usage/?{bad}").status_code == 400

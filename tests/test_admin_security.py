@@ -53,7 +53,7 @@ def test_neither_user_reaches_the_others_turns_by_any_http_route(owner, other_us
         for route, response in responses.items():
             assert response.status_code == 404, (user.username, route, response.status_code)
             assert b"secret" not in response.content, route
-        own_usage = client.get("/usage.csv").content.decode()
+        own_usage = client.get("/usage.csv").getvalue().decode()
         assert victim.session.owner.username not in own_usage
     assert all(t.status == Turn.Status.QUEUED and not t.cancel_requested for t in Turn.objects.all())
     assert Turn.objects.count() == 2 and not AuditLog.objects.exists()

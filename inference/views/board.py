@@ -7,8 +7,7 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
-from inference.audit import audit_recent
-from inference.board import actions
+from inference.board import actions, audit_pages
 from inference.errors import InvalidInput, NotFound
 from inference.forms import QuotaForm, UserCreateForm, UserGroupsForm
 from inference.models import Quota
@@ -148,4 +147,5 @@ def quota_delete(request: HttpRequest, quota_id: int) -> HttpResponse:
 @require_GET
 def audit_page(request: HttpRequest) -> HttpResponse:
     action = request.GET.get("action", "")[:64]
-    return render(request, "inference/board_audit.html", {"entries": audit_recent(action=action), "action": action})
+    page = audit_pages.audit_page(action=action, before=request.GET.get("before", "")[:20])
+    return render(request, "inference/board_audit.html", {**page, "action": action})

@@ -3,15 +3,20 @@ for anyone else's is a 404."""
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator, Callable, Iterator
+from typing import Any
+
+from asgiref.sync import sync_to_async
 from django.contrib.auth.decorators import login_required
 from django.contrib.auth.models import User
-from django.http import Http404, HttpRequest, HttpResponse
+from django.core.handlers.asgi import ASGIRequest
+from django.http import Http404, HttpRequest, HttpResponse, StreamingHttpResponse
+from django.http.response import HttpResponseBase
 from django.shortcuts import get_object_or_404, render
-from django.utils import timezone
 from django.views.decorators.http import require_GET
 
 from inference.errors import InvalidInput
-from inference.turns import usage
+from inference.turns import usage, usage_report
 from inference.views.http import json_error
 from rigdash.access import is_staff
 
@@ -40,32 +45,37 @@ def usage_page(request: HttpRequest) -> HttpResponse:
         user_id, days, shown = _usage_scope(request)
     except InvalidInput as exc:
         return render(request, "inference/usage.html", {"error": exc.message}, status=400)
-    rows = usage.aggregate_usage(usage.usage_records(days=days, user_id=user_id))
-    day_list = usage.day_range(days, today=timezone.now().date())
-    figures = usage.usage_figures(rows, days=day_list, per_user=user_id is None)
+    page = request.GET.get("page", "1")
+    report = usage_report.page_context(days=days, user_id=user_id, page=int(page) if page.isdigit() else 1)
     return render(
         request,
         "inference/usage.html",
         {
-            "rows": rows,
-            "totals": usage.usage_totals(rows),
+            **report,
             "days": days,
             "shown": shown,
             "everyone": user_id is None,
             "users": User.objects.order_by("username") if is_staff(request.user) else [],
-            "figures": figures,
         },
     )
 
 
 @login_required
 @require_GET
-def usage_csv(request: HttpRequest) -> HttpResponse:
+def usage_csv(request: HttpRequest) -> HttpResponseBase:
+    """The CSV, streamed a month of rows at a time: under ASGI through an async iterator (Django reads a sync one
+    whole before sending it), under WSGI through a generator."""
     try:
         user_id, days, _ = _usage_scope(request)
     except InvalidInput as exc:
         return json_error(exc.code, exc.message, 400)
-    rows = usage.aggregate_usage(usage.usage_records(days=days, user_id=user_id))
-    response = HttpResponse(usage.usage_csv(rows), content_type="text/csv; charset=utf-8")
+    chunks = usage_report.csv_chunks(days, user_id)
+    content: Any = _async_chunks(chunks) if isinstance(request, ASGIRequest) else (make() for make in chunks)
+    response = StreamingHttpResponse(content, content_type="text/csv; charset=utf-8")
     response["Content-Disposition"] = f'attachment; filename="rigdash-usage-{days}d.csv"'
     return response
+
+
+async def _async_chunks(chunks: Iterator[Callable[[], str]]) -> AsyncIterator[str]:
+    while (text := await sync_to_async(usage_report.next_chunk)(chunks)) is not None:
+        yield text

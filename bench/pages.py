@@ -1,0 +1,206 @@
+"""Server time and queries per request of RigDash's pages at a data size (``rigdash_generate`` fills it).
+
+    DATABASE_URL=postgres://postgres@127.0.0.1:5432/rigdash_scale_bench .venv/bin/python -m bench.pages \
+        [--repeat 15] [--json out.json] [--only usage]
+
+Each page is requested in this process through Django's test client (the whole middleware stack and template
+rendering, no network): once with its queries captured (``CaptureQueriesContext``) and its Python memory peak
+traced, then ``--repeat`` times timed (server time: the request until its last byte, streamed or not). It reads
+only: the generated users' sessions are the one thing it writes (``force_login``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import time
+import tracemalloc
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from typing import Any
+
+TARGET_P95_MS = 200.0
+
+
+@dataclass
+class PageCost:
+    name: str
+    url: str
+    status: int
+    queries: int
+    p50_ms: float
+    p95_ms: float
+    max_ms: float
+    cpu_p50_ms: float  # this process's CPU: the server's own work, without the database's or other processes' time
+    bytes: int
+    peak_kib: float
+
+
+@dataclass(frozen=True)
+class Page:
+    name: str
+    url: str
+    staff: bool
+
+
+def pages(*, session_id: int, rig_id: int) -> list[Page]:
+    return [
+        Page("chat list", "/", False),
+        Page("chat page (long chat)", f"/sessions/{session_id}/", False),
+        Page("chat turns API (long chat)", f"/api/sessions/{session_id}/turns", False),
+        Page("board page", "/board/", True),
+        Page("board turns API", "/board/api/turns", True),
+        Page("usage 30 d (everyone)", "/usage/?days=30", True),
+        Page("usage 366 d (everyone)", "/usage/?days=366", True),
+        Page("usage CSV 366 d (everyone)", "/usage.csv?days=366", True),
+        Page("usage 366 d (heavy user)", "/usage/?days=366", False),
+        Page("rig dashboard 1 h", f"/monitoring/rigs/{rig_id}/?range=1h", False),
+        Page("rig dashboard 24 h", f"/monitoring/rigs/{rig_id}/?range=24h", False),
+        Page("rig dashboard 30 d", f"/monitoring/rigs/{rig_id}/?range=30d", False),
+        Page("rig series API 30 d", f"/monitoring/api/rigs/{rig_id}/series?range=30d", False),
+        Page("overview", "/monitoring/", False),
+        Page("/metrics", "/metrics", True),
+        Page("audit log", "/board/audit/", True),
+    ]
+
+
+def _consume(response: Any) -> int:
+    if getattr(response, "streaming", False):
+        return sum(len(chunk) for chunk in response.streaming_content)
+    return len(response.content)
+
+
+def _timed(get: Callable[[], Any], repeat: int) -> tuple[list[float], list[float]]:
+    times, cpu = [], []
+    for _ in range(repeat):
+        start, start_cpu = time.perf_counter(), time.process_time()
+        _consume(get())
+        times.append((time.perf_counter() - start) * 1000)
+        cpu.append((time.process_time() - start_cpu) * 1000)
+    return times, cpu
+
+
+def measure(page: Page, get: Callable[[], Any], repeat: int) -> PageCost:
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    _consume(get())  # warm: templates, caches, the database's buffers
+    tracemalloc.start()
+    with CaptureQueriesContext(connection) as captured:
+        response = get()
+        size = _consume(response)
+    queries = len(captured)  # read now: the next request's start empties the connection's log
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    times, cpu = _timed(get, repeat)
+    times.sort()
+    p95 = times[min(len(times) - 1, round(0.95 * (len(times) - 1)))]
+    return PageCost(
+        name=page.name,
+        url=page.url,
+        status=response.status_code,
+        queries=queries,
+        p50_ms=round(statistics.median(times), 1),
+        p95_ms=round(p95, 1),
+        max_ms=round(times[-1], 1),
+        cpu_p50_ms=round(statistics.median(cpu), 1),
+        bytes=size,
+        peak_kib=round(peak / 1024, 1),
+    )
+
+
+def _subjects() -> tuple[Any, Any, int, int]:
+    from django.contrib.auth.models import User
+    from django.db.models import Count
+
+    from inference.models import ChatSession, Rig
+
+    heavy = User.objects.get(username="gen-user-000")
+    admin = User.objects.get(username="gen-user-001")
+    session = ChatSession.objects.filter(owner=heavy).annotate(n=Count("turns")).order_by("-n", "-updated_at").first()
+    rig = Rig.objects.filter(name__startswith="gen-rig-", enabled=True).order_by("pk").first()
+    if session is None or rig is None:
+        raise SystemExit("no generated data here: run manage.py rigdash_generate first")
+    return heavy, admin, session.pk, rig.pk
+
+
+def run(repeat: int, only: str) -> list[PageCost]:
+    from django.test import Client
+
+    heavy, admin, session_id, rig_id = _subjects()
+    clients = {False: Client(HTTP_HOST="localhost"), True: Client(HTTP_HOST="localhost")}
+    clients[False].force_login(heavy)
+    clients[True].force_login(admin)
+    results = []
+    for page in pages(session_id=session_id, rig_id=rig_id):
+        if only and only not in page.name:
+            continue
+        client = clients[page.staff]
+        cost = measure(page, lambda client=client, url=page.url: client.get(url), repeat)  # type: ignore[misc]
+        results.append(cost)
+        flag = "" if cost.p95_ms <= TARGET_P95_MS and cost.status == 200 else "  <-- over"
+        print(
+            f"{cost.name:30} {cost.status} q={cost.queries:3d} p50={cost.p50_ms:8.1f} p95={cost.p95_ms:8.1f} "
+            f"cpu={cost.cpu_p50_ms:7.1f} ms {cost.bytes / 1024:9.1f} KiB peak={cost.peak_kib:9.1f} KiB{flag}",
+            flush=True,
+        )
+    return results
+
+
+def data_size() -> dict[str, int]:
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        sizes = {}
+        for table in ("inference_turn", "inference_chatsession", "monitoring_rigsample", "inference_auditlog"):
+            cursor.execute("SELECT reltuples::bigint FROM pg_class WHERE relname = %s", [table])
+            sizes[table] = int(cursor.fetchone()[0])
+        cursor.execute("SELECT pg_database_size(current_database())")
+        sizes["database_bytes"] = int(cursor.fetchone()[0])
+    return sizes
+
+
+def slope_table(paths: list[str]) -> str:
+    """A Markdown table of runs at growing data sizes (JSON from --json, smallest first): p50/p95 and queries at each
+    size, and the slope: how many times p95 grows per 10x turns (the geometric mean over the steps)."""
+    runs = [json.load(open(path)) for path in paths]  # noqa: SIM115
+    sizes = [run["data"]["inference_turn"] for run in runs]
+    head = " | ".join(f"{size:,} turns p50 / p95 ms (queries)" for size in sizes)
+    lines = [f"| page | {head} | p95 x per 10x turns |", "|---" * (len(runs) + 2) + "|"]
+    for i, page in enumerate(runs[0]["pages"]):
+        cells = [run["pages"][i] for run in runs]
+        tens = math.log10(sizes[-1] / sizes[0])
+        slope = (cells[-1]["p95_ms"] / cells[0]["p95_ms"]) ** (1 / tens) if tens > 0 and cells[0]["p95_ms"] else 0.0
+        figures = " | ".join(f"{c['p50_ms']:.0f} / {c['p95_ms']:.0f} ({c['queries']})" for c in cells)
+        lines.append(f"| {page['name']} | {figures} | {slope:.2f} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--table", nargs="+", metavar="JSON", help="print the slope table of these runs and stop")
+    parser.add_argument("--repeat", type=int, default=15)
+    parser.add_argument("--only", default="", help="pages whose name contains this")
+    parser.add_argument("--json", help="write the results here")
+    args = parser.parse_args(argv)
+    if args.table:
+        print(slope_table(args.table))
+        return
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "rigdash.settings")
+    os.environ.setdefault("RIGDASH_DB_CONN_MAX_AGE", "600")
+    import django
+
+    django.setup()
+    size = data_size()
+    print(f"data: {size}", flush=True)
+    results = run(args.repeat, args.only)
+    if args.json:
+        with open(args.json, "w") as out:
+            json.dump({"data": size, "pages": [asdict(r) for r in results]}, out, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,159 @@
+"""The usage page and CSV from the daily rollup (inference/turns/usage_rollup.py): totals, charts (the top users by
+name, the rest together), a paginated table, and a CSV streamed a month of rows at a time (constant memory in the
+length of the history)."""
+
+from __future__ import annotations
+
+import csv
+import functools
+import io
+import math
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import astuple, replace
+from datetime import date, timedelta
+from typing import Any
+
+from django.contrib.auth.models import User
+from django.db.models import QuerySet
+
+from inference.models import UsageDay
+from inference.turns import usage
+from inference.turns.usage import UsageRow
+from inference.turns.usage_rollup import (
+    CLOSED_AFTER,
+    OTHERS,
+    ROW_FIELDS,
+    as_rows,
+    closed,
+    grouped,
+    live_rows,
+    today_utc,
+    top_users,
+)
+
+PAGE_ROWS = 100
+CHART_USERS = 10  # users named in the per-user charts; the rest are stacked as "other users"
+CSV_CHUNK_DAYS = 31
+
+
+def first_day(days: int) -> date:
+    return today_utc() - timedelta(days=days - 1)
+
+
+def _fold(rows: Iterable[UsageRow], *, by: str) -> list[UsageRow]:
+    """Rows summed per (day, model) or per (day, user)."""
+    sums: dict[tuple[date, str], UsageRow] = {}
+    for row in rows:
+        key = (row.day, row.model if by == "model" else row.user)
+        base = UsageRow(day=row.day, user="" if by == "model" else row.user, model=row.model if by == "model" else "")
+        total = sums.setdefault(key, base)
+        total.turns += row.turns
+        total.prompt_tokens += row.prompt_tokens
+        total.output_tokens += row.output_tokens
+        total.busy_s = round(total.busy_s + row.busy_s, 3)
+    return list(sums.values())
+
+
+def _figures(
+    rolled: QuerySet[UsageDay], live: list[UsageRow], *, days: list[date], per_user: bool
+) -> tuple[list[dict[str, Any]], dict[str, float]]:
+    """The charts (per model; per user with the top CHART_USERS by name and the rest as one) and the totals."""
+    by_model = grouped(rolled, "model") + _fold(live, by="model")
+    totals = usage.usage_totals(by_model)
+    figures = [
+        usage.figure_by_day(by_model, metric=m, split="model", days=days) for m in ("output_tokens", "turns", "busy_s")
+    ]
+    if per_user:
+        names = top_users(rolled, live, keep=CHART_USERS)
+        shown = set(names.values())
+        live_named = [row if row.user in shown else replace(row, user=OTHERS) for row in live]
+        by_user = grouped(rolled, "user", names=names) + _fold(live_named, by="user")
+        figures.insert(1, usage.figure_by_day(by_user, metric="output_tokens", split="user", days=days))
+        figures.append(usage.figure_by_day(by_user, metric="busy_s", split="user", days=days))
+    return figures, totals
+
+
+def _page(rolled: Any, live: list[UsageRow], page: int) -> tuple[list[UsageRow], int]:
+    """One page of the table, newest day first (the live days, then the rolled-up ones), and the page count."""
+    newest_first = sorted(live, key=lambda r: (-r.day.toordinal(), r.user, r.model))
+    count = rolled.count() + len(newest_first)
+    pages = max(1, math.ceil(count / PAGE_ROWS))
+    start = (max(1, min(page, pages)) - 1) * PAGE_ROWS
+    rows = newest_first[start : start + PAGE_ROWS]
+    skip = max(0, start - len(newest_first))
+    wanted = PAGE_ROWS - len(rows)
+    if wanted:
+        ordered = rolled.order_by("-day", "user__username", "model_name").values(*ROW_FIELDS)
+        rows += list(as_rows(ordered[skip : skip + wanted]))
+    return rows, pages
+
+
+def page_context(*, days: int, user_id: int | None, page: int) -> dict[str, Any]:
+    """What the usage page shows: totals and charts over the whole range, the table one page at a time."""
+    lo = first_day(days)
+    live = live_rows(lo, user_id=user_id)
+    rolled = closed(lo, user_id=user_id)
+    day_list = usage.day_range(days, today=today_utc())
+    rows, pages = _page(rolled, live, page)
+    figures, totals = _figures(rolled, live, days=day_list, per_user=user_id is None)
+    return {
+        "rows": rows,
+        "totals": totals,
+        "figures": figures,
+        "page": max(1, min(page, pages)),
+        "pages": pages,
+    }
+
+
+def csv_chunks(days: int, user_id: int | None) -> Iterator[Callable[[], str]]:
+    """Callables, each returning the CSV text of the next CSV_CHUNK_DAYS of rows (the first one the header)."""
+    lo = first_day(days)
+    yield functools.partial(usage.usage_csv, [])
+    rolled = closed(lo, user_id=user_id)
+    names = dict(User.objects.values_list("pk", "username"))
+    last_closed = today_utc() - CLOSED_AFTER
+    for start in range(0, (last_closed - lo).days + 1, CSV_CHUNK_DAYS):
+        a, b = lo + timedelta(days=start), min(last_closed, lo + timedelta(days=start + CSV_CHUNK_DAYS - 1))
+        yield functools.partial(_csv_month, rolled.filter(day__gte=a, day__lte=b), names)
+    yield functools.partial(_live_csv, lo, user_id)
+
+
+def _csv_month(rows: QuerySet[UsageDay], names: dict[int, str]) -> str:
+    """A month of rolled-up rows in the order of inference.turns.usage (day, user, model): read in the unique index's
+    order (day, user id, model), named and sorted here (ordering by name in SQL needs a join and a sort). Each
+    name and day is made safe and formatted once, not once a row."""
+    values = rows.order_by("day", "user_id", "model_name").values_list(
+        "day", "user_id", "model_name", "turns", "prompt_tokens", "output_tokens", "busy_s"
+    )
+    safe = {pk: _safe(name) for pk, name in names.items()}
+    models: dict[str, str] = {}
+    days: dict[date, str] = {}
+    named = [
+        (days.get(day) or days.setdefault(day, day.isoformat()), safe.get(user_id) or str(user_id),
+         models.get(model) or models.setdefault(model, _safe(model)), *rest)
+        for day, user_id, model, *rest in values
+    ]  # fmt: skip
+    named.sort(key=lambda row: (row[0], row[1], row[2]))
+    return _csv_text(named)
+
+
+def _safe(name: str) -> str:
+    """As inference.turns.usage.usage_csv: a name starting with = + - @ would be a spreadsheet formula: quoted."""
+    return f"'{name}" if name[:1] in ("=", "+", "-", "@") else name
+
+
+def _csv_text(rows: Iterable[tuple[Any, ...]]) -> str:
+    out = io.StringIO()
+    csv.writer(out, lineterminator="\n").writerows(rows)
+    return out.getvalue()
+
+
+def _live_csv(lo: date, user_id: int | None) -> str:
+    rows = live_rows(lo, user_id=user_id)
+    return _csv_text((r.day.isoformat(), _safe(r.user), _safe(r.model), *astuple(r)[3:]) for r in rows)
+
+
+def next_chunk(chunks: Iterator[Callable[[], str]]) -> str | None:
+    """The next piece of the CSV (its queries run here), or None at the end."""
+    make = next(chunks, None)
+    return None if make is None else make()

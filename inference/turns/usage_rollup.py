@@ -1,0 +1,166 @@
+"""Usage from a daily rollup: closed UTC days are added up once into UsageDay, the last two days live from turns.
+
+``inference.turns.usage`` defines what counts (a turn on the UTC day it started, or was submitted if it never started;
+busy time started -> finished); this module gives the same rows without reading every turn of the range, so a
+year of a team's usage costs a few queries on the rollup. A day is rolled up when it is read and at least
+``CLOSED_AFTER`` old (a turn is long over by then), once; ``rigdash_usage_rollup`` does it ahead of time.
+
+What the rollup changes: turns deleted after their day was rolled up still count, and a turn waiting in the queue
+for more than a day before it starts counts on both its submit day and its start day.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from datetime import UTC, date, datetime, timedelta
+from typing import Any
+
+from django.contrib.auth.models import User
+from django.db import transaction
+from django.db.models import Case, Count, DurationField, F, QuerySet, Sum, Value, When
+from django.db.models.functions import Coalesce, TruncDate
+from django.utils import timezone
+
+from inference.models import ChatSession, Turn, UsageDay, UsageRolledDay
+from inference.turns.usage import UsageRow
+
+CLOSED_AFTER = timedelta(days=2)  # today and yesterday are read live
+OTHERS = "other users"
+
+
+def today_utc() -> date:
+    return timezone.now().astimezone(UTC).date()
+
+
+def _start(day: date) -> datetime:
+    return datetime.combine(day, datetime.min.time(), UTC)
+
+
+def _busy() -> Case:
+    return Case(
+        When(finished_at__gt=F("started_at"), then=F("finished_at") - F("started_at")), output_field=DurationField()
+    )
+
+
+def turn_totals(lo: date, hi: date) -> QuerySet[Turn, dict[str, Any]]:
+    """Turns whose day is in [lo, hi), added up per (day, user, model), in the database (the rollup's one read)."""
+    turns = Turn.objects.filter(created_at__gte=_start(lo) - timedelta(days=1), created_at__lt=_start(hi))
+    return (
+        turns.annotate(day=TruncDate(Coalesce("started_at", "created_at"), tzinfo=UTC))
+        .filter(day__gte=lo, day__lt=hi)
+        .values("day", "session__owner_id", "session__owner__username", "session__model_name")
+        .annotate(n=Count("id"), prompt=Sum("prompt_tokens"), output=Sum("output_tokens"), busy=Sum(_busy()))
+        .order_by()
+    )
+
+
+def rollup(lo: date, hi: date) -> int:
+    """Roll up the days in [lo, hi) that are closed and not rolled up yet; returns how many were."""
+    hi = min(hi, today_utc() - CLOSED_AFTER + timedelta(days=1))
+    done = set(UsageRolledDay.objects.filter(day__gte=lo, day__lt=hi).values_list("day", flat=True))
+    missing = [lo + timedelta(days=n) for n in range((hi - lo).days) if lo + timedelta(days=n) not in done]
+    if not missing:
+        return 0
+    rows = turn_totals(missing[0], missing[-1] + timedelta(days=1)).filter(day__in=missing)  # type: ignore[misc]
+    with transaction.atomic():
+        UsageDay.objects.bulk_create(
+            (UsageDay(day=r["day"], user_id=r["session__owner_id"], model_name=r["session__model_name"], turns=r["n"],
+                      prompt_tokens=r["prompt"] or 0, output_tokens=r["output"] or 0,
+                      busy_s=round(r["busy"].total_seconds(), 3) if r["busy"] else 0.0)
+             for r in rows.iterator()),
+            batch_size=2000, ignore_conflicts=True,  # a concurrent request rolled the same day up
+        )  # fmt: skip
+        UsageRolledDay.objects.bulk_create([UsageRolledDay(day=day) for day in missing], ignore_conflicts=True)
+    return len(missing)
+
+
+def live_rows(lo: date, *, user_id: int | None) -> list[UsageRow]:
+    """The days from ``lo`` to today that are not closed yet, from the turns themselves: summed per session in the
+    database without a join (a join to every session made the planner hash them all), then per user and model here
+    with the few sessions read by key."""
+    start = max(lo, today_utc() - CLOSED_AFTER + timedelta(days=1))
+    turns = Turn.objects.filter(created_at__gte=_start(start) - timedelta(days=1))
+    if user_id is not None:
+        turns = turns.filter(session__in=ChatSession.objects.filter(owner_id=user_id).values("pk"))
+    per_session = list(
+        turns.annotate(day=TruncDate(Coalesce("started_at", "created_at"), tzinfo=UTC))
+        .values("day", "session_id")
+        .annotate(n=Count("id"), prompt=Sum("prompt_tokens"), output=Sum("output_tokens"), busy=Sum(_busy()))
+        .order_by()
+    )
+    sessions = {
+        pk: (name, model)
+        for pk, name, model in ChatSession.objects.filter(pk__in={r["session_id"] for r in per_session}).values_list(
+            "pk", "owner__username", "model_name"
+        )
+    }
+    rows: dict[tuple[date, str, str], UsageRow] = {}
+    for r in per_session:
+        if r["day"] < start or r["session_id"] not in sessions:
+            continue
+        name, model = sessions[r["session_id"]]
+        row = rows.setdefault((r["day"], name, model), UsageRow(day=r["day"], user=name, model=model))
+        row.turns += r["n"]
+        row.prompt_tokens += r["prompt"] or 0
+        row.output_tokens += r["output"] or 0
+        row.busy_s += r["busy"].total_seconds() if r["busy"] else 0.0
+    for row in rows.values():
+        row.busy_s = round(row.busy_s, 3)
+    return [rows[key] for key in sorted(rows)]
+
+
+def closed(lo: date, *, user_id: int | None) -> QuerySet[UsageDay]:
+    """The rolled-up rows from ``lo`` to the last closed day (rolled up first where they are not yet)."""
+    rollup(lo, today_utc())
+    rows = UsageDay.objects.filter(day__gte=lo, day__lte=today_utc() - CLOSED_AFTER)
+    return rows.filter(user_id=user_id) if user_id is not None else rows
+
+
+def as_rows(values: Iterable[dict[str, Any]]) -> Iterator[UsageRow]:
+    for v in values:
+        yield UsageRow(
+            day=v["day"],
+            user=v["user__username"],
+            model=v["model_name"],
+            turns=v["turns"],
+            prompt_tokens=v["prompt_tokens"],
+            output_tokens=v["output_tokens"],
+            busy_s=v["busy_s"],
+        )
+
+
+ROW_FIELDS = ("day", "user__username", "model_name", "turns", "prompt_tokens", "output_tokens", "busy_s")
+
+
+def grouped(rows: QuerySet[UsageDay], by: str, *, names: dict[int, str] | None = None) -> list[UsageRow]:
+    """Sums per (day, model) with ``by="model"``, or per (day, user) with ``by="user"``: the users in ``names`` by
+    name and everyone else as "other users" (grouped on the user id: no join, and at most len(names) + 1 a day)."""
+    key = "model_name" if by == "model" else "who"
+    if by == "user":
+        ids = list(names or {})
+        rows = rows.annotate(who=Case(When(user_id__in=ids, then=F("user_id")), default=Value(0)) if ids else Value(0))
+    sums: QuerySet[Any, dict[str, Any]] = (
+        rows.values("day", key)
+        .annotate(t=Sum("turns"), p=Sum("prompt_tokens"), o=Sum("output_tokens"), b=Sum("busy_s"))
+        .order_by()
+    )
+    result = []
+    for r in sums:
+        label = r[key] if by == "model" else (names or {}).get(r["who"], OTHERS)
+        result.append(
+            UsageRow(day=r["day"], user=label if by == "user" else "", model=label if by == "model" else "",
+                     turns=r["t"], prompt_tokens=r["p"], output_tokens=r["o"], busy_s=round(r["b"], 3))
+        )  # fmt: skip
+    return result
+
+
+def top_users(rows: QuerySet[UsageDay], live: list[UsageRow], *, keep: int) -> dict[int, str]:
+    """The ``keep`` users with the most reply tokens in the range, by id."""
+    totals: dict[int, int] = dict(rows.values("user_id").annotate(o=Sum("output_tokens")).values_list("user_id", "o"))
+    ids = dict(User.objects.values_list("username", "pk"))
+    for row in live:
+        if row.user in ids:
+            totals[ids[row.user]] = totals.get(ids[row.user], 0) + row.output_tokens
+    names = {pk: name for name, pk in ids.items()}
+    top = sorted(totals, key=lambda pk: (-totals[pk], names.get(pk, "")))[:keep]
+    return {pk: names[pk] for pk in top if pk in names}

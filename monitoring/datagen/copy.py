@@ -1,0 +1,40 @@
+"""Bulk writes through PostgreSQL's COPY, with ids taken from each table's own sequence."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from django.db import connection
+
+
+def copy_rows(table: str, columns: Sequence[str], rows: Iterable[Sequence[Any]]) -> int:
+    """COPY ``rows`` into ``table``; JSON columns take their values as already-encoded strings."""
+    count = 0
+    with connection.cursor() as cursor:
+        raw = cursor.cursor  # the psycopg cursor under Django's wrapper
+        with raw.copy(f"COPY {table} ({', '.join(columns)}) FROM STDIN") as copy:
+            for row in rows:
+                copy.write_row(row)
+                count += 1
+    return count
+
+
+def reserve_ids(table: str, count: int) -> int:
+    """The first of ``count`` consecutive ids, taken from the table's id sequence (so later inserts never
+    collide with the rows written with them)."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_get_serial_sequence(%s, 'id')", [table])
+        sequence = cursor.fetchone()[0]
+        cursor.execute(f"SELECT COALESCE(MAX(id), 0) FROM {table}")  # noqa: S608 (a table name of this module's callers)
+        floor = int(cursor.fetchone()[0])
+        cursor.execute("SELECT nextval(%s)", [sequence])
+        first = max(int(cursor.fetchone()[0]), floor + 1)
+        cursor.execute("SELECT setval(%s, %s)", [sequence, first + max(count, 1) - 1])
+    return first
+
+
+def analyze(tables: Iterable[str]) -> None:
+    with connection.cursor() as cursor:
+        for table in tables:
+            cursor.execute(f"ANALYZE {table}")

@@ -1,0 +1,222 @@
+"""Cost as the data grows: the data generator, query counts per page pinned at two data sizes (an N+1 fails here),
+the usage rollup against the per-turn aggregation it replaces, the streamed CSV, and thinned rig series."""
+
+from __future__ import annotations
+
+import csv
+import io
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from django.contrib.auth.models import User
+from django.core.management import CommandError, call_command
+from django.db.models import Count
+from django.http import StreamingHttpResponse
+from django.test import Client
+from django.utils import timezone
+
+from inference.models import ChatSession, Rig, Turn, UsageDay
+from inference.turns import usage, usage_report, usage_rollup
+from monitoring import selectors
+from monitoring.models import RigSample
+
+SMALL = {"users": 8, "turns": 150, "rigs": 2}
+LARGE = {"users": 20, "turns": 900, "rigs": 5}  # six times the turns, more users and rigs
+
+# The most queries each page may make, whatever the data: session and user (2), then the page's own.
+PAGES = {
+    "chat list": ("/", False, 4),
+    "chat page": ("/sessions/{session}/", False, 4),
+    "chat turns API": ("/api/sessions/{session}/turns", False, 4),
+    "usage 30 d": ("/usage/?days=30", True, 12),
+    "usage 366 d": ("/usage/?days=366", True, 12),
+    "usage 366 d, one user": ("/usage/?days=366", False, 9),
+    "usage page 2": ("/usage/?days=366&page=2", True, 13),
+    "rig dashboard 1 h": ("/monitoring/rigs/{rig}/?range=1h", False, 8),
+    "rig dashboard 24 h": ("/monitoring/rigs/{rig}/?range=24h", False, 8),
+    "rig dashboard 30 d": ("/monitoring/rigs/{rig}/?range=30d", False, 8),
+    "rig series 30 d": ("/monitoring/api/rigs/{rig}/series?range=30d", False, 5),
+    "overview": ("/monitoring/", False, 5),
+    "metrics": ("/metrics", True, 9),
+    "audit log": ("/board/audit/", True, 3),
+}
+
+
+def generate(**size: int) -> None:
+    call_command("rigdash_generate", days=40, sample_days=2, raw_hours=1.2, long_chat=30, stdout=io.StringIO(),
+                 **{key: value for key, value in size.items()})  # fmt: skip
+
+
+def _content(response: Any) -> bytes:
+    return b"".join(response.streaming_content) if response.streaming else bytes(response.content)
+
+
+def _clients() -> tuple[Client, Client]:
+    heavy, admin = Client(), Client()
+    heavy.force_login(User.objects.get(username="gen-user-000"))
+    admin.force_login(User.objects.get(username="gen-user-001"))
+    return heavy, admin
+
+
+def _subjects() -> dict[str, int]:
+    heavy = User.objects.get(username="gen-user-000")
+    session = ChatSession.objects.filter(owner=heavy).annotate(n=Count("turns")).order_by("-n").first()
+    rig = Rig.objects.filter(name__startswith="gen-rig-").order_by("pk").first()
+    assert session is not None and rig is not None
+    return {"session": session.pk, "rig": rig.pk}
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("size", [SMALL, LARGE], ids=["small", "large"])
+def test_each_page_makes_a_fixed_number_of_queries_whatever_the_data(size, django_assert_max_num_queries):
+    generate(**size)
+    heavy, admin = _clients()
+    subjects = _subjects()
+    for name, (url, staff, most) in PAGES.items():
+        client = admin if staff else heavy
+        _content(client.get(url.format(**subjects)))  # the first usage request rolls closed days up (once)
+        with django_assert_max_num_queries(most, info=name):
+            response = client.get(url.format(**subjects))
+            assert response.status_code == 200, name
+            _content(response)
+    # The board asks the fair queue for each rig with waiting turns (inference/board.py): its turns, and when several
+    # people wait, when each was last served. Per rig, never per turn of history.
+    waiting_rigs = Turn.objects.filter(status="queued").order_by().values("session__rig").distinct().count()
+    with django_assert_max_num_queries(5 + 2 * waiting_rigs, info="board turns API"):
+        assert admin.get("/board/api/turns").status_code == 200
+
+
+@pytest.mark.django_db
+def test_the_csv_streams_a_month_at_a_time_in_a_fixed_number_of_queries(django_assert_max_num_queries):
+    generate(**SMALL)
+    _, admin = _clients()
+    admin.get("/usage.csv?days=366")
+    # session, user, the rollup's check, the names, a query per month of the range, the live days (two)
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    with CaptureQueriesContext(connection) as q:
+        response = admin.get("/usage.csv?days=366")
+        b"".join(response.streaming_content)
+    print("\n".join(x["sql"][:150] for x in q.captured_queries))
+    with django_assert_max_num_queries(2 + 1 + 1 + 13 + 2):
+        response = admin.get("/usage.csv?days=366")
+        assert isinstance(response, StreamingHttpResponse)
+        text = b"".join(response.streaming_content).decode()
+    assert text.startswith("day,user,model,turns,prompt_tokens,output_tokens,busy_s\n")
+
+
+@pytest.mark.django_db
+def test_the_rollup_and_live_days_add_up_to_what_every_turn_does():
+    generate(**SMALL)
+    every_turn = usage.aggregate_usage(usage.usage_records(days=366, user_id=None))
+    assert usage_rollup.rollup(usage_report.first_day(366), usage_rollup.today_utc()) > 300
+    assert UsageDay.objects.exists()
+    streamed = list(
+        csv.reader(io.StringIO(b"".join(_clients()[1].get("/usage.csv?days=366").streaming_content).decode()))
+    )
+    expected = list(csv.reader(io.StringIO(usage.usage_csv(every_turn))))
+    # Busy seconds: the database adds up exact intervals, inference.turns.usage floats (a last digit may differ).
+    assert [row[:-1] for row in streamed] == [row[:-1] for row in expected]
+    assert all(abs(float(a[-1]) - float(b[-1])) <= 0.0011 for a, b in zip(streamed[1:], expected[1:], strict=True))
+    context = usage_report.page_context(days=366, user_id=None, page=1)
+    assert context["totals"] == pytest.approx(usage.usage_totals(every_turn), abs=0.01)
+    assert context["pages"] == -(-len(every_turn) // usage_report.PAGE_ROWS)
+    newest = sorted(every_turn, key=lambda r: (-r.day.toordinal(), r.user, r.model))[: usage_report.PAGE_ROWS]
+    assert [(r.day, r.user, r.model, r.turns, r.output_tokens) for r in context["rows"]] == [
+        (r.day, r.user, r.model, r.turns, r.output_tokens) for r in newest
+    ]
+    one = User.objects.get(username="gen-user-002").pk
+    mine = usage.aggregate_usage(usage.usage_records(days=366, user_id=one))
+    assert usage_report.page_context(days=366, user_id=one, page=1)["totals"] == pytest.approx(
+        usage.usage_totals(mine), abs=0.01
+    )
+
+
+@pytest.mark.django_db
+def test_per_user_charts_name_the_top_users_and_stack_the_rest():
+    generate(**LARGE)
+    figures = usage_report.page_context(days=366, user_id=None, page=1)["figures"]
+    by_user = figures[1]
+    names = [trace["name"] for trace in by_user["data"]]
+    assert len(names) == usage_report.CHART_USERS + 1 and usage_rollup.OTHERS in names
+    everyone = sum(sum(trace["y"]) for trace in by_user["data"])
+    assert everyone == sum(sum(trace["y"]) for trace in figures[0]["data"])  # the same tokens, split two ways
+
+
+@pytest.mark.django_db
+def test_a_long_range_is_thinned_over_its_whole_span():
+    generate(**SMALL)
+    rig = Rig.objects.get(pk=_subjects()["rig"])
+    for range_s in (3600, 2 * 86400):
+        columns = selectors.rig_series(rig, range_s)
+        assert 0 < len(columns["ts"]) <= selectors.MAX_POINTS
+        span = columns["ts"][-1] - columns["ts"][0]
+        assert span > range_s * 0.9, "the chart covers the range, not only its newest part"
+        buckets = [int(ts // columns["step_s"]) for ts in columns["ts"]]
+        assert len(set(buckets)) == len(buckets), "one sample per bucket"
+    latest = selectors.rigs_latest(Rig.objects.all())
+    newest = RigSample.objects.filter(rig=rig, resolution_s=RigSample.RAW_S).order_by("-ts").first()
+    assert newest is not None and latest[rig.pk]["ts"] == newest.ts.timestamp()
+
+
+@pytest.mark.django_db
+def test_the_generator_makes_a_realistic_small_history_and_refuses_a_database_with_people(owner):
+    with pytest.raises(CommandError, match="users this command did not make"):
+        generate(**SMALL)
+    assert not Turn.objects.exists() and not User.objects.filter(username__startswith="gen-").exists()
+    generate(force=True, **SMALL)
+    turns = Turn.objects.filter(session__owner__username__startswith="gen-")
+    assert turns.count() == SMALL["turns"] + 16  # the history (the long chat among them) and the turns running now
+    done = turns.filter(status="done").first()
+    assert done is not None
+    stats: dict[str, Any] = done.stats
+    assert len(stats["inter_token_gaps_ms"]) == stats["output_tokens"] - 1 == done.output_tokens - 1
+    assert {"ttft_ms", "decode_tps", "e2e_ms", "prompt_tokens", "backend_timings", "context_limit"} <= set(stats)
+    assert done.started_at < done.finished_at <= timezone.now()
+    raw = RigSample.objects.filter(resolution_s=RigSample.RAW_S)
+    assert raw.exists() and all(s.detail.get("slots") for s in raw[:5])
+    oldest = RigSample.objects.filter(resolution_s=RigSample.DOWNSAMPLED_S).order_by("ts").first()
+    assert oldest is not None and timezone.now() - oldest.ts <= timedelta(days=2, minutes=5)
+    assert not RigSample.objects.filter(resolution_s=RigSample.RAW_S, ts__lt=timezone.now() - timedelta(hours=1.3))
+
+
+@pytest.mark.django_db
+def test_the_audit_log_pages_back_through_every_entry_once(admin_user, django_assert_max_num_queries):
+    from inference.board.audit import audit_record
+
+    from inference.board.audit_pages import PAGE_ROWS
+
+    for n in range(2 * PAGE_ROWS + 50):
+        audit_record(actor=admin_user, action="turn.cancel" if n % 3 else "user.create", target=f"turn:{n}")
+    client = Client()
+    client.force_login(admin_user)
+    seen: list[int] = []
+    url = "/board/audit/"
+    while url:
+        with django_assert_max_num_queries(3 + 1):  # session, user, the before-entry, the page
+            page = client.get(url)
+        assert page.status_code == 200
+        seen += [entry.pk for entry in page.context["entries"]]
+        older = page.context["older"]
+        url = f"/board/audit/?before={older}" if older else ""
+    assert seen == sorted(seen, reverse=True) and len(seen) == len(set(seen)) == 2 * PAGE_ROWS + 50
+    filtered = client.get("/board/audit/?action=user.")
+    assert {e.action for e in filtered.context["entries"]} == {"user.create"} and filtered.context["older"] is None
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_under_asgi_the_csv_streams_through_an_async_iterator():
+    from asgiref.sync import sync_to_async
+    from django.test import AsyncClient
+
+    await sync_to_async(generate)(**SMALL)
+    client = AsyncClient()
+    await client.aforce_login(await User.objects.aget(username="gen-user-001"))
+    response = await client.get("/usage.csv?days=366")
+    assert response.streaming and response.is_async  # Django would read a sync iterator whole before sending it
+    chunks = [chunk async for chunk in response.streaming_content]
+    assert len(chunks) >= 13  # the header, a chunk per month, the live days
+    text = b"".join(chunks).decode()
+    assert text.startswith("day,user,model,turns,prompt_tokens,output_tokens,busy_s\n") and text.count("\n") > 20
