@@ -15,10 +15,10 @@ from django.test import Client
 from django.utils import timezone
 from prometheus_client.parser import text_string_to_metric_families
 
-from inference.turns import submit
 from inference.backends.base import ChatRequest
 from inference.backends.llamacpp import LlamaCppBackend, draft_counts
 from inference.models import ChatSession, Rig, Turn
+from inference.turns import submit
 from monitoring import prometheus, selectors, turn_metrics
 from monitoring.sampling import RigSampler
 from rigdash.launcher import Stack, free_port, llama_server_command, wait_http
