@@ -72,6 +72,7 @@ class ReplayModel:
     quantization: str = "Q4_1"
     model_info: dict[str, Any] = field(default_factory=dict)
     layers: tuple[int, ...] = (100_000_000, 5_000_000)
+    thinks: bool = False  # a reasoning model: capability "thinking", thinks unless asked not to
 
     @property
     def digest(self) -> str:
@@ -107,6 +108,13 @@ def smollm2(name: str = "smollm2:135m") -> ReplayModel:
     )
 
 
+def reasoner(name: str = "qwen3:0.6b") -> ReplayModel:
+    """A reasoning model (SmolLM2's figures under another name, with the "thinking" capability)."""
+    model = smollm2(name)
+    model.family, model.thinks = "qwen3", True
+    return model
+
+
 def full_name(name: str) -> str:
     """Ollama's default tag: ``smollm2`` means ``smollm2:latest``."""
     return name if ":" in name.rsplit("/", 1)[-1] else f"{name}:latest"
@@ -132,6 +140,7 @@ class OllamaReplay:
         registry: list[ReplayModel] | None = None,
         *,
         reply_tokens: int = 12,
+        thinking_tokens: int = 6,
         token_interval_s: float = 0.002,
         pull_step_s: float = 0.02,
     ) -> None:
@@ -139,6 +148,7 @@ class OllamaReplay:
         self.registry: dict[str, ReplayModel] = {m.name: m for m in (registry or [])}
         self.loaded: dict[str, Loaded] = {}
         self.reply_tokens = reply_tokens
+        self.thinking_tokens = thinking_tokens  # a thinking model's thoughts before its answer, in tokens
         self.token_interval_s = token_interval_s
         self.pull_step_s = pull_step_s
         self.cut_after_tokens: int | None = None
@@ -348,7 +358,7 @@ class ReplayHandler(BaseHTTPRequestHandler):
                     "template": "{{ .Prompt }}",
                     "details": model.details(),
                     "model_info": model.model_info,
-                    "capabilities": ["completion"],
+                    "capabilities": ["completion", "thinking"] if model.thinks else ["completion"],
                     "modified_at": _now(),
                 },
             )
@@ -398,7 +408,16 @@ class ReplayHandler(BaseHTTPRequestHandler):
         if not messages:
             self._load_or_unload(model, body, {"message": {"role": "assistant", "content": ""}})
             return
+        if body.get("think") not in (None, False) and not model.thinks:  # server/routes.go ChatHandler
+            self._error(400, f'"{model.name}" does not support thinking')
+            return
         self._chat_stream(model, body, messages)
+
+    def _thoughts(self, model: ReplayModel, body: dict[str, Any]) -> list[str]:
+        """What a thinking model thinks before it answers: nothing when asked not to (``think: false``)."""
+        if not model.thinks or body.get("think") is False:
+            return []
+        return [("" if i == 0 else " ") + WORDS[(i + 5) % len(WORDS)] for i in range(self.state.thinking_tokens)]
 
     def _chat_stream(self, model: ReplayModel, body: dict[str, Any], messages: list[dict[str, Any]]) -> None:
         state = self.state
@@ -406,8 +425,12 @@ class ReplayHandler(BaseHTTPRequestHandler):
         load_ns = self._load(model, body)
         options = body.get("options") or {}
         limit = int(options.get("num_predict") or -1)
-        planned = state.reply_tokens if limit < 0 else min(limit, state.reply_tokens)
-        reason = "length" if 0 <= limit <= state.reply_tokens else "stop"
+        thoughts = self._thoughts(model, body)
+        budget = len(thoughts) + state.reply_tokens  # num_predict counts the thinking tokens too
+        if 0 <= limit < len(thoughts):
+            thoughts = thoughts[:limit]
+        planned = max(0, (budget if limit < 0 else min(limit, budget)) - len(thoughts))
+        reason = "length" if 0 <= limit <= budget else "stop"
         prompt_tokens = sum(len(str(m.get("content", "")).split()) + 4 for m in messages)
         prompt_started = time.perf_counter_ns()
         time.sleep(0.002)  # "prompt processing"
@@ -418,6 +441,15 @@ class ReplayHandler(BaseHTTPRequestHandler):
             state.streams_open += 1
         try:
             self._start_stream()
+            for thought in thoughts:  # thinking lines: message.thinking, empty content
+                if state.cut_after_tokens is not None and sent >= state.cut_after_tokens:
+                    self._cut()
+                    return
+                self._line({"model": model.name, "created_at": _now(),
+                            "message": {"role": "assistant", "content": "", "thinking": thought},
+                            "done": False})  # fmt: skip
+                sent += 1
+                time.sleep(state.token_interval_s)
             for index in range(planned):
                 if state.cut_after_tokens is not None and sent >= state.cut_after_tokens:
                     self._cut()

@@ -71,6 +71,8 @@ class ChatRequest:
     # Server-side knobs a backend may honour and others ignore (llama.cpp fixes its context at start).
     num_ctx: int | None = None
     keep_alive: str | None = None
+    # Ask a reasoning model to think first (True), to answer at once (False), or leave it to the server (None).
+    think: bool | None = None
 
 
 @dataclass(frozen=True)
@@ -128,12 +130,14 @@ class BackendStats:
 
 @dataclass
 class StreamChunk:
-    """Text decoded since the previous chunk (may hold several tokens, or none)."""
+    """Text decoded since the previous chunk (may hold several tokens, or none): the answer's ``text`` and the
+    reasoning's ``thinking`` (a reasoning model's thoughts before its answer; either may be empty)."""
 
     text: str
     finish_reason: str | None = None
     stats: BackendStats | None = None
     context_tokens: int | None = None  # tokens in the sequence's context now, when the backend says
+    thinking: str = ""
 
 
 class Backend(ABC):

@@ -149,6 +149,11 @@ class LlamaCppBackend(Backend):
             value = getattr(request, name)
             if value is not None:
                 payload[name] = value
+        if request.think is not None:
+            # The template's own switch (Qwen3-style ``enable_thinking``); reasoning arrives apart from the answer
+            # as ``delta.reasoning_content`` (``reasoning_format`` deepseek), whatever the server's default format.
+            payload["chat_template_kwargs"] = {"enable_thinking": request.think}
+            payload["reasoning_format"] = "deepseek"
         return payload
 
     async def stream_chat(
@@ -184,7 +189,7 @@ class LlamaCppBackend(Backend):
                         break
                     chunk = _chunk(data)
                     finished = finished or bool(chunk.finish_reason)
-                    text_seen = text_seen or bool(chunk.text)
+                    text_seen = text_seen or bool(chunk.text or chunk.thinking)
                     yield chunk
                 if done:
                     break
@@ -211,8 +216,10 @@ def _chunk(data: str) -> StreamChunk:
     timings = event.get("timings")
     # With timings_per_token every chunk carries the running timings; the first one already holds prompt_n
     # (the prompt's real size), which the quota check reads before decode goes on.
+    delta = choice.get("delta") or {}
     return StreamChunk(
-        text=(choice.get("delta") or {}).get("content") or "",
+        text=delta.get("content") or "",
+        thinking=delta.get("reasoning_content") or "",
         finish_reason=choice.get("finish_reason"),
         stats=stats_from_timings(timings) if timings else None,
         context_tokens=context_tokens(timings) if timings else None,

@@ -152,18 +152,22 @@ class OllamaBackend(Backend):
                     stream=True,
                     options=self._options(request),
                     keep_alive=request.keep_alive,
+                    think=request.think,  # unset: the server's default (a thinking model thinks)
                 )
                 # aclosing: leaving early exits the client's ``async with stream``, closing the response.
                 async with aclosing(cast(AsyncGenerator[ollama.ChatResponse, None], parts)) as stream:
                     async for part in stream:
-                        text = part.message.content or ""
+                        # A thinking model's lines carry ``message.thinking`` with empty content until it answers.
+                        text, thinking = part.message.content or "", part.message.thinking or ""
                         if part.done:
                             final = part.model_dump(include=set(FINAL_FIELDS))
                             reason = part.done_reason or "stop"
-                            yield StreamChunk(text=text, finish_reason=reason, stats=stats_from_final(final))
+                            yield StreamChunk(
+                                text=text, thinking=thinking, finish_reason=reason, stats=stats_from_final(final)
+                            )
                             return
-                        if text:
-                            yield StreamChunk(text=text)
+                        if text or thinking:
+                            yield StreamChunk(text=text, thinking=thinking)
         except CLIENT_ERRORS as exc:
             raise _translate(exc, "chat") from exc
         raise BackendUnavailable("Ollama closed the stream before the reply finished (no done:true line)")
