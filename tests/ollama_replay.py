@@ -154,6 +154,11 @@ class OllamaReplay:
         self.cut_after_tokens: int | None = None
         self.omit_done_line = False
         self.fail_status: int | None = None
+        self.fail_message = "server busy, please try again.  maximum pending requests exceeded"
+        # After this many lines of a chat stream, an {"error"} line ends it (HTTP 200 already sent), as Ollama's
+        # streamResponse does when the runner fails mid-reply.
+        self.error_after_tokens: int | None = None
+        self.stream_error = "model runner has unexpectedly stopped, this may be due to resource limitations"
         self.requests: list[tuple[str, str, dict[str, Any]]] = []
         self.closed_early: list[dict[str, Any]] = []  # {"path", "tokens_sent"} per stream the client left
         self.streams_open = 0
@@ -265,7 +270,7 @@ class ReplayHandler(BaseHTTPRequestHandler):
         with state.lock:
             state.requests.append((method, self.path, body))
         if state.fail_status:
-            self._error(state.fail_status, "server busy, please try again.  maximum pending requests exceeded")
+            self._error(state.fail_status, state.fail_message)
             return
         routes = {
             ("GET", "/api/version"): self.version,
@@ -445,6 +450,10 @@ class ReplayHandler(BaseHTTPRequestHandler):
                 if state.cut_after_tokens is not None and sent >= state.cut_after_tokens:
                     self._cut()
                     return
+                if state.error_after_tokens is not None and sent >= state.error_after_tokens:
+                    self._line({"error": state.stream_error})
+                    self._end_stream()
+                    return
                 self._line({"model": model.name, "created_at": _now(),
                             "message": {"role": "assistant", "content": "", "thinking": thought},
                             "done": False})  # fmt: skip
@@ -453,6 +462,10 @@ class ReplayHandler(BaseHTTPRequestHandler):
             for index in range(planned):
                 if state.cut_after_tokens is not None and sent >= state.cut_after_tokens:
                     self._cut()
+                    return
+                if state.error_after_tokens is not None and sent >= state.error_after_tokens:
+                    self._line({"error": state.stream_error})
+                    self._end_stream()
                     return
                 word = WORDS[index % len(WORDS)]
                 text = word if index == 0 else f" {word}"

@@ -29,6 +29,18 @@ class BackendUnavailable(BackendError):
     code = "backend_unavailable"
 
 
+class ModelLoading(BackendUnavailable):
+    """The server is still loading the model, or its queue is full: the same request can succeed shortly."""
+
+    code = "model_loading"
+
+
+class BackendOutOfMemory(BackendError):
+    """The server cannot hold the model (and its context) in the memory it has: trying again will not help."""
+
+    code = "out_of_memory"
+
+
 class ModelNotFound(BackendError):
     code = "unknown_model"
 

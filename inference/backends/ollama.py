@@ -18,6 +18,7 @@ import httpx
 import ollama
 import pydantic
 
+from inference.backends import failures
 from inference.backends.base import (
     Backend,
     BackendError,
@@ -68,14 +69,11 @@ def stats_from_final(final: dict[str, Any]) -> BackendStats:
 
 
 def _translate(exc: Exception, what: str) -> BackendError:
-    """Map the client's errors to the contract's kinds: 404 unknown model, 5xx and transport retryable."""
+    """Map the client's errors to the contract's kinds, by what they say (inference/backends/failures.py): the
+    client raises the same ResponseError, with status -1, for an ``{"error"}`` line after a 200 stream began."""
     if isinstance(exc, ollama.ResponseError):
-        message = f"Ollama {what}: {exc.error}"
-        if exc.status_code == 404:
-            return ModelNotFound(message)
-        if exc.status_code >= 500:
-            return BackendUnavailable(message)
-        return BackendError(message)
+        status = None if exc.status_code == -1 else exc.status_code
+        return failures.classify(f"Ollama ({what})", str(exc.error), status=status)
     if isinstance(exc, ConnectionError | httpx.ConnectError | httpx.ConnectTimeout):
         return BackendUnavailable(f"Ollama is unreachable ({what}): {exc!r}")
     if isinstance(exc, httpx.HTTPError):
