@@ -120,6 +120,10 @@ def full_name(name: str) -> str:
     return name if ":" in name.rsplit("/", 1)[-1] else f"{name}:latest"
 
 
+def _blank_long_lists(info: dict[str, Any]) -> dict[str, Any]:
+    return {key: [] if isinstance(value, list) and len(value) > 5 else value for key, value in info.items()}
+
+
 def _now() -> str:
     return datetime.now(UTC).isoformat().replace("+00:00", "Z")
 
@@ -362,7 +366,8 @@ class ReplayHandler(BaseHTTPRequestHandler):
                     "parameters": "",
                     "template": "{{ .Prompt }}",
                     "details": model.details(),
-                    "model_info": model.model_info,
+                    # Lists longer than 5 items come back empty unless verbose (server/routes.go getModelData).
+                    "model_info": model.model_info if body.get("verbose") else _blank_long_lists(model.model_info),
                     "capabilities": ["completion", "thinking"] if model.thinks else ["completion"],
                     "modified_at": _now(),
                 },

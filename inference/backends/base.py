@@ -9,7 +9,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NamedTuple
 
 ReadGate = Callable[[], Awaitable[None]]
 OnSent = Callable[[], None]
@@ -87,9 +87,23 @@ class ChatRequest:
     think: bool | None = None
 
 
+class LayerKV(NamedTuple):
+    """One layer's cache: ``kv_heads`` of ``key_dim`` + ``value_dim`` elements per token (0 heads: no attention,
+    as in a recurrent layer), within the last ``window`` tokens only (0: every token, full attention), plus
+    ``state_bytes`` per sequence whatever its length (a recurrent layer's state, f32)."""
+
+    kv_heads: int
+    key_dim: int
+    value_dim: int
+    window: int = 0
+    state_bytes: int = 0
+
+
 @dataclass(frozen=True)
 class ModelArchitecture:
-    """What KV-cache arithmetic needs to know about a model (GGUF ``<arch>.*`` keys)."""
+    """What KV-cache arithmetic needs to know about a model (GGUF ``<arch>.*`` keys). ``layers``: the cache per
+    layer (inference/backends/kv_layers.py), when read from metadata; empty, every layer is the uniform
+    ``head_count_kv`` x (key + value) of full attention."""
 
     arch: str
     block_count: int
@@ -99,6 +113,7 @@ class ModelArchitecture:
     context_length: int | None = None
     key_length: int | None = None
     value_length: int | None = None
+    layers: tuple[LayerKV, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -172,22 +172,35 @@ class OllamaBackend(Backend):
 
     # Optional capabilities (base.Backend).
     async def model_architecture(self, model: str) -> ModelArchitecture:
+        """From /api/show's model_info (GGUF keys). Ollama blanks a list longer than 5 items (a per-layer
+        ``head_count_kv``) unless asked for verbose output: then it asks again, verbose."""
+        from inference.backends.gguf import architecture_from_metadata
+
         shown = await self._call("show model", lambda c: c.show(model))
         info = dict(shown.modelinfo or {})
-        arch = info.get("general.architecture")
+        if any(isinstance(value, list) and not value for value in info.values()):
+            info = await self._show_verbose(model)
         try:
-            return ModelArchitecture(
-                arch=str(arch),
-                block_count=int(info[f"{arch}.block_count"]),
-                head_count=int(info[f"{arch}.attention.head_count"]),
-                head_count_kv=int(info.get(f"{arch}.attention.head_count_kv", info[f"{arch}.attention.head_count"])),
-                embedding_length=int(info[f"{arch}.embedding_length"]),
-                context_length=_int_or_none(info.get(f"{arch}.context_length")),
-                key_length=_int_or_none(info.get(f"{arch}.attention.key_length")),
-                value_length=_int_or_none(info.get(f"{arch}.attention.value_length")),
-            )
+            return architecture_from_metadata(info)
         except (KeyError, TypeError, ValueError) as exc:
             raise BackendProtocolError(f"Ollama's model_info for {model!r} lacks {exc}") from exc
+
+    async def _show_verbose(self, model: str) -> dict[str, Any]:
+        # The client's show() has no verbose flag: this one request goes through httpx directly.
+        try:
+            async with httpx.AsyncClient(base_url=self.base_url, timeout=self.timeout_s, trust_env=False) as http:
+                response = await http.post("/api/show", json={"model": model, "verbose": True})
+        except httpx.HTTPError as exc:
+            raise _translate(exc, "show model (verbose)") from exc
+        try:
+            payload = response.json()
+        except ValueError as exc:
+            raise BackendProtocolError(f"Ollama sent non-JSON for /api/show of {model!r}") from exc
+        if response.status_code >= 400:
+            message = payload.get("error", "") if isinstance(payload, dict) else str(payload)
+            raise failures.classify("Ollama (show model)", str(message), status=response.status_code)
+        info = payload.get("model_info") if isinstance(payload, dict) else None
+        return dict(info or {})
 
     async def loaded_models(self) -> list[LoadedModel]:
         listing = await self._call("list loaded models", lambda c: c.ps())
@@ -233,7 +246,3 @@ class OllamaBackend(Backend):
     async def unload_model(self, model: str) -> None:
         # Documented unload: a generate request with no prompt and keep_alive 0 (done_reason "unload").
         await self._call(f"unload of {model!r}", lambda c: c.generate(model=model, keep_alive=0))
-
-
-def _int_or_none(value: Any) -> int | None:
-    return None if value is None else int(value)
