@@ -160,8 +160,13 @@ class OllamaBackend(Backend):
                         if part.done:
                             final = part.model_dump(include=set(FINAL_FIELDS))
                             reason = part.done_reason or "stop"
+                            stats = stats_from_final(final)
                             yield StreamChunk(
-                                text=text, thinking=thinking, finish_reason=reason, stats=stats_from_final(final)
+                                text=text,
+                                thinking=thinking,
+                                finish_reason=reason,
+                                stats=stats,
+                                context_tokens=(stats.prompt_tokens or 0) + (stats.output_tokens or 0) or None,
                             )
                             return
                         if text or thinking:
@@ -201,6 +206,16 @@ class OllamaBackend(Backend):
             raise failures.classify("Ollama (show model)", str(message), status=response.status_code)
         info = payload.get("model_info") if isinstance(payload, dict) else None
         return dict(info or {})
+
+    async def context_window(self, model: str) -> int | None:
+        """The context the loaded model runs with (/api/ps ``context_length``: one sequence's num_ctx). Not loaded:
+        unknown, as the server's default depends on its VRAM (4k, 32k or 256k tokens) and OLLAMA_CONTEXT_LENGTH,
+        which no API reports; the model's next load sets it."""
+        wanted = _full_name(model)
+        for loaded in await self.loaded_models():
+            if _full_name(loaded.name) == wanted and loaded.context_length:
+                return int(loaded.context_length)
+        return None
 
     async def loaded_models(self) -> list[LoadedModel]:
         listing = await self._call("list loaded models", lambda c: c.ps())
@@ -246,3 +261,8 @@ class OllamaBackend(Backend):
     async def unload_model(self, model: str) -> None:
         # Documented unload: a generate request with no prompt and keep_alive 0 (done_reason "unload").
         await self._call(f"unload of {model!r}", lambda c: c.generate(model=model, keep_alive=0))
+
+
+def _full_name(name: str) -> str:
+    """Ollama's default tag: ``smollm2`` is ``smollm2:latest``."""
+    return name if ":" in name.rsplit("/", 1)[-1] else f"{name}:latest"

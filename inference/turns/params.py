@@ -14,6 +14,8 @@ PARAM_RULES: dict[str, tuple[type, float, float]] = {
     "top_p": (float, 0.0, 1.0),
     "max_tokens": (int, 1, 32_768),
     "seed": (int, 0, 2**31 - 1),
+    # Ollama loads the model with this context (a different one reloads it); llama-server's is fixed at its start.
+    "num_ctx": (int, 256, 1_048_576),
 }
 
 

@@ -259,7 +259,15 @@ class TurnStream:
         self.cancelled = self.cancelled or bool(flag)
 
     def live_stats(self) -> dict[str, Any]:
-        return {**self.meter.live_stats(), "context_tokens": self.context_tokens, "context_limit": self.context_window}
+        return {**self.meter.live_stats(), "context_tokens": self.in_context(), "context_limit": self.context_window}
+
+    def in_context(self) -> int | None:
+        """The backend's count of the sequence's context; one that reports it only at the end (Ollama): the
+        prompt's estimate plus the tokens so far."""
+        if self.context_tokens is not None:
+            return self.context_tokens
+        prompt = self.progress.prompt_tokens if self.progress is not None else None
+        return None if prompt is None else prompt + self.meter.events
 
     def accept(self, chunk: StreamChunk, now: float) -> None:
         self.last_read_at = now
