@@ -73,7 +73,9 @@ def architecture_from_metadata(meta: dict[str, Any]) -> ModelArchitecture:
         return meta.get(f"{arch}.{name}")
 
     def most(value: Any) -> int:
-        return max(int(v) for v in value) if isinstance(value, list) and value else int(value)
+        if isinstance(value, list):
+            return max((int(v) for v in value), default=0)
+        return int(value or 0)  # a recurrent-only model states no attention heads
 
     layers = layers_from_metadata(meta)
     head_count = most(get("attention.head_count"))
@@ -84,7 +86,7 @@ def architecture_from_metadata(meta: dict[str, Any]) -> ModelArchitecture:
         head_count_kv=max((layer.kv_heads for layer in layers), default=0),
         embedding_length=int(get("embedding_length")),
         context_length=int(get("context_length")) if get("context_length") else None,
-        key_length=layers[0].key_dim if layers else None,
-        value_length=layers[0].value_dim if layers else None,
+        key_length=int(get("attention.key_length")) if get("attention.key_length") else None,
+        value_length=int(get("attention.value_length")) if get("attention.value_length") else None,
         layers=layers,
     )

@@ -1,6 +1,6 @@
 """Ollama: NDJSON streaming through the official ``ollama`` client, with Ollama's own nanosecond timings.
 
-Protocol: https://github.com/ollama/ollama/blob/main/docs/api.md and ``api/types.go`` (the v0.12 server
+Protocol: https://github.com/ollama/ollama/blob/main/docs/api.md and ``api/types.go`` (the v0.32 server
 series), through the official ``ollama`` Python client 0.6: ``/api/chat`` streams ``{message, done:false}``
 lines and ends with one ``done:true`` line carrying ``done_reason`` and the counters; ``/api/tags``,
 ``/api/version``, ``/api/show``, ``/api/ps``; ``/api/pull`` streams progress and ends ``{"status":
