@@ -50,17 +50,22 @@ def _layer() -> Any:
     return get_channel_layer()
 
 
-def token_frame(*, turn_id: int, seq_from: int, seq_to: int, text: str, stats: dict[str, Any]) -> str:
-    """The browser's ``token`` frame, serialised once per batch rather than once per watching socket."""
+def token_frame(
+    *, turn_id: int, seq_from: int, seq_to: int, text: str, stats: dict[str, Any], thinking: str = ""
+) -> str:
+    """The browser's ``token`` frame, serialised once per batch rather than once per watching socket. ``thinking``
+    (a reasoning model's thoughts in this batch) is there only when the batch has some."""
     frame = {"type": "token", "turn": turn_id, "seq_from": seq_from, "seq_to": seq_to, "text": text, "stats": stats}
+    if thinking:
+        frame["thinking"] = thinking
     return json.dumps(frame, ensure_ascii=False, separators=(",", ":"))
 
 
 def token_batch_message(
-    *, turn_id: int, seq_from: int, seq_to: int, text: str, stats: dict[str, Any]
+    *, turn_id: int, seq_from: int, seq_to: int, text: str, stats: dict[str, Any], thinking: str = ""
 ) -> dict[str, Any]:
     """``chat.token``: the ready frame, and the turn and seqs for anything that filters on them."""
-    frame = token_frame(turn_id=turn_id, seq_from=seq_from, seq_to=seq_to, text=text, stats=stats)
+    frame = token_frame(turn_id=turn_id, seq_from=seq_from, seq_to=seq_to, text=text, stats=stats, thinking=thinking)
     return {"type": "chat.token", "turn": turn_id, "seq_from": seq_from, "seq_to": seq_to, "frame": frame}
 
 

@@ -106,6 +106,7 @@ class Turn(models.Model):
     user_text = models.TextField()
     params = models.JSONField(default=dict, blank=True)
     reply_text = models.TextField(blank=True)
+    thinking_text = models.TextField(blank=True, default="")  # a reasoning model's thoughts before its reply
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.QUEUED)
     finish_reason = models.CharField(max_length=32, blank=True)
     error = models.TextField(blank=True)

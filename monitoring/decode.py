@@ -1,7 +1,11 @@
 """Decode arithmetic as plain functions: KV-cache bytes, the bandwidth roofline, percentiles.
 
-KV bytes per token = 2 (K and V) x layers x KV heads x head dim x bytes per element, with
-head dim = key_length if the model states it, else embedding_length / head_count.
+KV bytes, per layer (inference/backends/kv_layers.py): KV heads x (key dim + value dim) x bytes per element for
+each token the layer holds. A full-attention layer holds every token of the context; a sliding-window layer at
+most its window plus one batch per sequence; a layer without attention none (a recurrent layer's state is a fixed
+size per sequence, f32). ``kv_bytes_per_token`` is what each further token of context adds (the full-attention
+layers); ``kv_bytes`` what a context of n tokens for p sequences takes, as the backend allocates it
+(context x parallel: llama-server's -c, Ollama's num_ctx x OLLAMA_NUM_PARALLEL).
 """
 
 from __future__ import annotations
@@ -9,7 +13,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from inference.backends.base import ModelArchitecture
+from inference.backends.base import LayerKV, ModelArchitecture
 
 # Bytes per element of llama.cpp's KV cache types (block formats: bytes per 32-element block / 32).
 KV_CACHE_TYPE_BYTES: dict[str, float] = {
@@ -25,14 +29,48 @@ KV_CACHE_TYPE_BYTES: dict[str, float] = {
 }
 
 
-def kv_bytes_per_token(arch: ModelArchitecture, cache_type: str = "f16") -> float:
+# The KV cache types Ollama applies (OLLAMA_KV_CACHE_TYPE), and only with flash attention on; otherwise f16.
+OLLAMA_KV_CACHE_TYPES = ("f16", "q8_0", "q4_0")
+UBATCH = 512  # a sliding-window layer holds its window plus one batch (llama.cpp's -ub, Ollama's num_batch)
+
+
+def ollama_kv_cache_type(requested: str, *, flash_attention: bool) -> str:
+    """What Ollama's cache really is for OLLAMA_KV_CACHE_TYPE=``requested`` (fs/ggml SupportsKVCacheType)."""
+    return requested if flash_attention and requested in OLLAMA_KV_CACHE_TYPES else "f16"
+
+
+def _element_bytes(cache_type: str) -> float:
     try:
-        element_bytes = KV_CACHE_TYPE_BYTES[cache_type]
+        return KV_CACHE_TYPE_BYTES[cache_type]
     except KeyError:
         raise ValueError(f"unknown KV cache type {cache_type!r}; known: {sorted(KV_CACHE_TYPE_BYTES)}") from None
+
+
+def _layers(arch: ModelArchitecture) -> tuple[LayerKV, ...]:
+    if arch.layers:
+        return arch.layers
     key_dim = arch.key_length or arch.embedding_length // arch.head_count
-    value_dim = arch.value_length or key_dim
-    return arch.block_count * arch.head_count_kv * (key_dim + value_dim) * element_bytes
+    return (LayerKV(arch.head_count_kv, key_dim, arch.value_length or key_dim),) * arch.block_count
+
+
+def kv_bytes_per_token(arch: ModelArchitecture, cache_type: str = "f16") -> float:
+    """Bytes each further token of context adds: the full-attention layers' K and V."""
+    element = _element_bytes(cache_type)
+    return sum(
+        layer.kv_heads * (layer.key_dim + layer.value_dim) * element for layer in _layers(arch) if not layer.window
+    )
+
+
+def kv_bytes(arch: ModelArchitecture, tokens: int, cache_type: str = "f16", *, parallel: int = 1) -> float:
+    """Bytes of cache for ``tokens`` of context in each of ``parallel`` sequences (the backend allocates
+    ``tokens`` x ``parallel`` cells; a sliding-window layer at most window x parallel + one batch)."""
+    element = _element_bytes(cache_type)
+    cells = tokens * parallel
+    total = 0.0
+    for layer in _layers(arch):
+        held = min(cells, layer.window * parallel + UBATCH) if layer.window else cells
+        total += held * layer.kv_heads * (layer.key_dim + layer.value_dim) * element + layer.state_bytes * parallel
+    return total
 
 
 def decode_bound_tps(*, bandwidth_bytes_s: float, weight_bytes: float, kv_bytes_read: float = 0.0) -> float:

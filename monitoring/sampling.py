@@ -195,7 +195,13 @@ class RigSampler:
             arch = await self._ollama_arch(backend, model.name)
             per_token = decode.kv_bytes_per_token(arch, self.kv_cache_type) if arch else None
             on_gpu = model.size_vram_bytes or 0
-            allocated = per_token * model.context_length if per_token and model.context_length else None
+            # /api/ps's context_length is one sequence's (num_ctx); the runner holds it for each of
+            # OLLAMA_NUM_PARALLEL sequences, which the rig's slots stand for.
+            allocated = (
+                decode.kv_bytes(arch, model.context_length, self.kv_cache_type, parallel=self.rig.slots or 1)
+                if arch and model.context_length
+                else None
+            )
             models.append(
                 {
                     "name": model.name, "size_bytes": model.size_bytes, "size_vram_bytes": on_gpu,
@@ -276,13 +282,15 @@ class RigSampler:
         per_token = decode.kv_bytes_per_token(self.arch, self.kv_cache_type)
         slots = detail.get("slots", [])
         for slot in slots:
-            slot["kv_bytes"] = slot["context_tokens"] * per_token
+            slot["kv_bytes"] = decode.kv_bytes(self.arch, slot["context_tokens"], self.kv_cache_type)
             slot["fill"] = slot["context_tokens"] / slot["n_ctx"] if slot["n_ctx"] else None
         series["kv_bytes_per_token"] = per_token
         series["kv_used_bytes"] = sum(slot["kv_bytes"] for slot in slots)
-        series["kv_allocated_bytes"] = sum(slot["n_ctx"] for slot in slots) * per_token
+        series["kv_allocated_bytes"] = sum(
+            decode.kv_bytes(self.arch, slot["n_ctx"], self.kv_cache_type) for slot in slots
+        )
         series["context_tokens"] = float(sum(slot["context_tokens"] for slot in slots))
-        detail["kv"] = {"cache_type": self.kv_cache_type, "arch": vars(self.arch), "params": self.params}
+        detail["kv"] = {"cache_type": self.kv_cache_type, "arch": _arch_summary(self.arch), "params": self.params}
         detail["provenance"]["kv"] = self.arch_source
         detail["sources"]["kv"] = {"ok": True, "error": ""}
 
@@ -441,3 +449,11 @@ def is_idle(sample: Sample) -> bool:
     if "active_turns" not in series:
         return False
     return not any(series.get(name, 0.0) for name in ("active_turns", "queue_depth", "busy_slots", "deferred_requests"))
+
+
+def _arch_summary(arch: ModelArchitecture) -> dict[str, Any]:
+    """The architecture for the page: its fields, the per-layer cache counted by kind."""
+    summary = {key: value for key, value in vars(arch).items() if key != "layers"}
+    summary["attention_layers"] = sum(1 for layer in arch.layers if layer.kv_heads) if arch.layers else arch.block_count
+    summary["sliding_layers"] = sum(1 for layer in arch.layers if layer.kv_heads and layer.window)
+    return summary

@@ -1,28 +1,49 @@
 """A protocol replay of Ollama's REST API for tests: a small local HTTP server, not Ollama.
 
 No Ollama binary can run on the test machines, so the tests drive RigDash's Ollama plug-in against
-this server, which speaks the wire format of Ollama's v0.12 server series as documented in
-ollama/ollama ``docs/api.md`` and ``api/types.go``, with error answers taken from ``server/routes.go``:
+this server, which speaks the wire format of Ollama's **v0.32** server series (read against ollama/ollama's source
+at v0.33.0-rc2: ``api/types.go``, ``server/routes.go``, ``server/sched.go``, ``docs/api.md``):
 
 - ``POST /api/chat``: HTTP/1.1 chunked NDJSON, ``{model, created_at, message{role, content}, done:false}``
   per token, then one ``done:true`` line with ``done_reason`` (stop | length) and ``total_duration,
-  load_duration, prompt_eval_count, prompt_eval_duration, eval_count, eval_duration`` (nanoseconds).
-  Empty ``messages`` with ``keep_alive`` 0 unloads the model (``done_reason: "unload"``).
-  Unknown model: 404 ``{"error": "model 'x' not found"}``.
+  load_duration, prompt_eval_count, prompt_eval_duration, eval_count, eval_duration`` (nanoseconds), each left out
+  when zero (``omitempty`` in api.Metrics). A reasoning model (``ReplayModel.thinks``) first streams lines with
+  ``message.thinking`` and empty content, unless the request says ``think: false``; ``think`` on a model
+  without the capability: 400 ``"x" does not support thinking``. Empty ``messages`` with ``keep_alive`` 0 unloads
+  the model (``done_reason: "unload"``), once no reply of that model is running (the scheduler waits for them).
+  Unknown model: 404 ``{"error": "model 'x' not found"}``. A model not loaded is loaded first: a real wait of
+  ``load_s``, reported as ``load_duration``.
 - ``POST /api/generate`` with no prompt: load, or unload with ``keep_alive`` 0.
-- ``GET /api/tags``, ``GET /api/version``, ``POST /api/show`` (``model_info`` with GGUF keys),
-  ``GET /api/ps`` (``size, size_vram, expires_at, context_length``).
+- ``GET /api/tags``, ``GET|HEAD /api/version``, ``GET|HEAD /`` (``Ollama is running``), ``POST /api/show``
+  (``model_info`` with GGUF keys, lists longer than 5 items blanked to ``[]`` unless ``verbose``, and
+  ``capabilities``), ``GET /api/ps`` (``size, size_vram, expires_at, context_length``).
 - ``POST /api/pull``: ``{"status": "pulling manifest"}``, per-layer ``{status, digest, total, completed}``
   lines, ``verifying sha256 digest``, ``writing manifest``, ``success``. A name the registry lacks:
   HTTP 200 with ``pulling manifest`` then ``{"error": "pull model manifest: file does not exist"}``
   (the error arrives after the stream began, as in Ollama's PullHandler/streamResponse).
 - ``DELETE /api/delete``: 200 with an empty body, or 404 ``model 'x' not found``. Ollama deletes a model
   that is loaded without complaint (the runner keeps it in memory until it expires), and so does this.
+- Routing as gin with ``HandleMethodNotAllowed``: an unknown path is 404 ``404 page not found`` and a known path
+  with another method 405 ``405 method not allowed``, both text/plain.
 
 Fault modes: ``refuse_connections()`` (nothing listens on the port), ``cut_after_tokens`` (the chat
 stream is closed mid-reply without its terminating chunk), ``omit_done_line`` (the stream ends cleanly
-but without ``done:true``) and ``fail_status`` (every API call answers that 5xx status).
-``closed_early`` records each chat stream the client closed before its end.
+but without ``done:true``), ``fail_status`` / ``fail_message`` (every API call answers that status and error),
+``error_after_tokens`` / ``stream_error`` (an ``{"error"}`` line ends a chat stream that began with 200, as
+streamResponse sends a runner's failure). ``closed_early`` records each chat stream the client closed before its
+end.
+
+Differences from the real server (what the tests cannot rely on here):
+- Replies are fixed words, not a model's; a token is one word, one line; the prompt's count is a word count.
+- No memory or GPU: ``size_vram`` is 0, loading never fails for memory unless told to (``fail_message``), and the
+  context a model loads with is the request's ``num_ctx`` or 4096 (the real default depends on VRAM: 4k, 32k or
+  256k tokens, or OLLAMA_CONTEXT_LENGTH), never capped by the model's trained length.
+- One model runs at a time per request thread, with no queue: OLLAMA_NUM_PARALLEL and OLLAMA_MAX_QUEUE are not
+  modelled (no 503 ``server busy`` unless ``fail_status`` says so); ``keep_alive`` is honoured only by ``/api/ps``.
+- ``/api/show`` has no ``tensors``, ``projector_info`` or ``template`` worth reading; ``/api/pull`` has no
+  registry, digests are made up, and no ``removing unused layers`` step.
+- ``/api/generate`` with a prompt, ``/api/embed``, ``/api/create``, ``/api/copy``, ``/api/push``, tools,
+  images, ``format`` and the OpenAI-compatible ``/v1`` routes are not replayed (404).
 """
 
 from __future__ import annotations
@@ -40,7 +61,7 @@ from typing import Any
 
 import pytest
 
-API_VERSION = "0.12.6"  # the version /api/version reports: the server series whose API this replays
+API_VERSION = "0.32.0"  # the version /api/version reports: the server series whose API this replays
 WORDS = [
     "the",
     "keeper",
@@ -72,6 +93,7 @@ class ReplayModel:
     quantization: str = "Q4_1"
     model_info: dict[str, Any] = field(default_factory=dict)
     layers: tuple[int, ...] = (100_000_000, 5_000_000)
+    thinks: bool = False  # a reasoning model: capability "thinking", thinks unless asked not to
 
     @property
     def digest(self) -> str:
@@ -107,9 +129,20 @@ def smollm2(name: str = "smollm2:135m") -> ReplayModel:
     )
 
 
+def reasoner(name: str = "qwen3:0.6b") -> ReplayModel:
+    """A reasoning model (SmolLM2's figures under another name, with the "thinking" capability)."""
+    model = smollm2(name)
+    model.family, model.thinks = "qwen3", True
+    return model
+
+
 def full_name(name: str) -> str:
     """Ollama's default tag: ``smollm2`` means ``smollm2:latest``."""
     return name if ":" in name.rsplit("/", 1)[-1] else f"{name}:latest"
+
+
+def _blank_long_lists(info: dict[str, Any]) -> dict[str, Any]:
+    return {key: [] if isinstance(value, list) and len(value) > 5 else value for key, value in info.items()}
 
 
 def _now() -> str:
@@ -132,18 +165,28 @@ class OllamaReplay:
         registry: list[ReplayModel] | None = None,
         *,
         reply_tokens: int = 12,
+        thinking_tokens: int = 6,
         token_interval_s: float = 0.002,
         pull_step_s: float = 0.02,
+        load_s: float = 0.02,
     ) -> None:
         self.models: dict[str, ReplayModel] = {m.name: m for m in (models if models is not None else [smollm2()])}
         self.registry: dict[str, ReplayModel] = {m.name: m for m in (registry or [])}
         self.loaded: dict[str, Loaded] = {}
         self.reply_tokens = reply_tokens
+        self.thinking_tokens = thinking_tokens  # a thinking model's thoughts before its answer, in tokens
         self.token_interval_s = token_interval_s
         self.pull_step_s = pull_step_s
+        self.load_s = load_s  # how long loading a model that is not loaded takes (a real wait)
+        self.running: dict[str, int] = {}  # replies streaming now, per model (an unload waits for them)
         self.cut_after_tokens: int | None = None
         self.omit_done_line = False
         self.fail_status: int | None = None
+        self.fail_message = "server busy, please try again.  maximum pending requests exceeded"
+        # After this many lines of a chat stream, an {"error"} line ends it (HTTP 200 already sent), as Ollama's
+        # streamResponse does when the runner fails mid-reply.
+        self.error_after_tokens: int | None = None
+        self.stream_error = "model runner has unexpectedly stopped, this may be due to resource limitations"
         self.requests: list[tuple[str, str, dict[str, Any]]] = []
         self.closed_early: list[dict[str, Any]] = []  # {"path", "tokens_sent"} per stream the client left
         self.streams_open = 0
@@ -255,9 +298,10 @@ class ReplayHandler(BaseHTTPRequestHandler):
         with state.lock:
             state.requests.append((method, self.path, body))
         if state.fail_status:
-            self._error(state.fail_status, "server busy, please try again.  maximum pending requests exceeded")
+            self._error(state.fail_status, state.fail_message)
             return
         routes = {
+            ("GET", "/"): self.running_text,
             ("GET", "/api/version"): self.version,
             ("GET", "/api/tags"): self.tags,
             ("GET", "/api/ps"): self.ps,
@@ -268,8 +312,9 @@ class ReplayHandler(BaseHTTPRequestHandler):
             ("DELETE", "/api/delete"): self.delete,
         }
         route = routes.get((method, self.path))
-        if route is None:
-            self._json(404, None)  # Gin's 404 for an unknown route has no JSON body
+        if route is None:  # gin: 404 for an unknown path, 405 for a known one (HandleMethodNotAllowed)
+            known = any(path == self.path for _, path in routes)
+            self._text(405, "405 method not allowed") if known else self._text(404, "404 page not found")
             return
         if body.get("__invalid__"):
             self._error(400, "invalid character looking for beginning of value")
@@ -286,7 +331,21 @@ class ReplayHandler(BaseHTTPRequestHandler):
         self._dispatch("DELETE")
 
     def do_HEAD(self) -> None:
-        self._json(200, None)
+        if self.path in ("/", "/api/version"):
+            self._text(200, "") if self.path == "/" else self._json(200, {"version": API_VERSION})
+        else:
+            self._text(404, "404 page not found")
+
+    def _text(self, status: int, text: str) -> None:
+        data = text.encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "text/plain; charset=utf-8")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def running_text(self, body: dict[str, Any]) -> None:
+        self._text(200, "Ollama is running")
 
     # Endpoints
     def version(self, body: dict[str, Any]) -> None:
@@ -347,8 +406,9 @@ class ReplayHandler(BaseHTTPRequestHandler):
                     "parameters": "",
                     "template": "{{ .Prompt }}",
                     "details": model.details(),
-                    "model_info": model.model_info,
-                    "capabilities": ["completion"],
+                    # Lists longer than 5 items come back empty unless verbose (server/routes.go getModelData).
+                    "model_info": model.model_info if body.get("verbose") else _blank_long_lists(model.model_info),
+                    "capabilities": ["completion", "thinking"] if model.thinks else ["completion"],
                     "modified_at": _now(),
                 },
             )
@@ -364,17 +424,27 @@ class ReplayHandler(BaseHTTPRequestHandler):
         return float(value)
 
     def _load(self, model: ReplayModel, body: dict[str, Any]) -> int:
-        """Mark the model loaded until keep_alive runs out; returns load_duration in ns."""
+        """Load the model if it is not (a real wait of ``load_s``), or unload it once no reply of it runs; mark it
+        loaded until keep_alive runs out. Returns load_duration in ns."""
+        started = time.perf_counter_ns()
         keep_alive_s = self._keep_alive_s(body)
         context = int((body.get("options") or {}).get("num_ctx") or 4096)
+        if keep_alive_s == 0:
+            deadline = time.monotonic() + 60
+            while self.state.running.get(model.name) and time.monotonic() < deadline:
+                time.sleep(0.01)  # the scheduler unloads a runner once its replies are done
         with self.state.lock:
-            was_loaded = model.name in self.state.loaded
+            loaded = self.state.loaded.get(model.name)
+            reload = loaded is None or (loaded.context_length != context and keep_alive_s != 0)
+        if reload and keep_alive_s != 0:
+            time.sleep(self.state.load_s)
+        with self.state.lock:
             if keep_alive_s == 0:
                 self.state.loaded.pop(model.name, None)
             else:
                 expires = datetime.now(UTC) + timedelta(seconds=keep_alive_s if keep_alive_s > 0 else 3650 * 86400)
                 self.state.loaded[model.name] = Loaded(model, expires, context)
-        return 120_000 if was_loaded else 350_000_000
+        return time.perf_counter_ns() - started
 
     def _load_or_unload(self, model: ReplayModel, body: dict[str, Any], reply: dict[str, Any]) -> None:
         self._load(model, body)
@@ -398,7 +468,16 @@ class ReplayHandler(BaseHTTPRequestHandler):
         if not messages:
             self._load_or_unload(model, body, {"message": {"role": "assistant", "content": ""}})
             return
+        if body.get("think") not in (None, False) and not model.thinks:  # server/routes.go ChatHandler
+            self._error(400, f'"{model.name}" does not support thinking')
+            return
         self._chat_stream(model, body, messages)
+
+    def _thoughts(self, model: ReplayModel, body: dict[str, Any]) -> list[str]:
+        """What a thinking model thinks before it answers: nothing when asked not to (``think: false``)."""
+        if not model.thinks or body.get("think") is False:
+            return []
+        return [("" if i == 0 else " ") + WORDS[(i + 5) % len(WORDS)] for i in range(self.state.thinking_tokens)]
 
     def _chat_stream(self, model: ReplayModel, body: dict[str, Any], messages: list[dict[str, Any]]) -> None:
         state = self.state
@@ -406,8 +485,12 @@ class ReplayHandler(BaseHTTPRequestHandler):
         load_ns = self._load(model, body)
         options = body.get("options") or {}
         limit = int(options.get("num_predict") or -1)
-        planned = state.reply_tokens if limit < 0 else min(limit, state.reply_tokens)
-        reason = "length" if 0 <= limit <= state.reply_tokens else "stop"
+        thoughts = self._thoughts(model, body)
+        budget = len(thoughts) + state.reply_tokens  # num_predict counts the thinking tokens too
+        if 0 <= limit < len(thoughts):
+            thoughts = thoughts[:limit]
+        planned = max(0, (budget if limit < 0 else min(limit, budget)) - len(thoughts))
+        reason = "length" if 0 <= limit <= budget else "stop"
         prompt_tokens = sum(len(str(m.get("content", "")).split()) + 4 for m in messages)
         prompt_started = time.perf_counter_ns()
         time.sleep(0.002)  # "prompt processing"
@@ -416,11 +499,29 @@ class ReplayHandler(BaseHTTPRequestHandler):
         eval_started = time.perf_counter_ns()
         with state.lock:
             state.streams_open += 1
+            state.running[model.name] = state.running.get(model.name, 0) + 1
         try:
             self._start_stream()
+            for thought in thoughts:  # thinking lines: message.thinking, empty content
+                if state.cut_after_tokens is not None and sent >= state.cut_after_tokens:
+                    self._cut()
+                    return
+                if state.error_after_tokens is not None and sent >= state.error_after_tokens:
+                    self._line({"error": state.stream_error})
+                    self._end_stream()
+                    return
+                self._line({"model": model.name, "created_at": _now(),
+                            "message": {"role": "assistant", "content": "", "thinking": thought},
+                            "done": False})  # fmt: skip
+                sent += 1
+                time.sleep(state.token_interval_s)
             for index in range(planned):
                 if state.cut_after_tokens is not None and sent >= state.cut_after_tokens:
                     self._cut()
+                    return
+                if state.error_after_tokens is not None and sent >= state.error_after_tokens:
+                    self._line({"error": state.stream_error})
+                    self._end_stream()
                     return
                 word = WORDS[index % len(WORDS)]
                 text = word if index == 0 else f" {word}"
@@ -438,14 +539,14 @@ class ReplayHandler(BaseHTTPRequestHandler):
                 "message": {"role": "assistant", "content": ""},
                 "done": True,
                 "done_reason": reason,
-                "total_duration": time.perf_counter_ns() - started + load_ns,
+                "total_duration": time.perf_counter_ns() - started,  # the load included
                 "load_duration": load_ns,
                 "prompt_eval_count": prompt_tokens,
                 "prompt_eval_duration": prompt_ns,
                 "eval_count": sent,
                 "eval_duration": eval_ns,
             }
-            self._line(final)
+            self._line({key: value for key, value in final.items() if value != 0})  # omitempty metrics
             self._end_stream()
         except (BrokenPipeError, ConnectionResetError):
             # The client closed the stream early: Ollama cancels the request's context and stops decoding.
@@ -455,6 +556,7 @@ class ReplayHandler(BaseHTTPRequestHandler):
         finally:
             with state.lock:
                 state.streams_open -= 1
+                state.running[model.name] -= 1
 
     def pull(self, body: dict[str, Any]) -> None:
         name = str(body.get("model") or body.get("name") or "")

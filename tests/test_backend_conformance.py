@@ -2,6 +2,9 @@
 
 llama.cpp runs against the real llama-server; Ollama against the protocol replay in
 tests/ollama_replay.py (no Ollama binary can run here; the replay speaks Ollama's documented wire format).
+Each runs twice: thinking off (``think`` left to the server, a model that does not reason) and on (a reasoning
+model asked to think: a second llama-server whose chat template makes SmolLM2 reason, tests/reasoning_llama.py;
+the replay's reasoning model).
 Adding a backend: write its module, then add one ``Target`` factory to ``TARGETS`` below.
 """
 
@@ -12,6 +15,7 @@ import time
 from collections.abc import Callable
 from contextlib import aclosing
 from dataclasses import dataclass
+from typing import Any
 
 import pytest
 
@@ -20,7 +24,8 @@ from inference.backends.base import Backend, BackendUnavailable, ChatRequest, Mo
 from inference.backends.llamacpp import LlamaCppBackend
 from inference.backends.ollama import OllamaBackend
 from tests.conftest import free_port, llama_busy_slots
-from tests.ollama_replay import ollama_fixture  # noqa: F401  (the ``ollama`` fixture)
+from tests.ollama_replay import ollama_fixture, reasoner  # noqa: F401  (the ``ollama`` fixture)
+from tests.reasoning_llama import reasoning_llama_fixture  # noqa: F401  (the ``reasoning_llama_url`` fixture)
 
 LONG_PROMPT = "Write a long story about a lighthouse keeper and a storm, with many details."
 
@@ -33,11 +38,16 @@ class Target:
     model: str
     generating: Callable[[], bool]  # is the server decoding a reply for us right now?
     unknown_model_skip: str = ""  # why this backend cannot report an unknown model ("" if it can)
+    think: bool | None = None  # a reasoning model asked to think
+
+    def chat(self, content: str, **extra: Any) -> ChatRequest:
+        return ChatRequest(model=self.model, messages=[{"role": "user", "content": content}], think=self.think, **extra)
 
 
-def _llamacpp(request: pytest.FixtureRequest) -> Target:
-    url = request.getfixturevalue("llama_url")
+def _llamacpp(request: pytest.FixtureRequest, think: bool) -> Target:
+    url = request.getfixturevalue("reasoning_llama_url" if think else "llama_url")
     return Target(
+        think=True if think else None,
         backend=LlamaCppBackend(url),
         model=request.getfixturevalue("model_name"),
         generating=lambda: llama_busy_slots(url) > 0,
@@ -48,21 +58,39 @@ def _llamacpp(request: pytest.FixtureRequest) -> Target:
     )
 
 
-def _ollama(request: pytest.FixtureRequest) -> Target:
+def _ollama(request: pytest.FixtureRequest, think: bool) -> Target:
     replay = request.getfixturevalue("ollama")
     replay.reply_tokens = 5000  # about 10 s at the replay's pace: long enough to be cancelled mid-reply
-    return Target(backend=OllamaBackend(replay.url), model="smollm2:135m", generating=lambda: replay.streams_open > 0)
+    model = "smollm2:135m"
+    if think:
+        model = reasoner().name
+        replay.models[model] = reasoner()
+    return Target(
+        backend=OllamaBackend(replay.url),
+        model=model,
+        generating=lambda: replay.streams_open > 0,
+        think=True if think else None,
+    )
 
 
-TARGETS: dict[str, Callable[[pytest.FixtureRequest], Target]] = {"llamacpp": _llamacpp, "ollama": _ollama}
+TARGETS: dict[str, Callable[[pytest.FixtureRequest, bool], Target]] = {"llamacpp": _llamacpp, "ollama": _ollama}
 NEEDS_LLAMA = {"llamacpp"}
 
 
 @pytest.fixture(
-    params=[pytest.param(name, marks=[pytest.mark.llama] if name in NEEDS_LLAMA else []) for name in TARGETS]
+    params=[
+        pytest.param(
+            (name, think),
+            id=f"{name}-{'thinking' if think else 'plain'}",
+            marks=[pytest.mark.llama] if name in NEEDS_LLAMA else [],
+        )
+        for name in TARGETS
+        for think in (False, True)
+    ]
 )
 def target(request: pytest.FixtureRequest) -> Target:
-    return TARGETS[request.param](request)
+    name, think = request.param
+    return TARGETS[name](request, think)
 
 
 def test_every_registered_backend_is_in_the_suite():
@@ -84,7 +112,7 @@ def test_list_models_names_the_served_model(target):
 def test_on_sent_is_called_once_before_the_first_chunk(target):
     """The worker's claim waits for it (inference/worker/start.py); a plug-in that never called it would hold every
     claim for SENT_WAIT_S."""
-    request = ChatRequest(model=target.model, messages=[{"role": "user", "content": "Hi."}], max_tokens=4)
+    request = target.chat("Hi.", max_tokens=4)
     events: list[str] = []
 
     async def collect() -> None:
@@ -96,9 +124,7 @@ def test_on_sent_is_called_once_before_the_first_chunk(target):
 
 
 def test_stream_is_text_chunks_then_one_final_chunk_with_stats(target):
-    request = ChatRequest(
-        model=target.model, messages=[{"role": "user", "content": "Name three colours."}], max_tokens=16, temperature=0
-    )
+    request = target.chat("Name three colours.", max_tokens=16, temperature=0)
 
     async def collect():
         return [chunk async for chunk in target.backend.stream_chat(request)]
@@ -110,8 +136,10 @@ def test_stream_is_text_chunks_then_one_final_chunk_with_stats(target):
     # tokens than the final count.
     running = [chunk.stats.output_tokens for chunk in body if chunk.stats and chunk.stats.output_tokens is not None]
     assert running == sorted(running)
-    text_chunks = [chunk for chunk in body if chunk.text]
-    assert text_chunks and "".join(c.text for c in text_chunks).strip()
+    text_chunks = [chunk for chunk in body if chunk.text or chunk.thinking]
+    assert text_chunks and "".join(c.text + c.thinking for c in text_chunks).strip()
+    thought = "".join(c.thinking for c in chunks)
+    assert bool(thought.strip()) == bool(target.think), thought  # thinking is apart from the answer, and only asked
     assert final.finish_reason in ("stop", "length")
     stats = final.stats
     assert stats is not None
@@ -126,16 +154,14 @@ def test_stream_is_text_chunks_then_one_final_chunk_with_stats(target):
 
 
 def test_leaving_the_stream_early_stops_the_server_generating(target):
-    request = ChatRequest(
-        model=target.model, messages=[{"role": "user", "content": LONG_PROMPT}], max_tokens=1000, temperature=0.7
-    )
+    request = target.chat(LONG_PROMPT, max_tokens=1000, temperature=0.7)
 
     async def read_three_then_leave() -> tuple[int, bool]:
         received, busy = 0, False
         async with aclosing(target.backend.stream_chat(request)) as stream:
             async for chunk in stream:
                 assert chunk.finish_reason is None, "the reply ended before the test could leave it"
-                received += bool(chunk.text)
+                received += bool(chunk.text or chunk.thinking)
                 if received == 3:
                     busy = await asyncio.to_thread(target.generating)
                     break
@@ -157,7 +183,9 @@ def _wait_until_idle(target: Target, *, timeout_s: float) -> None:
 def test_unknown_model_is_a_permanent_model_not_found(target):
     if target.unknown_model_skip:
         pytest.skip(target.unknown_model_skip)
-    request = ChatRequest(model="no-such-model:1b", messages=[{"role": "user", "content": "hi"}], max_tokens=4)
+    request = ChatRequest(
+        model="no-such-model:1b", messages=[{"role": "user", "content": "hi"}], max_tokens=4, think=target.think
+    )
 
     async def collect():
         return [chunk async for chunk in target.backend.stream_chat(request)]
@@ -177,8 +205,7 @@ def test_unreachable_server_is_a_retryable_unavailable(target):
     assert listing.value.retryable
 
     async def collect():
-        request = ChatRequest(model=target.model, messages=[{"role": "user", "content": "hi"}], max_tokens=4)
-        return [chunk async for chunk in backend.stream_chat(request)]
+        return [chunk async for chunk in backend.stream_chat(target.chat("hi", max_tokens=4))]
 
     with pytest.raises(BackendUnavailable):
         asyncio.run(collect())

@@ -9,7 +9,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NamedTuple
 
 ReadGate = Callable[[], Awaitable[None]]
 OnSent = Callable[[], None]
@@ -27,6 +27,18 @@ class BackendUnavailable(BackendError):
 
     retryable = True
     code = "backend_unavailable"
+
+
+class ModelLoading(BackendUnavailable):
+    """The server is still loading the model, or its queue is full: the same request can succeed shortly."""
+
+    code = "model_loading"
+
+
+class BackendOutOfMemory(BackendError):
+    """The server cannot hold the model (and its context) in the memory it has: trying again will not help."""
+
+    code = "out_of_memory"
 
 
 class ModelNotFound(BackendError):
@@ -71,11 +83,27 @@ class ChatRequest:
     # Server-side knobs a backend may honour and others ignore (llama.cpp fixes its context at start).
     num_ctx: int | None = None
     keep_alive: str | None = None
+    # Ask a reasoning model to think first (True), to answer at once (False), or leave it to the server (None).
+    think: bool | None = None
+
+
+class LayerKV(NamedTuple):
+    """One layer's cache: ``kv_heads`` of ``key_dim`` + ``value_dim`` elements per token (0 heads: no attention,
+    as in a recurrent layer), within the last ``window`` tokens only (0: every token, full attention), plus
+    ``state_bytes`` per sequence whatever its length (a recurrent layer's state, f32)."""
+
+    kv_heads: int
+    key_dim: int
+    value_dim: int
+    window: int = 0
+    state_bytes: int = 0
 
 
 @dataclass(frozen=True)
 class ModelArchitecture:
-    """What KV-cache arithmetic needs to know about a model (GGUF ``<arch>.*`` keys)."""
+    """What KV-cache arithmetic needs to know about a model (GGUF ``<arch>.*`` keys). ``layers``: the cache per
+    layer (inference/backends/kv_layers.py), when read from metadata; empty, every layer is the uniform
+    ``head_count_kv`` x (key + value) of full attention."""
 
     arch: str
     block_count: int
@@ -85,6 +113,7 @@ class ModelArchitecture:
     context_length: int | None = None
     key_length: int | None = None
     value_length: int | None = None
+    layers: tuple[LayerKV, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -138,12 +167,14 @@ class BackendStats:
 
 @dataclass
 class StreamChunk:
-    """Text decoded since the previous chunk (may hold several tokens, or none)."""
+    """Text decoded since the previous chunk (may hold several tokens, or none): the answer's ``text`` and the
+    reasoning's ``thinking`` (a reasoning model's thoughts before its answer; either may be empty)."""
 
     text: str
     finish_reason: str | None = None
     stats: BackendStats | None = None
     context_tokens: int | None = None  # tokens in the sequence's context now, when the backend says
+    thinking: str = ""
 
 
 class Backend(ABC):

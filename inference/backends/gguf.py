@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from inference.backends.base import ModelArchitecture
+from inference.backends.kv_layers import layers_from_metadata
 
 _SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
 _STRING, _ARRAY = 8, 9
@@ -44,7 +45,8 @@ def _value(fh: BinaryIO, kind: int, keep: bool) -> Any:
 
 
 def read_metadata(path: str | Path, *, prefixes: tuple[str, ...] = ("general.", "")) -> dict[str, Any]:
-    """Scalar and string metadata of a GGUF file (arrays are skipped)."""
+    """Scalar and string metadata of a GGUF file, and the arrays of numbers or booleans under the model's own keys
+    (per-layer lists such as ``attention.head_count_kv``); other arrays (the tokenizer's) are skipped."""
     with open(path, "rb") as fh:
         if fh.read(4) != b"GGUF":
             raise ValueError(f"{path} is not a GGUF file")
@@ -56,27 +58,35 @@ def read_metadata(path: str | Path, *, prefixes: tuple[str, ...] = ("general.", 
         for _ in range(_read(fh, "<Q")):
             key = _string(fh)
             kind = _read(fh, "<I")
-            value = _value(fh, kind, keep=False)
+            value = _value(fh, kind, keep=not key.startswith("tokenizer."))
             if value is not None:
                 metadata[key] = value
         return metadata
 
 
 def architecture_from_metadata(meta: dict[str, Any]) -> ModelArchitecture:
-    """The KV-relevant ``<arch>.*`` keys (the same names Ollama's /api/show model_info uses)."""
+    """The KV-relevant ``<arch>.*`` keys (the same names Ollama's /api/show model_info uses), with the cache per
+    layer (inference/backends/kv_layers.py). Per-layer lists give the largest value to the summary fields."""
     arch = str(meta["general.architecture"])
 
     def get(name: str) -> Any:
         return meta.get(f"{arch}.{name}")
 
-    head_count = int(get("attention.head_count"))
+    def most(value: Any) -> int:
+        if isinstance(value, list):
+            return max((int(v) for v in value), default=0)
+        return int(value or 0)  # a recurrent-only model states no attention heads
+
+    layers = layers_from_metadata(meta)
+    head_count = most(get("attention.head_count"))
     return ModelArchitecture(
         arch=arch,
         block_count=int(get("block_count")),
         head_count=head_count,
-        head_count_kv=int(get("attention.head_count_kv") or head_count),
+        head_count_kv=max((layer.kv_heads for layer in layers), default=0),
         embedding_length=int(get("embedding_length")),
         context_length=int(get("context_length")) if get("context_length") else None,
         key_length=int(get("attention.key_length")) if get("attention.key_length") else None,
         value_length=int(get("attention.value_length")) if get("attention.value_length") else None,
+        layers=layers,
     )

@@ -16,7 +16,7 @@ from typing import Any
 
 import httpx
 
-from inference.backends import sse
+from inference.backends import failures, sse
 from inference.backends.base import (
     Backend,
     BackendError,
@@ -78,13 +78,17 @@ def tls_context() -> ssl.SSLContext:
     return httpx.create_ssl_context(trust_env=False)
 
 
-def _error_message(status: int, body: bytes) -> str:
+def _error_message(body: bytes) -> str:
     try:
         payload = json.loads(body)
-        message = payload.get("error", {}).get("message") or str(payload)
+        return str(payload.get("error", {}).get("message") or payload)
     except (ValueError, AttributeError):
-        message = body[:300].decode("utf-8", "replace")
-    return f"llama-server answered {status}: {message}"
+        return body[:300].decode("utf-8", "replace")
+
+
+def _error(status: int | None, message: str) -> BackendError:
+    """llama-server's error by what it says (a 503 ``Loading model`` is retryable; out of memory is not)."""
+    return failures.classify("llama-server", message, status=status)
 
 
 class LlamaCppBackend(Backend):
@@ -101,10 +105,8 @@ class LlamaCppBackend(Backend):
                 response = await client.get(path)
         except httpx.HTTPError as exc:
             raise BackendUnavailable(f"llama-server at {self.base_url} is unreachable: {exc!r}") from exc
-        if response.status_code >= 500:
-            raise BackendUnavailable(_error_message(response.status_code, response.content))
         if response.status_code >= 400:
-            raise BackendError(_error_message(response.status_code, response.content))
+            raise _error(response.status_code, _error_message(response.content))
         try:
             return response.json()
         except ValueError as exc:
@@ -166,6 +168,11 @@ class LlamaCppBackend(Backend):
             value = getattr(request, name)
             if value is not None:
                 payload[name] = value
+        if request.think is not None:
+            # The template's own switch (Qwen3-style ``enable_thinking``); reasoning arrives apart from the answer
+            # as ``delta.reasoning_content`` (``reasoning_format`` deepseek), whatever the server's default format.
+            payload["chat_template_kwargs"] = {"enable_thinking": request.think}
+            payload["reasoning_format"] = "deepseek"
         return payload
 
     async def stream_chat(
@@ -190,8 +197,7 @@ class LlamaCppBackend(Backend):
                     body = await response.read_body()
                 except (OSError, sse.ProtocolError):
                     body = b""
-                error = BackendUnavailable if response.status >= 500 else BackendError
-                raise error(_error_message(response.status, body))
+                raise _error(response.status, _error_message(body))
             finished = done = False
             async for batch in response.event_batches():
                 text_seen = False
@@ -201,7 +207,7 @@ class LlamaCppBackend(Backend):
                         break
                     chunk = _chunk(data)
                     finished = finished or bool(chunk.finish_reason)
-                    text_seen = text_seen or bool(chunk.text)
+                    text_seen = text_seen or bool(chunk.text or chunk.thinking)
                     yield chunk
                 if done:
                     break
@@ -222,14 +228,17 @@ def _chunk(data: str) -> StreamChunk:
         event = json.loads(data)
     except ValueError as exc:
         raise BackendProtocolError(f"llama-server sent a malformed event: {data[:200]!r}") from exc
-    if "error" in event:
-        raise BackendError(f"llama-server error: {event['error']}")
+    if "error" in event:  # after the stream began: classed by its words alone
+        error = event["error"]
+        raise _error(None, str(error.get("message") or error) if isinstance(error, dict) else str(error))
     choice = (event.get("choices") or [{}])[0]
     timings = event.get("timings")
     # With timings_per_token every chunk carries the running timings; the first one already holds prompt_n
     # (the prompt's real size), which the quota check reads before decode goes on.
+    delta = choice.get("delta") or {}
     return StreamChunk(
-        text=(choice.get("delta") or {}).get("content") or "",
+        text=delta.get("content") or "",
+        thinking=delta.get("reasoning_content") or "",
         finish_reason=choice.get("finish_reason"),
         stats=stats_from_timings(timings) if timings else None,
         context_tokens=context_tokens(timings) if timings else None,

@@ -1,6 +1,6 @@
 """Ollama: NDJSON streaming through the official ``ollama`` client, with Ollama's own nanosecond timings.
 
-Protocol: https://github.com/ollama/ollama/blob/main/docs/api.md and ``api/types.go`` (the v0.12 server
+Protocol: https://github.com/ollama/ollama/blob/main/docs/api.md and ``api/types.go`` (the v0.32 server
 series), through the official ``ollama`` Python client 0.6: ``/api/chat`` streams ``{message, done:false}``
 lines and ends with one ``done:true`` line carrying ``done_reason`` and the counters; ``/api/tags``,
 ``/api/version``, ``/api/show``, ``/api/ps``; ``/api/pull`` streams progress and ends ``{"status":
@@ -18,6 +18,7 @@ import httpx
 import ollama
 import pydantic
 
+from inference.backends import failures
 from inference.backends.base import (
     Backend,
     BackendError,
@@ -68,14 +69,11 @@ def stats_from_final(final: dict[str, Any]) -> BackendStats:
 
 
 def _translate(exc: Exception, what: str) -> BackendError:
-    """Map the client's errors to the contract's kinds: 404 unknown model, 5xx and transport retryable."""
+    """Map the client's errors to the contract's kinds, by what they say (inference/backends/failures.py): the
+    client raises the same ResponseError, with status -1, for an ``{"error"}`` line after a 200 stream began."""
     if isinstance(exc, ollama.ResponseError):
-        message = f"Ollama {what}: {exc.error}"
-        if exc.status_code == 404:
-            return ModelNotFound(message)
-        if exc.status_code >= 500:
-            return BackendUnavailable(message)
-        return BackendError(message)
+        status = None if exc.status_code == -1 else exc.status_code
+        return failures.classify(f"Ollama ({what})", str(exc.error), status=status)
     if isinstance(exc, ConnectionError | httpx.ConnectError | httpx.ConnectTimeout):
         return BackendUnavailable(f"Ollama is unreachable ({what}): {exc!r}")
     if isinstance(exc, httpx.HTTPError):
@@ -152,40 +150,72 @@ class OllamaBackend(Backend):
                     stream=True,
                     options=self._options(request),
                     keep_alive=request.keep_alive,
+                    think=request.think,  # unset: the server's default (a thinking model thinks)
                 )
                 # aclosing: leaving early exits the client's ``async with stream``, closing the response.
                 async with aclosing(cast(AsyncGenerator[ollama.ChatResponse, None], parts)) as stream:
                     async for part in stream:
-                        text = part.message.content or ""
+                        # A thinking model's lines carry ``message.thinking`` with empty content until it answers.
+                        text, thinking = part.message.content or "", part.message.thinking or ""
                         if part.done:
                             final = part.model_dump(include=set(FINAL_FIELDS))
                             reason = part.done_reason or "stop"
-                            yield StreamChunk(text=text, finish_reason=reason, stats=stats_from_final(final))
+                            stats = stats_from_final(final)
+                            yield StreamChunk(
+                                text=text,
+                                thinking=thinking,
+                                finish_reason=reason,
+                                stats=stats,
+                                context_tokens=(stats.prompt_tokens or 0) + (stats.output_tokens or 0) or None,
+                            )
                             return
-                        if text:
-                            yield StreamChunk(text=text)
+                        if text or thinking:
+                            yield StreamChunk(text=text, thinking=thinking)
         except CLIENT_ERRORS as exc:
             raise _translate(exc, "chat") from exc
         raise BackendUnavailable("Ollama closed the stream before the reply finished (no done:true line)")
 
     # Optional capabilities (base.Backend).
     async def model_architecture(self, model: str) -> ModelArchitecture:
+        """From /api/show's model_info (GGUF keys). Ollama blanks a list longer than 5 items (a per-layer
+        ``head_count_kv``) unless asked for verbose output: then it asks again, verbose."""
+        from inference.backends.gguf import architecture_from_metadata
+
         shown = await self._call("show model", lambda c: c.show(model))
         info = dict(shown.modelinfo or {})
-        arch = info.get("general.architecture")
+        if any(isinstance(value, list) and not value for value in info.values()):
+            info = await self._show_verbose(model)
         try:
-            return ModelArchitecture(
-                arch=str(arch),
-                block_count=int(info[f"{arch}.block_count"]),
-                head_count=int(info[f"{arch}.attention.head_count"]),
-                head_count_kv=int(info.get(f"{arch}.attention.head_count_kv", info[f"{arch}.attention.head_count"])),
-                embedding_length=int(info[f"{arch}.embedding_length"]),
-                context_length=_int_or_none(info.get(f"{arch}.context_length")),
-                key_length=_int_or_none(info.get(f"{arch}.attention.key_length")),
-                value_length=_int_or_none(info.get(f"{arch}.attention.value_length")),
-            )
+            return architecture_from_metadata(info)
         except (KeyError, TypeError, ValueError) as exc:
             raise BackendProtocolError(f"Ollama's model_info for {model!r} lacks {exc}") from exc
+
+    async def _show_verbose(self, model: str) -> dict[str, Any]:
+        # The client's show() has no verbose flag: this one request goes through httpx directly.
+        try:
+            async with httpx.AsyncClient(base_url=self.base_url, timeout=self.timeout_s, trust_env=False) as http:
+                response = await http.post("/api/show", json={"model": model, "verbose": True})
+        except httpx.HTTPError as exc:
+            raise _translate(exc, "show model (verbose)") from exc
+        try:
+            payload = response.json()
+        except ValueError as exc:
+            raise BackendProtocolError(f"Ollama sent non-JSON for /api/show of {model!r}") from exc
+        if response.status_code >= 400:
+            message = payload.get("error", "") if isinstance(payload, dict) else str(payload)
+            raise failures.classify("Ollama (show model)", str(message), status=response.status_code)
+        info = payload.get("model_info") if isinstance(payload, dict) else None
+        return dict(info or {})
+
+    async def context_window(self, model: str) -> int | None:
+        """The context the loaded model runs with (/api/ps ``context_length``: one sequence's num_ctx). Not loaded:
+        unknown, as the server's default depends on its VRAM (4k, 32k or 256k tokens) and OLLAMA_CONTEXT_LENGTH,
+        which no API reports; the model's next load sets it."""
+        wanted = _full_name(model)
+        for loaded in await self.loaded_models():
+            if _full_name(loaded.name) == wanted and loaded.context_length:
+                return int(loaded.context_length)
+        return None
 
     async def loaded_models(self) -> list[LoadedModel]:
         listing = await self._call("list loaded models", lambda c: c.ps())
@@ -233,5 +263,6 @@ class OllamaBackend(Backend):
         await self._call(f"unload of {model!r}", lambda c: c.generate(model=model, keep_alive=0))
 
 
-def _int_or_none(value: Any) -> int | None:
-    return None if value is None else int(value)
+def _full_name(name: str) -> str:
+    """Ollama's default tag: ``smollm2`` is ``smollm2:latest``."""
+    return name if ":" in name.rsplit("/", 1)[-1] else f"{name}:latest"

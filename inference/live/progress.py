@@ -24,7 +24,7 @@ from inference.tokens import estimate_prompt_tokens
 
 PROGRESS_INTERVAL_S = 0.5
 _N_CTX_TTL_S = 60.0
-_n_ctx_cache: dict[tuple[str, str], tuple[float, int | None]] = {}
+_n_ctx_cache: dict[tuple[str, str, str], tuple[float, int | None]] = {}
 
 
 def progress_key(turn_id: int) -> str:
@@ -39,8 +39,9 @@ def context_fill(prompt_tokens: int | None, tokens: int | None, n_ctx: int | Non
 
 
 async def slot_context_tokens(rig: Rig, model: str) -> int | None:
-    """The rig's context per slot (llama-server ``/props``), cached a minute per worker; None if unknown."""
-    key = (rig.kind, rig.base_url)
+    """The rig's context per slot (llama-server ``/props``; Ollama's loaded model, per model), cached a minute per
+    worker; None if unknown (not cached: an Ollama model not loaded yet has its context once it is)."""
+    key = (rig.kind, rig.base_url, model if rig.kind == Rig.Kind.OLLAMA else "")
     cached = _n_ctx_cache.get(key)
     if cached and time.monotonic() - cached[0] < _N_CTX_TTL_S:
         return cached[1]
@@ -48,7 +49,8 @@ async def slot_context_tokens(rig: Rig, model: str) -> int | None:
         n_ctx: int | None = await backend_for(rig, timeout_s=2.0).context_window(model)
     except BackendError:
         n_ctx = None
-    _n_ctx_cache[key] = (time.monotonic(), n_ctx)
+    if n_ctx is not None:
+        _n_ctx_cache[key] = (time.monotonic(), n_ctx)
     return n_ctx
 
 
@@ -113,11 +115,17 @@ async def progress_start(turn: Turn, messages: list[dict[str, str]], redis: aior
     """A reporter for a turn that starts now, with its slot's context and an estimate of its prompt."""
     reporter = ProgressReporter(
         turn_id=turn.pk,
-        n_ctx=await slot_context_tokens(turn.session.rig, turn.session.model_name),
+        n_ctx=_asked_context(turn) or await slot_context_tokens(turn.session.rig, turn.session.model_name),
         prompt_tokens=estimate_prompt_tokens(messages),
     )
     await reporter.tick(redis, tokens=0, decode_tps=None, status=Turn.Status.PROMPT, force=True)
     return reporter
+
+
+def _asked_context(turn: Turn) -> int | None:
+    """The context the turn asked for (``num_ctx``): Ollama loads the model with it; llama-server's is fixed."""
+    asked = (turn.params or {}).get("num_ctx")
+    return int(asked) if asked and turn.session.rig.kind == Rig.Kind.OLLAMA else None
 
 
 def forget(turn_id: int) -> None:

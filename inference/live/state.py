@@ -1,9 +1,10 @@
 """The live text of running turns, kept in Redis so a (re)connecting browser gets the reply so far.
 
 Each coalesced batch the worker publishes is also appended to a Redis list, in the same order, as
-``{"f": seq_from, "t": seq_to, "x": text}``. The snapshot of a turn is that list joined: its text and
-the last seq it holds. Batches in the snapshot and live batches are the same units, so a client can
-drop any live batch whose ``seq_to`` it already has. The database is written at the end of a turn
+``{"f": seq_from, "t": seq_to, "x": text}``, with ``"k": thinking`` when the batch holds a reasoning model's
+thoughts (its own part of the turn, numbered in the same seq). The snapshot of a turn is that list joined: its
+text, its thinking and the last seq it holds. Batches in the snapshot and live batches are the same units, so a
+client can drop any live batch whose ``seq_to`` it already has. The database is written at the end of a turn
 (and checkpointed every few seconds), never per token.
 """
 
@@ -38,10 +39,14 @@ def cancel_key(turn_id: int) -> str:
     return f"rigdash:turn:{turn_id}:cancel"
 
 
-def encode_batch(seq_from: int, seq_to: int, text: str, stats: dict[str, Any] | None = None) -> str:
+def encode_batch(
+    seq_from: int, seq_to: int, text: str, stats: dict[str, Any] | None = None, *, thinking: str = ""
+) -> str:
     """One batch as stored in the live list; ``s`` (the running stats) lets the sampler read a turn's
     progress with one LINDEX instead of a write per batch."""
     batch: dict[str, Any] = {"f": seq_from, "t": seq_to, "x": text}
+    if thinking:
+        batch["k"] = thinking
     if stats is not None:
         batch["s"] = stats
     return json.dumps(batch, ensure_ascii=False, separators=(",", ":"))
@@ -58,18 +63,21 @@ def latest_stats(raw_batch: bytes | str | None) -> dict[str, Any] | None:
 class LiveSnapshot:
     text: str
     seq: int
+    thinking: str = ""
 
 
 def decode_snapshot(raw_batches: list[bytes] | list[str]) -> LiveSnapshot:
     parts: list[str] = []
+    thoughts: list[str] = []
     seq = 0
     for raw in raw_batches:
         batch = json.loads(raw)
         if batch["f"] != seq + 1:  # never expected: the worker appends in order
             raise ValueError(f"live list out of order at seq {seq}: {batch['f']}")
         parts.append(batch["x"])
+        thoughts.append(batch.get("k", ""))
         seq = batch["t"]
-    return LiveSnapshot(text="".join(parts), seq=seq)
+    return LiveSnapshot(text="".join(parts), seq=seq, thinking="".join(thoughts))
 
 
 @cache
@@ -116,19 +124,22 @@ class LiveList:
         *,
         parts: Sequence[str],
         rewrite: bool | None = None,
+        thinking: str = "",
+        thoughts: Sequence[str] = (),
     ) -> int:
-        """Queue a batch's commands on ``pipe`` (``parts``: the reply's text per seq, for a rewrite, which happens
-        when the list is ``broken`` or ``rewrite`` says so); returns where the RPUSH's reply will be among the
-        pipeline's replies."""
+        """Queue a batch's commands on ``pipe`` (``parts`` and ``thoughts``: the reply's text and thinking per seq,
+        for a rewrite, which happens when the list is ``broken`` or ``rewrite`` says so); returns where the RPUSH's
+        reply will be among the pipeline's replies."""
         key = live_key(self.turn_id)
         rewrite = self.broken if rewrite is None else rewrite
         pushed_at = 0
         if rewrite:  # a failed pipeline may have run part-way: rewrite rather than append
             pipe.delete(key)
-            pipe.rpush(key, encode_batch(1, seq_to, "".join(parts[:seq_to]), stats))
+            whole = encode_batch(1, seq_to, "".join(parts[:seq_to]), stats, thinking="".join(thoughts[:seq_to]))
+            pipe.rpush(key, whole)
             pushed_at = 1
         else:
-            pipe.rpush(key, encode_batch(seq_from, seq_to, text, stats))
+            pipe.rpush(key, encode_batch(seq_from, seq_to, text, stats, thinking=thinking))
         if seq_from == 1 or rewrite:
             pipe.expire(key, LIVE_TTL_S)
         return pushed_at
@@ -139,11 +150,13 @@ class LiveList:
         self.entries = 1 if rebuilt else self.entries + 1
         return bool(length == self.entries)
 
-    async def rebuild(self, link: RedisLink, seq_to: int, stats: dict[str, Any], *, parts: Sequence[str]) -> None:
+    async def rebuild(
+        self, link: RedisLink, seq_to: int, stats: dict[str, Any], *, parts: Sequence[str], thoughts: Sequence[str] = ()
+    ) -> None:
         log.warning("turn %s: the live list lost entries (Redis restarted?); rebuilding it", self.turn_id)
         try:
             async with link.pipeline() as pipe:
-                self.append(pipe, 1, seq_to, "", stats, parts=parts, rewrite=True)
+                self.append(pipe, 1, seq_to, "", stats, parts=parts, rewrite=True, thoughts=thoughts)
                 await pipe.execute()
         except (RedisError, OSError) as exc:
             self.away(exc)  # the next flush with text rewrites it

@@ -46,8 +46,10 @@ def turn_mark_decoding(*, turn_id: int) -> None:
     Turn.objects.filter(pk=turn_id, status=Turn.Status.PROMPT).update(status=Turn.Status.DECODING)
 
 
-def turn_checkpoint(*, turn_id: int, reply_text: str) -> None:
-    Turn.objects.filter(pk=turn_id, status__in=Turn.RUNNING).update(reply_text=reply_text, heartbeat_at=timezone.now())
+def turn_checkpoint(*, turn_id: int, reply_text: str, thinking_text: str = "") -> None:
+    Turn.objects.filter(pk=turn_id, status__in=Turn.RUNNING).update(
+        reply_text=reply_text, thinking_text=thinking_text, heartbeat_at=timezone.now()
+    )
 
 
 @dataclass
@@ -57,6 +59,7 @@ class TurnOutcome:
     finish_reason: str
     stats: dict[str, Any]
     error: str = ""
+    thinking_text: str = ""
 
 
 def turn_finish(*, turn: Turn, outcome: TurnOutcome) -> bool:
@@ -64,6 +67,7 @@ def turn_finish(*, turn: Turn, outcome: TurnOutcome) -> bool:
     updated = Turn.objects.filter(pk=turn.pk, status__in=Turn.RUNNING).update(
         status=outcome.status,
         reply_text=outcome.reply_text,
+        thinking_text=outcome.thinking_text,
         finish_reason=outcome.finish_reason,
         stats=outcome.stats,
         error=outcome.error,
@@ -90,6 +94,7 @@ def turn_reap_stale(*, older_than_s: float) -> list[int]:
         outcome = TurnOutcome(
             status=Turn.Status.INTERRUPTED,
             reply_text=current.text or turn.reply_text,
+            thinking_text=current.thinking or turn.thinking_text,
             finish_reason="interrupted",
             stats={**turn.stats, "output_events": current.seq},
             error="The worker running this turn stopped; the reply so far is kept.",

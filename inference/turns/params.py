@@ -14,7 +14,14 @@ PARAM_RULES: dict[str, tuple[type, float, float]] = {
     "top_p": (float, 0.0, 1.0),
     "max_tokens": (int, 1, 32_768),
     "seed": (int, 0, 2**31 - 1),
+    # Ollama loads the model with this context (a different one reloads it); llama-server's is fixed at its start.
+    "num_ctx": (int, 256, 1_048_576),
 }
+
+
+# Switches: ``think`` asks a reasoning model to think first (true) or to answer at once (false); left out, the
+# server's default holds (Ollama's ``think``, llama-server's ``chat_template_kwargs.enable_thinking``).
+BOOL_PARAMS = frozenset({"think"})
 
 
 def params_validate(raw: Any) -> dict[str, Any]:
@@ -24,8 +31,14 @@ def params_validate(raw: Any) -> dict[str, Any]:
         raise InvalidInput("bad_params", "params must be an object")
     clean: dict[str, Any] = {}
     for name, value in raw.items():
+        if name in BOOL_PARAMS:
+            if not isinstance(value, bool):
+                raise InvalidInput("bad_params", f"{name} must be true or false")
+            clean[name] = value
+            continue
         if name not in PARAM_RULES:
-            raise InvalidInput("bad_params", f"unknown parameter {name!r}; allowed: {sorted(PARAM_RULES)}")
+            allowed = sorted({*PARAM_RULES, *BOOL_PARAMS})
+            raise InvalidInput("bad_params", f"unknown parameter {name!r}; allowed: {allowed}")
         kind, low, high = PARAM_RULES[name]
         if isinstance(value, bool) or not isinstance(value, int | float) or (kind is int and value != int(value)):
             raise InvalidInput("bad_params", f"{name} must be a {kind.__name__}")

@@ -47,19 +47,20 @@ def turn_snapshot(turn: Turn, *, just_stored: bool = False) -> dict[str, Any]:
     ``just_stored``: the turn was created a moment ago and not yet dispatched, so it has no text and no place
     in the queue yet (dispatch announces it next): the snapshot is built without asking Redis or computing
     the queue. That keeps four round trips off the path from a submit to the worker's start."""
-    text, seq = turn.reply_text, turn.stats.get("output_events", 0)
+    text, thinking, seq = turn.reply_text, turn.thinking_text, turn.stats.get("output_events", 0)
     if just_stored:
         position = None
     else:
         if turn.is_active:
             current = state.snapshot(turn.pk)
-            text, seq = current.text, current.seq
+            text, thinking, seq = current.text, current.thinking, current.seq
         position = dispatch.queue_position(turn)
     return {
         "id": turn.pk,
         "session": turn.session_id,
         "user_text": turn.user_text,
         "reply": text,
+        "thinking": thinking,
         "seq": seq,
         "status": turn.status,
         "finish_reason": turn.finish_reason,

@@ -33,14 +33,27 @@ class StreamMeter:
     t_last: float | None = None
     events: int = 0
     gaps_ms: list[float] = field(default_factory=list)
+    # A reasoning model's thoughts are output too (the first of them is the first token), counted apart.
+    thinking_events: int = 0
+    t_first_thought: float | None = None
+    t_first_answer: float | None = None
 
-    def token(self, now: float) -> None:
+    def token(self, now: float, *, thought: bool = False, answer: bool = True) -> None:
         if self.t_first is None:
             self.t_first = now
         elif self.t_last is not None:
             self.gaps_ms.append(round((now - self.t_last) * 1000, 3))
         self.t_last = now
         self.events += 1
+        if thought:
+            self.thinking_events += 1
+            if self.t_first_thought is None:
+                self.t_first_thought = now
+        if answer and self.t_first_answer is None:
+            self.t_first_answer = now
+
+    def _since_request_ms(self, at: float | None) -> float | None:
+        return None if at is None else round((at - self.t_request) * 1000, 2)
 
     @property
     def ttft_ms(self) -> float | None:
@@ -54,7 +67,25 @@ class StreamMeter:
         return round((self.events - 1) / (self.t_last - self.t_first), 2)
 
     def live_stats(self) -> dict[str, Any]:
-        return {"tokens": self.events, "ttft_ms": self.ttft_ms, "decode_tps": self.decode_tps}
+        stats = {"tokens": self.events, "ttft_ms": self.ttft_ms, "decode_tps": self.decode_tps}
+        if self.thinking_events:
+            stats["thinking_tokens"] = self.thinking_events
+        return stats
+
+    def reasoning_stats(self, backend_output_tokens: int | None) -> dict[str, Any]:
+        """Thinking and answer apart. The backends count both in one figure (Ollama's eval_count, llama.cpp's
+        predicted_n); the thinking share is counted here, one per chunk with thinking (one token each)."""
+        answers = self.events - self.thinking_events
+        if backend_output_tokens is not None and self.thinking_events:
+            answers = max(0, backend_output_tokens - self.thinking_events)
+        elif backend_output_tokens is not None:
+            answers = backend_output_tokens
+        return {
+            "thinking_tokens": self.thinking_events,
+            "answer_tokens": answers,
+            "first_thought_ms": self._since_request_ms(self.t_first_thought),
+            "first_answer_ms": self._since_request_ms(self.t_first_answer),
+        }
 
     def final_stats(self, backend: BackendStats | None) -> dict[str, Any]:
         stats: dict[str, Any] = {
@@ -77,6 +108,7 @@ class StreamMeter:
             )
             if backend.output_tokens is not None:
                 stats["output_tokens"] = backend.output_tokens
+        stats.update(self.reasoning_stats(backend.output_tokens if backend is not None else None))
         return stats
 
 

@@ -48,6 +48,8 @@ def _chat_request(model: str, messages: list[dict[str, str]], max_tokens: int, p
         temperature=params.get("temperature"),
         top_p=params.get("top_p"),
         seed=params.get("seed"),
+        think=params.get("think"),
+        num_ctx=params.get("num_ctx"),
     )
 
 

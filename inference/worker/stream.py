@@ -81,8 +81,12 @@ class TurnStream:
     link: RedisLink  # the batches' writes (inference/live/link.py)
     meter: StreamMeter
     pace: FlushPace
-    parts: list[str] = field(default_factory=list)
+    parts: list[str] = field(default_factory=list)  # the answer's text per seq
     pending: list[str] = field(default_factory=list)
+    # A reasoning model's thoughts per seq, beside ``parts`` and ``pending`` (one entry per seq in each, "" when a
+    # chunk brought none): thinking is its own part of the turn, in the same batches and seqs as the answer.
+    thoughts: list[str] = field(default_factory=list)
+    pending_thoughts: list[str] = field(default_factory=list)
     pending_since: float | None = None
     last_sent: float = float("-inf")  # when the last batch with text was published
     seq_sent: int = 0
@@ -115,6 +119,10 @@ class TurnStream:
         return "".join(self.parts)
 
     @property
+    def thinking(self) -> str:
+        return "".join(self.thoughts)
+
+    @property
     def flush_interval_s(self) -> float:
         return self.pace.interval()
 
@@ -127,33 +135,42 @@ class TurnStream:
     async def flush(self) -> None:
         """Append the pending batch to the live list, read the cancel flag (at most every CANCEL_CHECK_S, in the
         same round trip), then publish the batch."""
-        text = "".join(self.pending) if self.pending else ""
         taken = len(self.pending)  # tokens the reader accepts while this batch is on its way wait for the next one
+        text, thinking = "".join(self.pending), "".join(self.pending_thoughts[:taken])
         seq_from, seq_to = self.seq_sent + 1, self.meter.events
         now = time.perf_counter()
         check_cancel = now - self.cancel_checked_at >= CANCEL_CHECK_S
-        if seq_from == 1 and text and self.prompt_state is not None:
+        if seq_from == 1 and taken and self.prompt_state is not None:
             await self.prompt_state.settle()  # a 'prompt' state that went out reaches the page before any token
         message = publication = None
         stats: dict[str, Any] = {}
-        if text:
+        if taken:
             stats = self.live_stats()
             message = events.token_batch_message(
-                turn_id=self.turn.pk, seq_from=seq_from, seq_to=seq_to, text=text, stats=stats
+                turn_id=self.turn.pk, seq_from=seq_from, seq_to=seq_to, text=text, stats=stats, thinking=thinking
             )
             publication = events.pubsub_publication(events.session_group(self.turn.session_id), message)
-        rebuilding = bool(text) and self.live.broken
+        rebuilding = bool(taken) and self.live.broken
         pushed_at = 0  # where the RPUSH reply is among the round trip's replies
-        progress = self._progress_due(text)
+        progress = self._progress_due(bool(taken))
         progress_commands = None if progress is None else live_progress.progress_commands(progress)
-        if text or check_cancel:
+        if taken or check_cancel:
             # One round trip: append to the live list, then publish (Redis runs them in order, so a snapshot
             # read after the publish holds the batch), the board's progress when it is due (twice a second), and
             # the cancel flag when it is due.
             try:
                 async with self.link.pipeline() as pipe:
-                    if text:
-                        pushed_at = self.live.append(pipe, seq_from, seq_to, text, stats, parts=self.parts)
+                    if taken:
+                        pushed_at = self.live.append(
+                            pipe,
+                            seq_from,
+                            seq_to,
+                            text,
+                            stats,
+                            parts=self.parts,
+                            thinking=thinking,
+                            thoughts=self.thoughts,
+                        )
                         if publication is not None:
                             pipe.publish(*publication)
                     for command in progress_commands or ():
@@ -169,10 +186,11 @@ class TurnStream:
             if check_cancel:
                 self.cancel_checked_at = now
                 self.cancelled = self.cancelled or bool(results[-1])
-        if text:
+        if taken:
             if not self.live.appended(results[pushed_at], rebuilt=rebuilding):
-                await self.live.rebuild(self.link, seq_to, stats, parts=self.parts)
+                await self.live.rebuild(self.link, seq_to, stats, parts=self.parts, thoughts=self.thoughts)
             del self.pending[:taken]
+            del self.pending_thoughts[:taken]
             self.seq_sent = seq_to
             self.last_sent = time.perf_counter()
             self.pending_since = self.last_sent if self.pending else None
@@ -182,9 +200,9 @@ class TurnStream:
                 with contextlib.suppress(RedisError, OSError):  # the board's progress is a view: the next tick retries
                     await live_progress.send_progress(self.redis, progress)
 
-    def _progress_due(self, text: str) -> dict[str, Any] | None:
-        """The board's progress to send with this batch, when it has text and the progress is due."""
-        if not text or self.progress is None or not self.progress.due():
+    def _progress_due(self, batch: bool) -> dict[str, Any] | None:
+        """The board's progress to send with this batch, when it has tokens and the progress is due."""
+        if not batch or self.progress is None or not self.progress.due():
             return None
         return self.progress.take(tokens=self.meter.events, decode_tps=self.meter.decode_tps, status="decoding")
 
@@ -241,7 +259,15 @@ class TurnStream:
         self.cancelled = self.cancelled or bool(flag)
 
     def live_stats(self) -> dict[str, Any]:
-        return {**self.meter.live_stats(), "context_tokens": self.context_tokens, "context_limit": self.context_window}
+        return {**self.meter.live_stats(), "context_tokens": self.in_context(), "context_limit": self.context_window}
+
+    def in_context(self) -> int | None:
+        """The backend's count of the sequence's context; one that reports it only at the end (Ollama): the
+        prompt's estimate plus the tokens so far."""
+        if self.context_tokens is not None:
+            return self.context_tokens
+        prompt = self.progress.prompt_tokens if self.progress is not None else None
+        return None if prompt is None else prompt + self.meter.events
 
     def accept(self, chunk: StreamChunk, now: float) -> None:
         self.last_read_at = now
@@ -253,11 +279,13 @@ class TurnStream:
             if self.progress is not None:
                 self.progress.backend_prompt(in_context)
             quotas.context_check(prompt_tokens=in_context, limit=self.context_quota, estimated=False)
-        if not chunk.text:
+        if not chunk.text and not chunk.thinking:
             return
-        self.meter.token(now)
+        self.meter.token(now, thought=bool(chunk.thinking), answer=bool(chunk.text))
         self.parts.append(chunk.text)
         self.pending.append(chunk.text)
+        self.thoughts.append(chunk.thinking)
+        self.pending_thoughts.append(chunk.thinking)
         if self.pending_since is None:
             self.pending_since = now
 
@@ -343,6 +371,7 @@ async def stream_turn(
     return lifecycle.TurnOutcome(
         status=status,
         reply_text=state.text,
+        thinking_text=state.thinking,
         finish_reason=finish_reason,
         stats={
             **state.meter.final_stats(final.stats if final else None),
@@ -375,7 +404,9 @@ async def _watch(state: TurnStream, reader: asyncio.Task[StreamChunk], conf: Rig
         if now - state.last_checkpoint >= conf.checkpoint_interval_s:
             state.last_checkpoint = now
             try:
-                await db_async(gated(lifecycle.turn_checkpoint))(turn_id=state.turn.pk, reply_text=state.text)
+                await db_async(gated(lifecycle.turn_checkpoint))(
+                    turn_id=state.turn.pk, reply_text=state.text, thinking_text=state.thinking
+                )
             except DatabaseError as exc:
                 # What a checkpoint is for (the text a dead worker leaves behind) is not worth the reply: the turn
                 # streams on, and the next checkpoint, or the end, stores the text.

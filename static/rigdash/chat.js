@@ -18,8 +18,9 @@
   const connLabel = document.querySelector("[data-testid=connection]");
   const ACTIVE = new Set(["queued", "prompt", "decoding"]);
 
-  const turns = new Map(); // id -> {id, text, seq, status, stats, el, renderer, resyncing}
+  const turns = new Map(); // id -> {id, text, thought, seq, status, stats, el, renderer, thinking, resyncing}
   let pendingText = null;
+  const thinkParams = RigDashThinking.choice(cfg.session, form.querySelector(".actions"));
 
   function showError(message) {
     banner.textContent = message; // textContent: never parsed as HTML
@@ -49,6 +50,7 @@
     const n = s.output_tokens !== undefined ? s.output_tokens : s.tokens;
     if (n !== undefined) parts.push(`${n} tokens`);
     if (s.decode_tps !== undefined) parts.push(`${fmt(s.decode_tps, 1)} tok/s`);
+    parts.push(...RigDashThinking.statsParts(s));
     if (s.prompt_tokens !== undefined && s.prompt_tokens !== null) parts.push(`prompt ${s.prompt_tokens} tok in ${fmt(s.prompt_ms, 0)} ms`);
     if (s.context_tokens && s.context_limit) parts.push(`context ${s.context_tokens} / ${s.context_limit}`);
     const timings = s.backend_timings || {};
@@ -81,9 +83,10 @@
       const err = document.createElement("div");
       err.className = "turn-error error";
       err.hidden = true;
-      el.append(user, reply, stats, gauge, err);
+      const thinking = new RigDashThinking.ThinkingBlock();
+      el.append(user, thinking.el, reply, stats, gauge, err);
       list.appendChild(el);
-      t = { id: snapshot.id, text: "", seq: 0, status: "", stats: {}, el, renderer: new RigDashMarkdown.ReplyRenderer(reply), resyncing: false };
+      t = { id: snapshot.id, text: "", thought: "", seq: 0, status: "", stats: {}, el, renderer: new RigDashMarkdown.ReplyRenderer(reply), thinking, resyncing: false };
       turns.set(snapshot.id, t);
       user.textContent = snapshot.user_text;
     }
@@ -101,6 +104,8 @@
     t.queue_ahead = snapshot.queue_ahead;
     t.waiting_reason = snapshot.waiting_reason || "";
     t.resyncing = false;
+    t.thought = snapshot.thinking || "";
+    t.thinking.set(t.thought, ACTIVE.has(t.status) && !t.text);
     t.renderer.set(t.text);
     const err = t.el.querySelector(".turn-error");
     err.textContent = snapshot.error || "";
@@ -143,6 +148,8 @@
     t.seq = msg.seq_to;
     if (t.status !== "decoding") t.status = "decoding";
     t.stats = msg.stats;
+    if (msg.thinking) t.thought += msg.thinking;
+    if (t.thought) t.thinking.set(t.thought, !t.text);
     t.renderer.set(t.text);
     updateTurnChrome(t);
   }
@@ -211,7 +218,7 @@
     const text = input.value;
     clearError();
     if (!text.trim()) return showError("The message is empty.");
-    if (send({ type: "turn.send", text })) {
+    if (send({ type: "turn.send", text, params: thinkParams() })) {
       pendingText = text;
       sendBtn.disabled = true;
     }

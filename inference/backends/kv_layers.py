@@ -1,0 +1,94 @@
+"""A model's KV cache per layer, from its metadata: GGUF ``<arch>.*`` keys, which Ollama's ``/api/show`` returns
+under the same names in ``model_info``.
+
+The rules are the backends' own (llama.cpp ``src/llama-model.cpp`` / ``llama-kv-cache``; Ollama
+``fs/ggml/ggml.go`` ``GraphSize``):
+- ``attention.head_count_kv`` may be a list, one per layer; a layer with 0 KV heads has no attention (a hybrid's
+  recurrent or MLP layer). A shorter list is padded with its single value, as Ollama does.
+- ``full_attention_interval`` (qwen3next): only every n-th layer has attention; the rest are recurrent.
+- A recurrent-only architecture (mamba, rwkv) has no per-token cache at all.
+- Sliding-window layers (``attention.sliding_window``) hold at most the window (plus one batch) per sequence; which
+  layers slide is ``attention.sliding_window_pattern`` (a list of booleans, or n: n-1 sliding then one full), or
+  the architecture's fixed pattern (gemma2 and gpt-oss every other layer, gemma3 five of six, cohere2 three of
+  four).
+- MLA (deepseek2's ``attention.kv_lora_rank``): one compressed head, K of kv_lora_rank + the rope dimension, V of
+  kv_lora_rank, as llama.cpp caches it.
+- A recurrent layer's state: (conv_kernel - 1) x (inner + 2 x groups x state) + state x inner, f32, per sequence.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from inference.backends.base import LayerKV
+
+RECURRENT_ONLY = frozenset({"mamba", "mamba2", "rwkv6", "rwkv6qwen2", "rwkv7", "arwkv7"})
+# n: in each run of n layers, the first n-1 slide and the last attends to everything.
+SLIDING_PATTERN = {"gemma2": 2, "gemma3": 6, "gpt-oss": 2, "gptoss": 2, "cohere2": 4}
+F32_BYTES = 4
+
+
+def _per_layer(value: Any, layers: int, default: int) -> list[int]:
+    """A scalar or per-layer list as one int per layer (a short list padded with its only value)."""
+    if isinstance(value, list):
+        if not value:
+            raise ValueError("an empty per-layer list (Ollama's /api/show blanks long lists unless verbose)")
+        pad = int(value[0]) if len(value) == 1 else default
+        return [int(value[i]) if i < len(value) else pad for i in range(layers)]
+    return [int(value if value is not None else default)] * layers
+
+
+def _sliding(meta: dict[str, Any], arch: str, layers: int) -> list[bool]:
+    pattern = meta.get(f"{arch}.attention.sliding_window_pattern")
+    if isinstance(pattern, list) and pattern:
+        return [bool(pattern[i]) if i < len(pattern) else False for i in range(layers)]
+    period = int(pattern) if isinstance(pattern, int | float) and pattern > 0 else SLIDING_PATTERN.get(arch, 0)
+    if not period:
+        return [False] * layers
+    return [i % period < period - 1 for i in range(layers)]
+
+
+def _recurrent_state_bytes(meta: dict[str, Any], arch: str) -> int:
+    def get(name: str) -> int:
+        return int(meta.get(f"{arch}.ssm.{name}") or 0)
+
+    conv, inner, state, groups = get("conv_kernel"), get("inner_size"), get("state_size"), get("group_count")
+    rolling = (conv - 1) * (inner + 2 * groups * state) if conv > 0 else 0
+    return (rolling + state * inner) * F32_BYTES
+
+
+def layers_from_metadata(meta: dict[str, Any]) -> tuple[LayerKV, ...]:
+    """Each layer's cache geometry (see the module's rules)."""
+    arch = str(meta["general.architecture"])
+
+    def get(name: str) -> Any:
+        return meta.get(f"{arch}.{name}")
+
+    count = int(get("block_count"))
+    heads = _per_layer(get("attention.head_count"), count, 0)
+    kv_heads = _per_layer(get("attention.head_count_kv"), count, max(heads, default=0))
+    head_dim = int(get("embedding_length")) // max(1, min((h for h in heads if h), default=1))
+    key_dim = int(get("attention.key_length") or head_dim)
+    value_dim = int(get("attention.value_length") or key_dim)
+    if get("attention.kv_lora_rank"):  # MLA
+        rank = int(get("attention.kv_lora_rank"))
+        key_dim, value_dim = rank + int(get("rope.dimension_count") or 64), rank
+        kv_heads = [1 if n else 0 for n in kv_heads]
+    if arch in RECURRENT_ONLY:
+        kv_heads = [0] * count
+    interval = int(get("full_attention_interval") or 0)
+    if interval > 0:
+        kv_heads = [n if (i + 1) % interval == 0 else 0 for i, n in enumerate(kv_heads)]
+    window = int(get("attention.sliding_window") or 0)
+    sliding = _sliding(meta, arch, count) if window else [False] * count
+    state = _recurrent_state_bytes(meta, arch)
+    return tuple(
+        LayerKV(
+            kv_heads=n,
+            key_dim=key_dim,
+            value_dim=value_dim,
+            window=window if sliding[i] else 0,
+            state_bytes=state if n == 0 else 0,
+        )
+        for i, n in enumerate(kv_heads)
+    )

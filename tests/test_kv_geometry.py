@@ -1,0 +1,147 @@
+"""KV geometry per layer, worked examples per architecture family (inference/backends/kv_layers.py,
+monitoring/decode.py). The metadata dicts carry the real models' GGUF figures; each expected figure is worked out
+in its comment from the backends' rules (llama.cpp's cache as allocated; Ollama's GraphSize where it agrees).
+Ollama's /api/show runs against the replay (tests/ollama_replay.py), which blanks long lists unless verbose."""
+
+from __future__ import annotations
+
+import asyncio
+import struct
+from pathlib import Path
+
+import pytest
+
+from inference.backends.gguf import architecture_from_metadata, read_metadata
+from inference.backends.ollama import OllamaBackend
+from monitoring import decode
+from tests.ollama_replay import ReplayModel, ollama_fixture  # noqa: F401  (the ``ollama`` fixture)
+
+F16 = 2
+
+
+def _arch(arch: str, **keys: object):
+    return architecture_from_metadata({"general.architecture": arch, **{f"{arch}.{k}": v for k, v in keys.items()}})
+
+
+def test_plain_gqa_llama_is_every_layer_every_token():
+    smollm2 = _arch("llama", block_count=30, **{"attention.head_count": 9, "attention.head_count_kv": 3},
+                    embedding_length=576)  # fmt: skip
+    assert decode.kv_bytes_per_token(smollm2) == 30 * 3 * (64 + 64) * F16 == 23_040
+    assert decode.kv_bytes(smollm2, 4096, parallel=2) == 23_040 * 4096 * 2
+
+
+def test_qwen3next_has_attention_every_fourth_layer_and_recurrent_state_elsewhere():
+    arch = _arch(
+        "qwen3next", block_count=48, embedding_length=2048, full_attention_interval=4,
+        **{"attention.head_count": 16, "attention.head_count_kv": 2, "attention.key_length": 256,
+           "attention.value_length": 256, "ssm.conv_kernel": 4, "ssm.inner_size": 4096, "ssm.state_size": 128,
+           "ssm.group_count": 16},
+    )  # fmt: skip
+    per_token = 12 * 2 * (256 + 256) * F16  # 12 of 48 layers attend
+    assert decode.kv_bytes_per_token(arch) == per_token == 24_576
+    uniform = 48 * 2 * (256 + 256) * F16
+    assert uniform / per_token == 4  # what every layer counted as attention overstated
+    state = ((4 - 1) * (4096 + 2 * 16 * 128) + 128 * 4096) * 4  # f32, per recurrent layer and sequence
+    assert decode.kv_bytes(arch, 1000) == per_token * 1000 + 36 * state
+
+
+def test_per_layer_head_count_kv_list_with_recurrent_layers():
+    # A hybrid (granitehybrid, jamba style): a per-layer list, 0 where the layer is Mamba.
+    heads_kv = [0, 0, 0, 8, 0, 0, 0, 8, 0, 0]
+    arch = _arch("granitehybrid", block_count=10, embedding_length=1536,
+                 **{"attention.head_count": 12, "attention.head_count_kv": heads_kv})  # fmt: skip
+    assert arch.head_count_kv == 8 and sum(1 for layer in arch.layers if layer.kv_heads) == 2
+    assert decode.kv_bytes_per_token(arch) == 2 * 8 * (128 + 128) * F16
+
+
+def test_gemma3_slides_five_layers_of_six():
+    arch = _arch("gemma3", block_count=26, embedding_length=1152, context_length=32768,
+                 **{"attention.head_count": 4, "attention.head_count_kv": 1, "attention.key_length": 256,
+                    "attention.value_length": 256, "attention.sliding_window": 512})  # fmt: skip
+    layer = 1 * (256 + 256) * F16  # bytes per token in one layer
+    globals_ = [i for i, entry in enumerate(arch.layers) if not entry.window]
+    assert globals_ == [5, 11, 17, 23]  # every sixth layer attends to everything (Ollama: (i+1) % 6 == 0)
+    assert decode.kv_bytes_per_token(arch) == 4 * layer
+    # 32k context: the 22 sliding layers hold the window plus one batch (Ollama: numParallel x window + batch).
+    allocated = decode.kv_bytes(arch, 32768)
+    assert allocated == 4 * layer * 32768 + 22 * layer * (512 + 512)
+    assert 26 * layer * 32768 / allocated > 5  # counting every layer as global: over 5x too high
+
+
+def test_gpt_oss_alternates_sliding_and_full_layers():
+    arch = _arch("gpt-oss", block_count=24, embedding_length=2880,
+                 **{"attention.head_count": 64, "attention.head_count_kv": 8, "attention.key_length": 64,
+                    "attention.value_length": 64, "attention.sliding_window": 128})  # fmt: skip
+    layer = 8 * (64 + 64) * F16
+    assert [entry.window for entry in arch.layers[:4]] == [128, 0, 128, 0]
+    assert decode.kv_bytes(arch, 8192, parallel=2) == 12 * layer * 8192 * 2 + 12 * layer * (128 * 2 + 512)
+
+
+def test_deepseek2_mla_caches_one_compressed_head():
+    # DeepSeek-V2-Lite: 27 layers, kv_lora_rank 512, rope 64; an older conversion states 16 KV heads of 192 + 128.
+    keys = {"attention.head_count": 16, "attention.head_count_kv": 16, "attention.key_length": 192,
+            "attention.value_length": 128, "attention.kv_lora_rank": 512, "rope.dimension_count": 64}  # fmt: skip
+    arch = _arch("deepseek2", block_count=27, embedding_length=2048, **keys)
+    assert decode.kv_bytes_per_token(arch) == 27 * 1 * ((512 + 64) + 512) * F16 == 58_752
+    naive = 27 * 16 * (192 + 128) * F16
+    assert naive / decode.kv_bytes_per_token(arch) > 4
+
+
+def test_mamba_has_no_per_token_cache():
+    arch = _arch("mamba", block_count=24, embedding_length=768,
+                 **{"ssm.conv_kernel": 4, "ssm.inner_size": 1536, "ssm.state_size": 16})  # fmt: skip
+    assert decode.kv_bytes_per_token(arch) == 0
+    assert decode.kv_bytes(arch, 100_000) == decode.kv_bytes(arch, 10) == 24 * (3 * 1536 + 16 * 1536) * 4
+
+
+def test_ollama_kv_cache_types_apply_only_with_flash_attention():
+    assert decode.ollama_kv_cache_type("q8_0", flash_attention=True) == "q8_0"
+    assert decode.ollama_kv_cache_type("q8_0", flash_attention=False) == "f16"
+    assert decode.ollama_kv_cache_type("q5_1", flash_attention=True) == "f16"  # not one Ollama applies
+
+
+def test_ollama_show_is_asked_again_verbose_when_lists_are_blanked(ollama):
+    info = {
+        "general.architecture": "granitehybrid", "granitehybrid.block_count": 10,
+        "granitehybrid.embedding_length": 1536, "granitehybrid.attention.head_count": 12,
+        "granitehybrid.attention.head_count_kv": [0, 0, 0, 8, 0, 0, 0, 8, 0, 0],
+    }  # fmt: skip
+    ollama.models["granite4:tiny-h"] = ReplayModel(name="granite4:tiny-h", model_info=info)
+    arch = asyncio.run(OllamaBackend(ollama.url).model_architecture("granite4:tiny-h"))
+    assert [layer.kv_heads for layer in arch.layers] == info["granitehybrid.attention.head_count_kv"]
+    shows = [body for method, path, body in ollama.requests if path == "/api/show"]
+    assert [bool(body.get("verbose")) for body in shows] == [False, True]
+
+
+def _gguf(path: Path, meta: dict[str, object]) -> None:
+    """A GGUF file with metadata and no tensors (the reader reads only the header)."""
+
+    def string(value: str) -> bytes:
+        return struct.pack("<Q", len(value.encode())) + value.encode()
+
+    out = b"GGUF" + struct.pack("<IQQ", 3, 0, len(meta))
+    for key, value in meta.items():
+        out += string(key)
+        if isinstance(value, str):
+            out += struct.pack("<I", 8) + string(value)
+        elif isinstance(value, list):
+            out += struct.pack("<IIQ", 9, 4, len(value)) + b"".join(struct.pack("<I", v) for v in value)
+        else:
+            out += struct.pack("<II", 4, value)
+    path.write_bytes(out)
+
+
+def test_gguf_per_layer_arrays_are_read(tmp_path):
+    path = tmp_path / "hybrid.gguf"
+    _gguf(path, {"general.architecture": "jamba", "jamba.block_count": 4, "jamba.embedding_length": 256,
+                 "jamba.attention.head_count": 4, "jamba.attention.head_count_kv": [0, 2, 0, 0],
+                 "tokenizer.ggml.token_type": [1, 1, 1]})  # fmt: skip
+    meta = read_metadata(path)
+    assert meta["jamba.attention.head_count_kv"] == [0, 2, 0, 0] and "tokenizer.ggml.token_type" not in meta
+    assert decode.kv_bytes_per_token(architecture_from_metadata(meta)) == 2 * (64 + 64) * F16
+
+
+def test_blanked_list_without_verbose_is_a_clear_error():
+    with pytest.raises(ValueError, match="verbose"):
+        _arch("qwen3next", block_count=2, embedding_length=64, **{"attention.head_count": 2,
+                                                                  "attention.head_count_kv": []})  # fmt: skip
