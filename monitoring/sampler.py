@@ -211,7 +211,7 @@ async def run(*, stop: asyncio.Event | None = None) -> None:
                         wake=wakes.setdefault(rig_id, asyncio.Event()),
                     )
                 )
-            for rig_id in set(loops) - wanted:
+            for rig_id in set(loops) - wanted.keys():
                 loops.pop(rig_id).cancel()
             if time.monotonic() - last_maintenance > MAINTENANCE_EVERY_S:
                 last_maintenance = time.monotonic()

@@ -7,6 +7,7 @@ import logging
 import threading
 import time
 from datetime import timedelta
+from typing import Any
 
 import httpx
 import pytest
@@ -264,6 +265,52 @@ def test_a_rig_saved_while_the_sampler_runs_is_picked_up_at_once(rig, llama_url,
     took, after_disabled = asyncio.run(scenario())
     assert took < 5, f"the new rig's first sample came {took:.1f} s after it was saved"
     assert after_disabled == 0, f"a disabled rig got {after_disabled} samples"
+
+
+@pytest.mark.llama
+@pytest.mark.django_db(transaction=True)
+def test_a_profile_changed_while_the_sampler_runs_restarts_its_rigs_loop(rig, monkeypatch):
+    """A rig's profile edited in its page (monitoring/profiles.py) reaches the running sampler at once: the rig's
+    loop starts afresh with the new bandwidth, named as an admin's."""
+    from monitoring import profiles, services
+
+    monkeypatch.setattr(
+        settings,
+        "RIGDASH",
+        type(settings.RIGDASH)(**{**vars(settings.RIGDASH), "sample_interval_s": 0.25, "sample_idle_interval_s": 0.25}),
+    )
+    profile = services.profile_for(rig)
+    profile.bandwidth_gbs, profile.bandwidth_source = 11.0, "probe"
+    profile.save()
+
+    def edit() -> None:
+        form = profiles.RigProfileForm(
+            {"kv_cache_type": "f16", "bandwidth_gbs": 777}, instance=services.profile_for(rig)
+        )
+        assert form.is_valid(), form.errors
+        profiles.profile_save(actor=None, form=form)
+
+    async def scenario() -> dict[str, Any]:
+        stop = asyncio.Event()
+        task = asyncio.create_task(sampler.run(stop=stop))
+        try:
+            deadline = time.monotonic() + 20
+            while not await RigSample.objects.filter(rig=rig).aexists() and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+            await asyncio.sleep(0.5)
+            await sync_to_async(edit)()
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline:
+                latest = await RigSample.objects.filter(rig=rig).order_by("-ts").afirst()
+                if latest is not None and latest.detail.get("bandwidth", {}).get("gbs") == 777:
+                    return latest.detail["bandwidth"]
+                await asyncio.sleep(0.1)
+            return {}
+        finally:
+            stop.set()
+            await task
+
+    assert asyncio.run(scenario()) == {"gbs": 777.0, "source": "set by an admin in the rig's profile"}
 
 
 @pytest.mark.django_db
