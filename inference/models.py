@@ -76,6 +76,14 @@ class ChatSession(models.Model):
     # gave before its last user message (system and earlier turns), said before the session's own turns.
     api_key = models.ForeignKey("ApiKey", null=True, blank=True, on_delete=models.SET_NULL, related_name="sessions")
     context_messages = models.JSONField(default=list, blank=True)
+    # Generation settings (system prompt, sampling, stop strings), checked by inference/turns/params.py and
+    # copied onto each new turn's params.
+    settings = models.JSONField(default=dict, blank=True)
+    # A branch (inference/turns/branch.py): a copy of another chat up to one of its turns, which it answers again
+    # (regenerate) or with an edited message. The original keeps its version of that turn.
+    branch_of = models.ForeignKey("self", null=True, blank=True, on_delete=models.SET_NULL, related_name="branches")
+    branch_of_turn = models.ForeignKey("Turn", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    branch_at = models.PositiveIntegerField(null=True, blank=True)  # turns copied: the next one is the new version
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
@@ -85,6 +93,22 @@ class ChatSession(models.Model):
 
     def __str__(self) -> str:
         return self.title or f"Session {self.pk}"
+
+
+class ChatPreset(models.Model):
+    """A user's named set of chat settings, applied to a chat by copying them."""
+
+    owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="chat_presets")
+    name = models.CharField(max_length=60)
+    settings = models.JSONField(default=dict, blank=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["name"]
+        constraints = [models.UniqueConstraint(fields=["owner", "name"], name="chat_preset_owner_name")]
+
+    def __str__(self) -> str:
+        return self.name
 
 
 class Turn(models.Model):

@@ -5,14 +5,26 @@ from __future__ import annotations
 
 from django.urls import path
 
-from inference.views import board, chat, keys, models, openai, openai_chat, rigs, usage
+from inference.views import board, chat, chats, keys, models, openai, openai_chat, rigs, usage
 
 app_name = "inference"
 
 urlpatterns = [
-    path("", chat.session_list, name="session_list"),
+    path("", chats.session_list, name="session_list"),
     path("sessions/new", chat.session_create, name="session_create"),
-    path("sessions/<int:session_id>/", chat.session_detail, name="session_detail"),
+    path("sessions/import", chats.session_import, name="session_import"),
+    path("sessions/<int:session_id>/", chats.session_detail, name="session_detail"),
+    # Chat management (inference/views/chats.py): settings, presets, rename, delete, export, versions, compare.
+    path("sessions/<int:session_id>/settings", chats.session_settings, name="session_settings"),
+    path("sessions/<int:session_id>/preset", chats.session_preset, name="session_preset"),
+    path("sessions/<int:session_id>/rename", chats.session_rename, name="session_rename"),
+    path("sessions/<int:session_id>/delete", chats.session_delete, name="session_delete"),
+    path("sessions/<int:session_id>/export.<str:kind>", chats.session_export, name="session_export"),
+    path("api/sessions/<int:session_id>/settings", chats.api_session_settings, name="api_session_settings"),
+    path("api/sessions/import", chats.api_session_import, name="api_session_import"),
+    path("api/turns/<int:turn_id>/branch", chats.api_turn_branch, name="api_turn_branch"),
+    path("compare/", chats.compare_new, name="compare_new"),
+    path("compare/<int:left_id>/<int:right_id>/", chats.compare, name="compare"),
     path("api/sessions/<int:session_id>/turns", chat.api_session_turns, name="api_session_turns"),
     path("api/turns/<int:turn_id>", chat.api_turn_detail, name="api_turn_detail"),
     path("api/turns/<int:turn_id>/cancel", chat.api_turn_cancel, name="api_turn_cancel"),

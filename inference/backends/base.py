@@ -80,6 +80,10 @@ class ChatRequest:
     temperature: float | None = None
     top_p: float | None = None
     seed: int | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    repeat_penalty: float | None = None
+    stop: tuple[str, ...] = ()  # strings that end the reply (the backend leaves them out of the text)
     # Server-side knobs a backend may honour and others ignore (llama.cpp fixes its context at start).
     num_ctx: int | None = None
     keep_alive: str | None = None

@@ -164,7 +164,8 @@ class LlamaCppBackend(Backend):
             "timings_per_token": True,
             "max_tokens": request.max_tokens,
         }
-        for name in ("temperature", "top_p", "seed"):
+        # llama-server's own sampling names (tools/server/README.md, "POST /completion" options).
+        for name in ("temperature", "top_p", "seed", "top_k", "min_p", "repeat_penalty"):
             value = getattr(request, name)
             if value is not None:
                 payload[name] = value
@@ -173,6 +174,8 @@ class LlamaCppBackend(Backend):
             # as ``delta.reasoning_content`` (``reasoning_format`` deepseek), whatever the server's default format.
             payload["chat_template_kwargs"] = {"enable_thinking": request.think}
             payload["reasoning_format"] = "deepseek"
+        if request.stop:
+            payload["stop"] = list(request.stop)
         return payload
 
     async def stream_chat(

@@ -127,10 +127,13 @@ class OllamaBackend(Backend):
 
     def _options(self, request: ChatRequest) -> dict[str, Any]:
         options: dict[str, Any] = {"num_predict": request.max_tokens}
-        for name in ("num_ctx", "temperature", "top_p", "seed"):
+        # Ollama's Options (api/types.go): the same names as llama.cpp's sampler, under ``options``.
+        for name in ("num_ctx", "temperature", "top_p", "seed", "top_k", "min_p", "repeat_penalty"):
             value = getattr(request, name)
             if value is not None:
                 options[name] = value
+        if request.stop:
+            options["stop"] = list(request.stop)
         return options
 
     async def stream_chat(

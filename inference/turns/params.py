@@ -1,51 +1,200 @@
-"""Generation parameters a user may set on a turn: an allowlist with ranges, checked before anything is stored."""
+"""Generation parameters and per-chat settings: the rules they are checked against, how a turn's parameters are
+made from the chat's settings, and how they become a backend request.
+
+Settings are a plain dict, stored validated on ``ChatSession.settings`` and ``ChatPreset.settings`` and copied
+onto each turn's ``params`` (so a reply records what it was generated with). Only names in ``NUMBER_RULES``,
+``system`` and ``stop`` are accepted; a value of the wrong type or out of range is refused with a message naming
+it, and nothing is stored.
+"""
 
 from __future__ import annotations
 
-from typing import Any
+import math
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
-from django.conf import settings
+from django.conf import settings as django_settings
 
+from inference.backends.base import ChatRequest
 from inference.errors import InvalidInput
 
-# name -> (type, minimum, maximum): the only generation parameters passed to a backend.
-PARAM_RULES: dict[str, tuple[type, float, float]] = {
+if TYPE_CHECKING:
+    from inference.models import ChatSession
+
+# name -> (type, minimum, maximum). top_k 0 and min_p 0 switch that sampler off (llama.cpp and Ollama alike);
+# repeat_penalty 1 is no penalty.
+NUMBER_RULES: dict[str, tuple[type, float, float]] = {
     "temperature": (float, 0.0, 2.0),
     "top_p": (float, 0.0, 1.0),
+    "top_k": (int, 0, 1000),
+    "min_p": (float, 0.0, 1.0),
+    "repeat_penalty": (float, 0.0, 2.0),
     "max_tokens": (int, 1, 32_768),
     "seed": (int, 0, 2**31 - 1),
-    # Ollama loads the model with this context (a different one reloads it); llama-server's is fixed at its start.
-    "num_ctx": (int, 256, 1_048_576),
+    "num_ctx": (int, 256, 1_048_576),  # Ollama's context window (reloads the model); llama-server sets its own
+}
+SYSTEM_MAX_CHARS = 8000
+STOP_MAX_STRINGS = 8
+STOP_MAX_CHARS = 64
+PRESET_NAME_MAX_CHARS = 60
+# ``think`` asks a reasoning model to think first (true) or to answer at once (false); left out, the server's default
+# holds (Ollama's ``think``, llama-server's ``chat_template_kwargs.enable_thinking``).
+ALLOWED = (*NUMBER_RULES, "system", "stop", "think")
+# A turn's own: the start of the reply, which the backend continues (continue a reply cut short). llama-server
+# streams it back first, so the turn's reply holds the whole text; Ollama sends only what follows it.
+TURN_ONLY = ("prefill",)
+PREFILL_MAX_CHARS = 100_000
+LABELS = {
+    "temperature": "temperature",
+    "top_p": "top_p",
+    "top_k": "top_k",
+    "min_p": "min_p",
+    "repeat_penalty": "repeat penalty",
+    "max_tokens": "max tokens",
+    "seed": "seed",
+    "num_ctx": "context (num_ctx)",
 }
 
 
-# Switches: ``think`` asks a reasoning model to think first (true) or to answer at once (false); left out, the
-# server's default holds (Ollama's ``think``, llama-server's ``chat_template_kwargs.enable_thinking``).
-BOOL_PARAMS = frozenset({"think"})
+def _bad(message: str) -> InvalidInput:
+    return InvalidInput("bad_params", message)
 
 
-def params_validate(raw: Any) -> dict[str, Any]:
+def _number(name: str, value: Any) -> int | float:
+    kind, low, high = NUMBER_RULES[name]
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise _bad(f"{name} must be a {'whole number' if kind is int else 'number'}")
+    if kind is int and value != int(value):
+        raise _bad(f"{name} must be a whole number")
+    if not low <= value <= high:
+        raise _bad(f"{name} must be between {low:g} and {high:g}")
+    number: int | float = kind(value)
+    return number
+
+
+def _system(value: Any) -> str:
+    if not isinstance(value, str):
+        raise _bad("system must be text")
+    if not value.strip():
+        raise _bad("The system prompt is empty: leave it out for none.")
+    if len(value) > SYSTEM_MAX_CHARS:
+        raise _bad(f"The system prompt has {len(value)} characters; the limit is {SYSTEM_MAX_CHARS}.")
+    return value
+
+
+def _stop(value: Any) -> list[str]:
+    if not isinstance(value, list) or not all(isinstance(item, str) for item in value):
+        raise _bad("stop must be a list of strings")
+    if len(value) > STOP_MAX_STRINGS:
+        raise _bad(f"stop has {len(value)} strings; the limit is {STOP_MAX_STRINGS}.")
+    for item in value:
+        if not item:
+            raise _bad("A stop string is empty.")
+        if len(item) > STOP_MAX_CHARS:
+            raise _bad(f"A stop string has {len(item)} characters; the limit is {STOP_MAX_CHARS}.")
+    return list(value)
+
+
+def _prefill(value: Any) -> str:
+    if not isinstance(value, str) or not value:
+        raise _bad("prefill must be non-empty text")
+    if len(value) > PREFILL_MAX_CHARS:
+        raise _bad(f"prefill has {len(value)} characters; the limit is {PREFILL_MAX_CHARS}.")
+    return value
+
+
+def params_validate(raw: Any, *, turn: bool = False) -> dict[str, Any]:
+    """Checked settings (``turn``: a turn's parameters, which may also carry a ``prefill``): only allowed names,
+    each of its type and in range. ``None`` or an empty string is no settings; an empty stop list is none."""
     if raw in (None, ""):
         return {}
     if not isinstance(raw, dict):
-        raise InvalidInput("bad_params", "params must be an object")
+        raise _bad("params must be an object")
+    allowed = (*ALLOWED, *TURN_ONLY) if turn else ALLOWED
     clean: dict[str, Any] = {}
     for name, value in raw.items():
-        if name in BOOL_PARAMS:
+        if name not in allowed:
+            raise _bad(f"unknown parameter {name!r}; allowed: {sorted(allowed)}")
+        if name == "prefill":
+            clean[name] = _prefill(value)
+        elif name == "system":
+            clean[name] = _system(value)
+        elif name == "think":
             if not isinstance(value, bool):
-                raise InvalidInput("bad_params", f"{name} must be true or false")
+                raise _bad("think must be true or false")
             clean[name] = value
-            continue
-        if name not in PARAM_RULES:
-            allowed = sorted({*PARAM_RULES, *BOOL_PARAMS})
-            raise InvalidInput("bad_params", f"unknown parameter {name!r}; allowed: {allowed}")
-        kind, low, high = PARAM_RULES[name]
-        if isinstance(value, bool) or not isinstance(value, int | float) or (kind is int and value != int(value)):
-            raise InvalidInput("bad_params", f"{name} must be a {kind.__name__}")
-        if not low <= value <= high:
-            raise InvalidInput("bad_params", f"{name} must be between {low:g} and {high:g}")
-        clean[name] = kind(value)
-    limit = settings.RIGDASH.max_reply_tokens
+        elif name == "stop":
+            if value != []:
+                clean[name] = _stop(value)
+        else:
+            clean[name] = _number(name, value)
+    limit = django_settings.RIGDASH.max_reply_tokens
     if clean.get("max_tokens", 0) > limit:
-        raise InvalidInput("bad_params", f"max_tokens is limited to {limit} on this server")
+        raise _bad(f"max_tokens is limited to {limit} on this server")
     return clean
+
+
+def turn_params(*, session: ChatSession, raw: Any) -> dict[str, Any]:
+    """A new turn's parameters: the chat's stored settings, with what the request itself sets on top."""
+    return {**params_validate(session.settings or {}), **params_validate(raw, turn=True)}
+
+
+def chat_request(model: str, messages: list[dict[str, str]], max_tokens: int, params: Mapping[str, Any]) -> ChatRequest:
+    """The backend request for a turn: its system prompt first, then the conversation, with its sampling."""
+    if params.get("system"):
+        messages = [{"role": "system", "content": params["system"]}, *messages]
+    if params.get("prefill"):
+        messages = [*messages, {"role": "assistant", "content": params["prefill"]}]
+    return ChatRequest(
+        model=model,
+        messages=messages,
+        max_tokens=max_tokens,
+        temperature=params.get("temperature"),
+        top_p=params.get("top_p"),
+        seed=params.get("seed"),
+        top_k=params.get("top_k"),
+        min_p=params.get("min_p"),
+        repeat_penalty=params.get("repeat_penalty"),
+        stop=tuple(params.get("stop") or ()),
+        think=params.get("think"),
+        num_ctx=params.get("num_ctx"),
+    )
+
+
+def settings_summary(values: Mapping[str, Any]) -> str:
+    """One line for the chat's header: what differs from the model's defaults."""
+    parts = [f"{LABELS[name]} {values[name]:g}" for name in NUMBER_RULES if name in values]
+    if values.get("stop"):
+        parts.append(f"{len(values['stop'])} stop string{'s' if len(values['stop']) != 1 else ''}")
+    if values.get("system"):
+        parts.insert(0, f"system prompt ({len(values['system'])} chars)")
+    return " · ".join(parts) or "model defaults"
+
+
+def form_values(data: Mapping[str, str]) -> dict[str, Any]:
+    """Settings from the page's form (every value a string; an empty field is unset), then checked."""
+    raw: dict[str, Any] = {}
+    for name, (kind, _low, _high) in NUMBER_RULES.items():
+        text = (data.get(name) or "").strip()
+        if not text:
+            continue
+        try:
+            raw[name] = int(text) if kind is int else float(text)
+        except ValueError:
+            raise _bad(f"{name} must be a {'whole number' if kind is int else 'number'}, not {text[:20]!r}") from None
+    system = data.get("system") or ""
+    if system.strip():
+        raw["system"] = system.replace("\r\n", "\n")
+    stop = [line for line in (data.get("stop") or "").replace("\r\n", "\n").split("\n") if line]
+    if stop:
+        raw["stop"] = stop
+    return params_validate(raw)
+
+
+def preset_name_validate(raw: Any) -> str:
+    name = raw.strip() if isinstance(raw, str) else ""
+    if not name:
+        raise InvalidInput("bad_preset", "Give the preset a name.")
+    if len(name) > PRESET_NAME_MAX_CHARS:
+        raise InvalidInput("bad_preset", f"A preset name has at most {PRESET_NAME_MAX_CHARS} characters.")
+    return name

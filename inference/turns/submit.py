@@ -17,7 +17,7 @@ from inference.queue import dispatch, quotas
 from inference.queue.quotas import Limits
 from inference.queue.tickets import StartTicket
 from inference.turns import board_rows, selectors
-from inference.turns.params import params_validate
+from inference.turns.params import turn_params
 
 
 def turn_submit(*, session: ChatSession, text: Any, params: Any = None) -> Turn:
@@ -122,7 +122,7 @@ def _turn_prepare(*, session: ChatSession, text: Any, params: Any, busy: set[int
     limit = settings.RIGDASH.max_message_chars
     if len(text) > limit:
         raise InvalidInput("message_too_long", f"The message has {len(text)} characters; the limit is {limit}.")
-    clean_params = params_validate(params)
+    clean_params = turn_params(session=session, raw=params)  # the chat's settings, then the turn's own
     if not session.rig.enabled:
         raise InvalidInput("rig_disabled", f"rig {session.rig.name} is disabled")
 

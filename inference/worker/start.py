@@ -27,6 +27,7 @@ from inference.models import Rig, Turn
 from inference.queue.quotas import TurnBudget
 from inference.queue.tickets import StartTicket, tickets_by_turn
 from inference.turns import board_rows, lifecycle
+from inference.turns import params as turn_params
 from inference.turns.selectors import turn_snapshot
 from inference.worker import claim as claims
 from inference.worker import loop, stream
@@ -41,16 +42,7 @@ FINISH_RETRY_S = (0.5, 2.0, 5.0)  # a turn's end the database refused is stored 
 
 
 def _chat_request(model: str, messages: list[dict[str, str]], max_tokens: int, params: dict[str, Any]) -> ChatRequest:
-    return ChatRequest(
-        model=model,
-        messages=messages,
-        max_tokens=max_tokens,
-        temperature=params.get("temperature"),
-        top_p=params.get("top_p"),
-        seed=params.get("seed"),
-        think=params.get("think"),
-        num_ctx=params.get("num_ctx"),
-    )
+    return turn_params.chat_request(model, messages, max_tokens, params)
 
 
 async def run_claimed_turn(

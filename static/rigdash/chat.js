@@ -32,30 +32,111 @@
     banner.textContent = "";
   }
 
-  function fmt(value, digits) {
-    return value === null || value === undefined ? "–" : Number(value).toFixed(digits);
+  const statsText = RigDashStats.statsText;
+
+  function copyButton(testid, label, text) {
+    const button = document.createElement("button");
+    button.type = "button";
+    button.className = "copy";
+    button.dataset.testid = testid;
+    button.textContent = "Copy";
+    button.setAttribute("aria-label", label);
+    button.addEventListener("click", () => RigDashMarkdown.copyFeedback(button, RigDashMarkdown.copyText(text())));
+    return button;
   }
 
-  function statsText(t) {
-    const s = t.stats || {};
-    const parts = [];
-    parts.push(t.status === "decoding" || t.status === "prompt" || t.status === "queued" ? t.status : t.finish_reason || t.status);
-    if (t.status === "queued" && t.queue_position === 0) parts.push("starting");
-    if (t.status === "queued" && t.queue_position > 0) {
-      const ahead = t.queue_ahead === 1 ? "1 turn waits" : `${t.queue_ahead} turns wait`;
-      parts.push(`position ${t.queue_position} in the queue (${ahead} ahead of yours)`);
+  // Branches (inference/chat_branch.py): regenerate and edit-and-resend make a new chat holding the conversation up to
+  // that turn; both chats link to each other's version here.
+  const versionsCfg = cfg.versions || { origin: null, branches: {} };
+  const csrfInput = document.querySelector("[name=csrfmiddlewaretoken]");
+
+  function versionLinks(turnId, index) {
+    const links = [];
+    const origin = versionsCfg.origin;
+    if (origin && origin.index === index) links.push({ href: `/sessions/${origin.session}/`, text: `earlier version: ${origin.title}` });
+    (versionsCfg.branches[String(turnId)] || []).forEach((b) => links.push({ href: `/sessions/${b.session}/`, text: b.title }));
+    if (!links.length) return null;
+    const nav = document.createElement("nav");
+    nav.className = "versions muted";
+    nav.dataset.testid = "versions";
+    nav.setAttribute("aria-label", "Other versions of this message");
+    nav.append("Other versions: ");
+    links.forEach((link, i) => {
+      const a = document.createElement("a");
+      a.href = link.href;
+      a.textContent = link.text; // textContent: titles are user text
+      if (i) nav.append(" · ");
+      nav.append(a);
+    });
+    return nav;
+  }
+
+  function actionButton(testid, text, label, onClick) {
+    const button = document.createElement("button");
+    button.type = "button";
+    button.className = "copy turn-action";
+    button.dataset.testid = testid;
+    button.textContent = text;
+    button.setAttribute("aria-label", label);
+    button.addEventListener("click", onClick);
+    return button;
+  }
+
+  async function branch(t, text, button, continueReply) {
+    clearError();
+    if (button) button.disabled = true;
+    try {
+      const response = await fetch(`/api/turns/${t.id}/branch`, {
+        method: "POST",
+        headers: { "Content-Type": "application/json", "X-CSRFToken": csrfInput ? csrfInput.value : "" },
+        body: JSON.stringify(continueReply ? { continue: true } : text === null ? {} : { text }),
+        credentials: "same-origin",
+      });
+      const body = await response.json().catch(() => ({}));
+      if (response.ok && body.url) {
+        window.location.assign(body.url);
+        return;
+      }
+      showError((body.error && body.error.message) || `The branch was refused (HTTP ${response.status}).`);
+    } catch (e) {
+      showError("Could not reach the server.");
     }
-    if (t.status === "queued" && t.waiting_reason) parts.push(t.waiting_reason);
-    if (s.ttft_ms !== undefined) parts.push(`TTFT ${fmt(s.ttft_ms, 0)} ms`);
-    const n = s.output_tokens !== undefined ? s.output_tokens : s.tokens;
-    if (n !== undefined) parts.push(`${n} tokens`);
-    if (s.decode_tps !== undefined) parts.push(`${fmt(s.decode_tps, 1)} tok/s`);
-    parts.push(...RigDashThinking.statsParts(s));
-    if (s.prompt_tokens !== undefined && s.prompt_tokens !== null) parts.push(`prompt ${s.prompt_tokens} tok in ${fmt(s.prompt_ms, 0)} ms`);
-    if (s.context_tokens && s.context_limit) parts.push(`context ${s.context_tokens} / ${s.context_limit}`);
-    const timings = s.backend_timings || {};
-    if (timings.draft_n > 0) parts.push(`drafts ${fmt((100 * timings.draft_n_accepted) / timings.draft_n, 0)} % accepted (${timings.draft_n_accepted} / ${timings.draft_n})`);
-    return parts.join(" · ");
+    if (button) button.disabled = false;
+  }
+
+  function startEdit(t) {
+    const user = t.el.querySelector(".user-msg");
+    if (t.el.querySelector(".edit-form")) return;
+    const editor = document.createElement("form");
+    editor.className = "edit-form";
+    const area = document.createElement("textarea");
+    area.value = t.userText;
+    area.rows = 3;
+    area.dataset.testid = "edit-text";
+    area.setAttribute("aria-label", "Edited message");
+    const send = document.createElement("button");
+    send.type = "submit";
+    send.textContent = "Send as a branch";
+    send.dataset.testid = "edit-send";
+    const cancel = document.createElement("button");
+    cancel.type = "button";
+    cancel.className = "secondary";
+    cancel.textContent = "Cancel";
+    cancel.addEventListener("click", () => editor.remove());
+    editor.append(area, send, cancel);
+    editor.addEventListener("submit", (event) => {
+      event.preventDefault();
+      if (!area.value.trim()) return showError("The message is empty.");
+      branch(t, area.value, send);
+    });
+    area.addEventListener("keydown", (event) => {
+      if (event.key === "Escape") {
+        event.stopPropagation();
+        editor.remove();
+      }
+    });
+    user.after(editor);
+    area.focus();
   }
 
   function ensureTurn(snapshot) {
@@ -84,11 +165,24 @@
       err.className = "turn-error error";
       err.hidden = true;
       const thinking = new RigDashThinking.ThinkingBlock();
-      el.append(user, thinking.el, reply, stats, gauge, err);
+      const userTools = document.createElement("div");
+      userTools.className = "msg-tools user-tools";
+      const versions = versionLinks(snapshot.id, list.children.length);
+      if (versions) userTools.append(versions);
+      const edit = actionButton("edit", "Edit", "Edit this message and send it as a branch", () => startEdit(t));
+      const regen = actionButton("regenerate", "Regenerate", "Regenerate: answer this message again, keeping this reply", () => branch(t, null, regen));
+      userTools.append(edit, regen, copyButton("copy-message", "Copy your message", () => t.userText));
+      const tools = document.createElement("div");
+      tools.className = "msg-tools";
+      const more = actionButton("continue", "Continue", "Continue this reply where it was cut off", () => branch(t, null, more, true));
+      more.classList.add("continue-action");
+      tools.append(stats, gauge, copyButton("copy-reply", "Copy the reply as Markdown", () => t.text), more);
+      el.append(user, userTools, thinking.el, reply, tools, err);
       list.appendChild(el);
       t = { id: snapshot.id, text: "", thought: "", seq: 0, status: "", stats: {}, el, renderer: new RigDashMarkdown.ReplyRenderer(reply), thinking, resyncing: false };
       turns.set(snapshot.id, t);
       user.textContent = snapshot.user_text;
+      t.userText = snapshot.user_text;
     }
     return t;
   }
@@ -116,6 +210,10 @@
 
   function updateTurnChrome(t) {
     t.el.dataset.status = t.status;
+    t.el.querySelectorAll(".turn-action").forEach((b) => (b.hidden = ACTIVE.has(t.status)));
+    // Continue: a reply cut by its token cap or stopped, with text to go on from.
+    const cut = t.finish_reason === "length" || t.status === "cancelled";
+    t.el.querySelector(".continue-action").hidden = ACTIVE.has(t.status) || !cut || !t.text;
     t.el.querySelector(".stats").textContent = statsText(t);
     const s = t.stats || {};
     const gauge = t.el.querySelector(".ctx-gauge");
@@ -196,7 +294,8 @@
   };
 
   function scrollToEnd() {
-    list.lastElementChild?.scrollIntoView({ block: "end" });
+    // After the replies' next render (ReplyRenderer draws on the animation frame this one follows).
+    requestAnimationFrame(() => list.lastElementChild?.scrollIntoView({ block: "end" }));
   }
 
   const socket = RigDashSocket.open(`/ws/chat/${cfg.session}/`, {
@@ -229,9 +328,33 @@
       form.requestSubmit();
     }
   });
-  stopBtn.addEventListener("click", () => {
+  function stopReplies() {
     turns.forEach((t) => {
       if (ACTIVE.has(t.status)) send({ type: "turn.cancel", turn: t.id });
     });
+  }
+  stopBtn.addEventListener("click", stopReplies);
+
+  // Keyboard: Esc stops a running reply; "/" outside a text field goes to the message box.
+  document.addEventListener("keydown", (event) => {
+    if (event.key === "Escape" && !stopBtn.hidden) {
+      event.preventDefault();
+      stopReplies();
+      return;
+    }
+    const target = event.target;
+    const typing = target.closest && target.closest("input, textarea, select, [contenteditable]");
+    if (event.key === "/" && !typing && !event.ctrlKey && !event.metaKey && !event.altKey) {
+      event.preventDefault();
+      input.focus();
+    }
+  });
+
+  const sidebar = document.querySelector("[data-testid=sidebar]");
+  const sidebarToggle = document.querySelector("[data-testid=sidebar-toggle]");
+  sidebarToggle.addEventListener("click", () => {
+    const open = sidebarToggle.getAttribute("aria-expanded") !== "true";
+    sidebarToggle.setAttribute("aria-expanded", String(open));
+    sidebar.classList.toggle("open", open);
   });
 })();

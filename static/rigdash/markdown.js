@@ -6,6 +6,9 @@
  *
  * A growing reply is split at the last blank line outside a code fence: blocks before it are
  * rendered once and kept; only the tail is re-rendered, at most once per animation frame.
+ *
+ * Code blocks are coloured by highlight.js (static/vendor, which builds its spans from the code's text) after
+ * sanitising, and get a copy button: a finished block once, the tail's with each render once its fence is closed.
  */
 (function () {
   "use strict";
@@ -39,6 +42,77 @@
   function renderMarkdown(text) {
     return DOMPurify.sanitize(marked.parse(text), PURIFY);
   }
+
+  const HIGHLIGHT_MAX_CHARS = 20000; // longer blocks stay plain: colouring them would stall a frame
+  if (window.hljs) window.hljs.configure({ ignoreUnescapedHTML: true });
+
+  function codeLanguage(code) {
+    const match = /(?:^|\s)language-([\w+#.-]+)/.exec(code.className);
+    return match ? match[1] : "";
+  }
+
+  /** Give each code block under `root` a copy button, and colour it unless `highlight` is false. */
+  function enhance(root, highlight = true) {
+    root.querySelectorAll("pre > code").forEach((code) => {
+      const pre = code.parentElement;
+      if (pre.dataset.enhanced) return;
+      pre.dataset.enhanced = "1";
+      const lang = codeLanguage(code);
+      const hljs = window.hljs;
+      if (highlight && hljs && code.textContent.length <= HIGHLIGHT_MAX_CHARS && (!lang || hljs.getLanguage(lang))) {
+        try {
+          hljs.highlightElement(code);
+        } catch (e) {
+          /* left plain */
+        }
+      }
+      const tools = document.createElement("div");
+      tools.className = "code-tools";
+      const label = document.createElement("span");
+      label.textContent = lang || code.result?.language || "";
+      const copy = document.createElement("button");
+      copy.type = "button";
+      copy.className = "copy";
+      copy.dataset.copy = "code";
+      copy.dataset.testid = "copy-code";
+      copy.textContent = "Copy";
+      copy.setAttribute("aria-label", lang ? `Copy the ${lang} code` : "Copy the code");
+      tools.append(label, copy);
+      pre.prepend(tools);
+    });
+  }
+
+  /** Put `text` on the clipboard (the async API where the page may; else a selected textarea). */
+  function copyText(text) {
+    if (navigator.clipboard && window.isSecureContext) return navigator.clipboard.writeText(text);
+    const area = document.createElement("textarea");
+    area.value = text;
+    area.setAttribute("readonly", "");
+    area.className = "visually-hidden";
+    document.body.appendChild(area);
+    area.select();
+    const ok = document.execCommand("copy");
+    area.remove();
+    return ok ? Promise.resolve() : Promise.reject(new Error("copy refused"));
+  }
+
+  /** Show "Copied" on `button` for a moment (announced to screen readers through its label). */
+  function copyFeedback(button, promise) {
+    const before = button.textContent;
+    promise.then(
+      () => (button.textContent = "Copied"),
+      () => (button.textContent = "Copy failed"),
+    );
+    setTimeout(() => (button.textContent = before), 1500);
+  }
+
+  // One listener per page for every code block's button, wherever it is rendered.
+  document.addEventListener("click", (event) => {
+    const button = event.target.closest ? event.target.closest("button.copy[data-copy=code]") : null;
+    if (!button) return;
+    const code = button.closest("pre")?.querySelector("code");
+    if (code) copyFeedback(button, copyText(code.textContent));
+  });
 
   /** Index just past the last blank line that is not inside a ``` fence (0 if none). */
   function stableEnd(text, from) {
@@ -86,12 +160,17 @@
       if (end > this.stableLen) {
         const block = document.createElement("div");
         block.innerHTML = renderMarkdown(this.text.slice(this.stableLen, end));
+        enhance(block);
         this.stable.appendChild(block);
         this.stableLen = end;
       }
-      this.tail.innerHTML = renderMarkdown(this.text.slice(this.stableLen));
+      const tail = this.text.slice(this.stableLen);
+      this.tail.innerHTML = renderMarkdown(tail);
+      // A fence still open is code still arriving: it is coloured once closed, so a long block streaming in costs
+      // each frame its Markdown alone.
+      enhance(this.tail, (tail.match(/^```/gm) || []).length % 2 === 0);
     }
   }
 
-  window.RigDashMarkdown = { ReplyRenderer, renderMarkdown };
+  window.RigDashMarkdown = { ReplyRenderer, renderMarkdown, enhance, copyText, copyFeedback };
 })();

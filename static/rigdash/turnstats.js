@@ -1,0 +1,33 @@
+/* A turn's stats line (status, queue position, TTFT, tokens, tok/s, prompt, context), shared by the chat and
+ * compare pages. */
+(function () {
+  "use strict";
+
+  function fmt(value, digits) {
+    return value === null || value === undefined ? "–" : Number(value).toFixed(digits);
+  }
+
+  function statsText(t) {
+    const s = t.stats || {};
+    const parts = [];
+    parts.push(t.status === "decoding" || t.status === "prompt" || t.status === "queued" ? t.status : t.finish_reason || t.status);
+    if (t.status === "queued" && t.queue_position === 0) parts.push("starting");
+    if (t.status === "queued" && t.queue_position > 0) {
+      const ahead = t.queue_ahead === 1 ? "1 turn waits" : `${t.queue_ahead} turns wait`;
+      parts.push(`position ${t.queue_position} in the queue (${ahead} ahead of yours)`);
+    }
+    if (t.status === "queued" && t.waiting_reason) parts.push(t.waiting_reason);
+    if (s.ttft_ms !== undefined) parts.push(`TTFT ${fmt(s.ttft_ms, 0)} ms`);
+    const n = s.output_tokens !== undefined ? s.output_tokens : s.tokens;
+    if (n !== undefined) parts.push(`${n} tokens`);
+    if (s.decode_tps !== undefined) parts.push(`${fmt(s.decode_tps, 1)} tok/s`);
+    if (window.RigDashThinking) parts.push(...window.RigDashThinking.statsParts(s));
+    if (s.prompt_tokens !== undefined && s.prompt_tokens !== null) parts.push(`prompt ${s.prompt_tokens} tok in ${fmt(s.prompt_ms, 0)} ms`);
+    if (s.context_tokens && s.context_limit) parts.push(`context ${s.context_tokens} / ${s.context_limit}`);
+    const timings = s.backend_timings || {};
+    if (timings.draft_n > 0) parts.push(`drafts ${fmt((100 * timings.draft_n_accepted) / timings.draft_n, 0)} % accepted (${timings.draft_n_accepted} / ${timings.draft_n})`);
+    return parts.join(" · ");
+  }
+
+  window.RigDashStats = { statsText };
+})();
