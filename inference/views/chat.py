@@ -5,7 +5,6 @@ from __future__ import annotations
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from django.conf import settings
 from django.contrib.auth.decorators import login_required
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import get_object_or_404, redirect, render
@@ -15,7 +14,7 @@ from inference.backends.base import BackendError
 from inference.errors import InvalidInput
 from inference.models import Rig
 from inference.turns import lifecycle, selectors, sessions, submit
-from inference.views.http import api_view, json_body, json_error, or_404
+from inference.views.http import api_view, json_body, json_error
 
 
 def _rig_choices() -> list[dict[str, Any]]:
@@ -30,16 +29,6 @@ def _rig_choices() -> list[dict[str, Any]]:
 
     with ThreadPoolExecutor(max_workers=max(1, min(8, len(rigs)))) as pool:
         return list(pool.map(describe, rigs))
-
-
-@login_required
-@require_GET
-def session_list(request: HttpRequest) -> HttpResponse:
-    return render(
-        request,
-        "inference/session_list.html",
-        {"sessions": selectors.session_list_for(request.user)[:100], "rigs": _rig_choices()},
-    )
 
 
 @login_required
@@ -64,21 +53,6 @@ def session_create(request: HttpRequest) -> HttpResponse:
             status=400,
         )
     return redirect("inference:session_detail", session_id=session.pk)
-
-
-@login_required
-@require_GET
-def session_detail(request: HttpRequest, session_id: int) -> HttpResponse:
-    session = or_404(selectors.session_get_for, request.user, session_id)
-    return render(
-        request,
-        "inference/chat.html",
-        {
-            "session": session,
-            "sessions": selectors.session_list_for(request.user)[:50],
-            "page_config": {"session": session.pk, "maxChars": settings.RIGDASH.max_message_chars},
-        },
-    )
 
 
 @api_view()
