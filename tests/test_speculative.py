@@ -15,10 +15,10 @@ from django.test import Client
 from django.utils import timezone
 from prometheus_client.parser import text_string_to_metric_families
 
-from inference import services
 from inference.backends.base import ChatRequest
 from inference.backends.llamacpp import LlamaCppBackend, draft_counts
 from inference.models import ChatSession, Rig, Turn
+from inference.turns.submit import turn_submit
 from monitoring import prometheus, selectors, turn_metrics
 from monitoring.sampling import RigSampler
 from rigdash.launcher import Stack, free_port, llama_server_command, wait_http
@@ -78,7 +78,7 @@ def test_a_turn_keeps_its_acceptance_and_the_rig_shows_it(draft_url, celery_work
     monkeypatch.setattr(prometheus, "turn_totals", turn_metrics.TurnTotals())
     rig = Rig.objects.create(name="drafting", kind=Rig.Kind.LLAMACPP, base_url=draft_url, queue=TEST_QUEUE, slots=1)
     session = ChatSession.objects.create(owner=owner, rig=rig, model_name="SmolLM2")
-    turn = services.turn_submit(session=session, text=PROMPT[0]["content"], params={"temperature": 0, "max_tokens": 24})
+    turn = turn_submit(session=session, text=PROMPT[0]["content"], params={"temperature": 0, "max_tokens": 24})
     wait_until(lambda: Turn.objects.get(pk=turn.pk).finished_at, timeout_s=120, what="the drafted turn to end")
     turn.refresh_from_db()
     assert turn.status == Turn.Status.DONE, turn.error
