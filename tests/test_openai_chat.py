@@ -12,6 +12,7 @@ from django.utils import timezone
 
 from inference.board import apikeys
 from inference.models import ChatSession, Quota, Turn
+from inference.turns.board_rows import board_row_for
 from tests.conftest import llama_busy_slots, wait_until
 
 pytestmark = [pytest.mark.llama, pytest.mark.django_db(transaction=True)]
@@ -41,6 +42,7 @@ def test_a_completion_is_a_turn_with_the_requests_messages(web_url, celery_worke
     assert choice.finish_reason in ("stop", "length") and answer.model == model_name
     assert answer.usage.completion_tokens == turn.output_tokens > 0
     assert answer.usage.prompt_tokens == turn.prompt_tokens > 60  # the system message reached the model
+    assert board_row_for(turn.pk)["via_api"] is True  # the admin board marks it
     # The other user sees nothing of it.
     other = Client()
     other.force_login(other_user)

@@ -42,6 +42,7 @@ def board_row(turn: Turn, *, position: int | None, progress: Mapping[str, Any] |
         "session": turn.session_id,
         "user": turn.session.owner.get_username(),
         "user_id": turn.session.owner_id,
+        "via_api": turn.session.api_key_id is not None,  # a request of the OpenAI-compatible API
         "rig": turn.session.rig.name,
         "rig_id": turn.session.rig_id,
         "model": turn.session.model_name,

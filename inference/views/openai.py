@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import json
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -70,12 +71,26 @@ class CatalogueEntry:
     context_length: int | None = None
 
 
+CATALOGUE_TTL_S = 60.0  # a rig's model list is asked again after this: not a backend round trip per request
+_served: dict[tuple[int, str], tuple[float, list[tuple[str, int | None]]]] = {}
+
+
+def _models_of(rig: Rig) -> list[tuple[str, int | None]]:
+    key, now = (rig.pk, rig.base_url), time.monotonic()
+    cached = _served.get(key)
+    if cached is not None and now - cached[0] < CATALOGUE_TTL_S:
+        return cached[1]
+    models = [(m.name, m.context_length) for m in rig_models(rig)]  # a failure is not kept: asked again next time
+    _served[key] = (now, models)
+    return models
+
+
 def model_catalogue() -> list[CatalogueEntry]:
-    """Every model the enabled rigs serve now (a rig whose backend cannot say is left out)."""
+    """Every model the enabled rigs serve (a rig whose backend cannot say is left out)."""
     found: list[tuple[Rig, str, int | None]] = []
     for rig in rig_list_enabled().order_by("-is_default", "name"):
         try:
-            found.extend((rig, m.name, m.context_length) for m in rig_models(rig))
+            found.extend((rig, name, ctx) for name, ctx in _models_of(rig))
         except BackendError:
             continue
     names = [model for _, model, _ in found]

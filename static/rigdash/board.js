@@ -97,7 +97,7 @@
     entry.el.dataset.status = d.status;
     entry.el.dataset.user = d.user;
     setText(c.id, d.id);
-    setText(c.user, d.user);
+    setText(c.user, d.via_api ? `${d.user} (via API)` : d.user);
     setText(c.rig, d.rig);
     setText(c.model, d.model);
     setText(c.state, stateText(d));
