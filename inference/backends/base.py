@@ -45,6 +45,20 @@ class BackendProtocolError(BackendError):
     code = "backend_protocol"
 
 
+UNREADABLE_EVENT = "the backend sent an event RigDash cannot read"
+
+
+class BackendBadEvent(BackendProtocolError):
+    """A stream event in valid framing that is not what the server's protocol sends (not JSON, not an object,
+    not UTF-8, a field of the wrong type): the reply cannot go on, and retrying would read the same."""
+
+    code = "backend_bad_event"
+
+    def __init__(self, detail: str = "") -> None:
+        super().__init__(UNREADABLE_EVENT)
+        self.detail = detail
+
+
 @dataclass(frozen=True)
 class ModelInfo:
     name: str
