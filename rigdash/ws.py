@@ -8,7 +8,6 @@ the object does not exist or is not the user's.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 import weakref
@@ -21,6 +20,7 @@ from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from channels.sessions import CookieMiddleware, InstanceSessionWrapper, SessionMiddleware
 from django.conf import settings
 
+from rigdash import strictjson
 from rigdash.access import active_now, staff_id_now
 from rigdash.groups import user_group
 
@@ -39,9 +39,9 @@ def parse_frame(text_data: str | None) -> dict[str, Any] | tuple[str, str]:
     if len(text_data.encode("utf-8")) > limit:
         return "frame_too_large", f"Frames are limited to {limit} bytes."
     try:
-        content = json.loads(text_data)
+        content = strictjson.loads(text_data)
     except ValueError:
-        return "bad_json", "The frame is not valid JSON."
+        return "bad_json", "The frame is not valid JSON (numbers must be finite, nesting shallow)."
     if not isinstance(content, dict):
         return "bad_frame", "A frame must be a JSON object with a type."
     return content

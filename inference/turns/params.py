@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from django.conf import settings
@@ -27,7 +28,9 @@ def params_validate(raw: Any) -> dict[str, Any]:
         if name not in PARAM_RULES:
             raise InvalidInput("bad_params", f"unknown parameter {name!r}; allowed: {sorted(PARAM_RULES)}")
         kind, low, high = PARAM_RULES[name]
-        if isinstance(value, bool) or not isinstance(value, int | float) or (kind is int and value != int(value)):
+        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+            raise InvalidInput("bad_params", f"{name} must be a finite {kind.__name__}")
+        if kind is int and value != int(value):
             raise InvalidInput("bad_params", f"{name} must be a {kind.__name__}")
         if not low <= value <= high:
             raise InvalidInput("bad_params", f"{name} must be between {low:g} and {high:g}")

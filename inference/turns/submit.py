@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -18,6 +19,8 @@ from inference.queue.quotas import Limits
 from inference.queue.tickets import StartTicket
 from inference.turns import board_rows, selectors
 from inference.turns.params import params_validate
+
+log = logging.getLogger(__name__)
 
 
 def turn_submit(*, session: ChatSession, text: Any, params: Any = None) -> Turn:
@@ -85,6 +88,9 @@ def _turns_submit_atomic(requests: Sequence[SubmitRequest], results: list[Submit
                 )
             except InvalidInput as exc:
                 results.append(exc)
+            except (ValueError, TypeError, ArithmeticError) as exc:  # input no check foresaw: this submit's alone
+                log.warning("submit refused: %r", exc)
+                results.append(InvalidInput("bad_request", "This message could not be stored."))
         turns = [r for r in results if isinstance(r, Turn)]
         _turns_insert(turns)
         _turns_stored(turns, conversations=conversations, limits=limits)
