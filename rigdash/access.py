@@ -33,3 +33,24 @@ def staff_id_now(user_id: int) -> bool:
 
 def active_now(user_id: int) -> bool:
     return bool(get_user_model().objects.filter(pk=user_id, is_active=True).exists())
+
+
+# Roles, highest first: superuser > staff > user. Nobody changes the role or active state of someone at or above
+# their own role (their own account aside, where the views say so), and the last active superuser stays.
+ROLE_USER, ROLE_STAFF, ROLE_SUPERUSER = 0, 1, 2
+
+
+def role_rank(user: Any) -> int:
+    if getattr(user, "is_superuser", False):
+        return ROLE_SUPERUSER
+    return ROLE_STAFF if getattr(user, "is_staff", False) else ROLE_USER
+
+
+def outranks(actor: Any, target: Any) -> bool:
+    """``actor`` may change ``target``'s role, active state or groups: a strictly higher role."""
+    return role_rank(actor) > role_rank(target)
+
+
+def other_active_superusers(user_id: int) -> bool:
+    """An active superuser other than ``user_id`` exists (so ``user_id`` may stop being one)."""
+    return bool(get_user_model().objects.filter(is_active=True, is_superuser=True).exclude(pk=user_id).exists())
