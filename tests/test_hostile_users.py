@@ -135,3 +135,27 @@ async def test_a_database_error_in_a_burst_is_retried_one_by_one_so_only_its_sub
     assert isinstance(outcomes[0], Turn)
     assert isinstance(outcomes[1], DataError)
     assert isinstance(outcomes[2], Turn)
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_a_burst_of_submits_from_several_sockets_passes_a_concurrent_quota_of_one_once(owner):
+    from inference.models import Quota
+
+    def setup() -> list[int]:
+        rig = Rig.objects.create(name="idle", kind="llamacpp", base_url="http://127.0.0.1:9", queue="rig.idle")
+        Quota.objects.create(user=owner, max_concurrent_turns=1)
+        return [ChatSession.objects.create(owner=owner, rig=rig, model_name="m").pk for _ in range(5)]
+
+    session_ids = await sync_to_async(setup)()
+    cookie = await sync_to_async(session_cookie_for)(owner)
+    sockets = [ChatSocket(session_id, cookie) for session_id in session_ids]
+    for sock in sockets:
+        assert (await sock.connect())[0]
+        await sock.recv()  # session.snapshot
+    await asyncio.gather(*(sock.send({"type": "turn.send", "text": "go"}) for sock in sockets))
+    answers = [await sock.recv_until(lambda f: f["type"] in ("turn.queued", "error"), timeout=20) for sock in sockets]
+    assert sorted(a["type"] for a in answers) == ["error"] * 4 + ["turn.queued"], answers
+    assert {a["code"] for a in answers if a["type"] == "error"} == {"quota_concurrent_turns"}
+    assert await Turn.objects.filter(session__owner=owner).acount() == 1
+    for sock in sockets:
+        await sock.close()

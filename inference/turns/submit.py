@@ -83,8 +83,16 @@ def _turns_submit_atomic(requests: Sequence[SubmitRequest], results: list[Submit
                 session = sessions.get((request.user.pk, request.session_id))
                 if session is None:
                     raise NotFound("chat session")  # another user's looks exactly like a missing one
+                pending = sum(1 for r in results if isinstance(r, Turn) and r.session.owner_id == session.owner_id)
                 results.append(
-                    _turn_prepare(session=session, text=request.text, params=request.params, busy=busy, limits=limits)
+                    _turn_prepare(
+                        session=session,
+                        text=request.text,
+                        params=request.params,
+                        busy=busy,
+                        limits=limits,
+                        pending=pending,
+                    )
                 )
             except InvalidInput as exc:
                 results.append(exc)
@@ -112,11 +120,13 @@ def _sessions_read(session_ids: set[int]) -> tuple[set[int], dict[int, list[dict
     return busy, conversations
 
 
-def _turn_prepare(*, session: ChatSession, text: Any, params: Any, busy: set[int], limits: dict[int, Limits]) -> Turn:
+def _turn_prepare(
+    *, session: ChatSession, text: Any, params: Any, busy: set[int], limits: dict[int, Limits], pending: int = 0
+) -> Turn:
     """Check one turn and return it unsaved (``_turns_insert`` stores it); call inside a transaction, with the
     session's row read with ``locking`` (one submit at a time per session). ``busy``: the sessions known to have
     a turn waiting or running (updated here); ``limits``: owners' limits read so far in this transaction (updated
-    here).
+    here); ``pending``: the owner's turns this transaction accepted before this one (not inserted yet).
 
     Every check comes before the first write (a new session's title), so a refusal (InvalidInput) leaves nothing
     behind and a burst's other turns commit without a savepoint around each (``turn_submit_many``)."""
@@ -131,7 +141,7 @@ def _turn_prepare(*, session: ChatSession, text: Any, params: Any, busy: set[int
 
     if session.pk in busy:
         raise InvalidInput("turn_in_progress", "Wait for the current reply to finish (or stop it) first.")
-    quotas.quota_check_submit(session=session, text=text, params=clean_params, known=limits)
+    quotas.quota_check_submit(session=session, text=text, params=clean_params, known=limits, pending=pending)
     if not session.title:
         session.title = text.strip()[:80]
         ChatSession.objects.filter(pk=session.pk).update(title=session.title)
