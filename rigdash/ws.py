@@ -21,7 +21,7 @@ from channels.sessions import CookieMiddleware, InstanceSessionWrapper, SessionM
 from django.conf import settings
 
 from rigdash import strictjson
-from rigdash.access import active_now, staff_id_now
+from rigdash.access import Rights, is_staff, rights_now, staff_id_now
 from rigdash.groups import user_group
 
 CLOSE_UNAUTHENTICATED = 4401
@@ -69,7 +69,8 @@ def auth_middleware_stack(inner: Any) -> Any:
     return CookieMiddleware(ReadOnlySessionMiddleware(AuthMiddleware(inner)))
 
 
-_ALLOWED: dict[tuple[str, int], tuple[float, bool]] = {}  # (consumer, user id) -> (checked at, allowed)
+# (user id, session key) -> (checked at, rights): one read per user and session every interval in this process.
+_RIGHTS: dict[tuple[int, str | None], tuple[float, Rights]] = {}
 # Per event loop: the sockets being re-checked, and the one task that re-checks them all every interval (a task
 # per socket would wake the web process for every socket every interval).
 _WATCHED: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, tuple[set[RevocableMixin], asyncio.Task[None]]] = (
@@ -93,19 +94,23 @@ async def _recheck_all(sockets: set[RevocableMixin]) -> None:
 class RevocableMixin:
     """Re-check the socket's user every few seconds and on ``user.revoked``; close when they lost access.
 
-    ``GroupJsonConsumer`` watches every socket from its ``accept()`` to its ``disconnect()``; a consumer overrides
-    ``user_allowed`` (a database check) and ``revoked_close_code``.
+    Access is lost when the user is deactivated, when the session the socket was opened with ends (logged out,
+    expired, flushed) or no longer matches the user's password (changed since: Django's session auth hash), and,
+    for a staff socket, when the user is demoted. ``GroupJsonConsumer`` watches every socket from its ``accept()``
+    to its ``disconnect()``; a consumer overrides ``rights_allow`` and ``revoked_close_code``. ``staff_seen`` holds
+    the user's staff flag as last read, for consumers that show staff more.
     """
 
     revoked_close_code = CLOSE_UNAUTHENTICATED
     _user_group: str | None = None
+    staff_seen = False
     channel_layer: Any
     channel_name: str
     scope: dict[str, Any]
 
     @staticmethod
-    def user_allowed(user_id: int) -> bool:
-        return active_now(user_id)
+    def rights_allow(rights: Rights) -> bool:
+        return rights.active and rights.session_ok
 
     async def watch_user(self) -> None:
         self._user_group = user_group(self.scope["user"].pk)
@@ -124,19 +129,22 @@ class RevocableMixin:
             await self.channel_layer.group_discard(self._user_group, self.channel_name)
             self._user_group = None
 
-    async def _allowed(self, user_id: int, *, fresh: bool) -> bool:
-        """``user_allowed``, asked at most once per interval per user and kind of socket in this process: a user
-        with many tabs, or a server with hundreds of sockets, costs one query per user every few seconds."""
-        key = (type(self).__qualname__, user_id)
-        cached = _ALLOWED.get(key)
+    async def _rights(self, user_id: int, *, fresh: bool) -> Rights:
+        """``rights_now``, asked at most once per interval per user and session in this process: a user with many
+        tabs, or a server with hundreds of sockets, costs a query or two per session every few seconds."""
+        session = self.scope.get("session")
+        key = (user_id, getattr(session, "session_key", None))
+        cached = _RIGHTS.get(key)
         now = time.monotonic()
         if fresh or cached is None or now - cached[0] >= RECHECK_INTERVAL_S:
-            cached = (now, await database_sync_to_async(self.user_allowed)(user_id))
-            _ALLOWED[key] = cached
+            cached = (now, await database_sync_to_async(rights_now)(user_id, key[1]))
+            _RIGHTS[key] = cached
         return cached[1]
 
     async def recheck_user(self, *, fresh: bool = False) -> bool:
-        if await self._allowed(self.scope["user"].pk, fresh=fresh):
+        rights = await self._rights(self.scope["user"].pk, fresh=fresh)
+        self.staff_seen = rights.active and rights.staff
+        if self.rights_allow(rights):
             return True
         await self.close(code=self.revoked_close_code)  # type: ignore[attr-defined]
         return False
@@ -195,6 +203,7 @@ class GroupJsonConsumer(RevocableMixin, AsyncJsonWebsocketConsumer):  # type: ig
 
     async def accept(self, subprotocol: str | None = None, headers: Any = None) -> None:
         await super().accept(subprotocol, headers)
+        self.staff_seen = is_staff(self.scope.get("user"))
         await self.watch_user()  # a user who loses the right to this socket is closed out within seconds
 
     async def disconnect(self, code: int) -> None:
@@ -212,8 +221,8 @@ class StaffConsumer(GroupJsonConsumer):
     revoked_close_code = CLOSE_FORBIDDEN
 
     @staticmethod
-    def user_allowed(user_id: int) -> bool:
-        return staff_id_now(user_id)
+    def rights_allow(rights: Rights) -> bool:
+        return rights.active and rights.staff and rights.session_ok
 
     async def staff_user_or_close(self, *, refused: int = CLOSE_FORBIDDEN) -> Any | None:
         """The socket's user if they are staff now (read from the database); otherwise refuse the handshake with

@@ -18,7 +18,7 @@ from inference import events
 from inference.board.audit import audit_record
 from inference.errors import InvalidInput, NotFound
 from inference.models import Quota, Turn
-from inference.turns.lifecycle import turn_cancel
+from inference.turns.lifecycle import turn_cancel, turns_cancel_for_user
 from rigdash.access import ROLE_SUPERUSER, outranks, role_rank, staff_now
 
 
@@ -110,6 +110,7 @@ def user_set_active(*, actor: AbstractBaseUser | AnonymousUser, user: User, acti
         if changed:
             audit_record(actor=admin, action="user.activate" if active else "user.deactivate", target=_t(user))
             if not active:
+                turns_cancel_for_user(user_id=user.pk)
                 _revoke(user)
     user.refresh_from_db()
     return user

@@ -41,6 +41,18 @@ def turn_cancel(*, turn: Turn) -> Turn:
     return turn
 
 
+def turns_cancel_for_user(*, user_id: int) -> int:
+    """Cancel every waiting or running turn of the user (they were deactivated); how many were cancelled."""
+    cancelled = 0
+    for turn in Turn.objects.select_related("session").filter(session__owner_id=user_id, status__in=Turn.ACTIVE):
+        try:
+            turn_cancel(turn=turn)
+            cancelled += 1
+        except InvalidInput:  # it ended meanwhile
+            continue
+    return cancelled
+
+
 def turn_mark_decoding(*, turn_id: int) -> None:
     Turn.objects.filter(pk=turn_id, status=Turn.Status.PROMPT).update(status=Turn.Status.DECODING)
 
