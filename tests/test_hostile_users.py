@@ -159,3 +159,48 @@ async def test_a_burst_of_submits_from_several_sockets_passes_a_concurrent_quota
     assert await Turn.objects.filter(session__owner=owner).acount() == 1
     for sock in sockets:
         await sock.close()
+
+
+@pytest.mark.django_db
+def test_the_reaper_reaps_each_stale_turn_on_its_own(owner, monkeypatch):
+    from datetime import timedelta
+
+    from django.utils import timezone
+    from redis.exceptions import ConnectionError as RedisConnectionError
+
+    from inference.live import state
+    from inference.turns import lifecycle
+
+    rig = Rig.objects.create(name="idle", kind="llamacpp", base_url="http://127.0.0.1:9", queue="rig.idle")
+    old = timezone.now() - timedelta(minutes=5)
+    turns = [
+        Turn.objects.create(
+            session=ChatSession.objects.create(owner=owner, rig=rig, model_name="m"),
+            user_text=f"q{i}",
+            status=Turn.Status.DECODING,
+            heartbeat_at=old,
+            reply_text=f"checkpoint {i}",
+        )
+        for i in range(4)
+    ]
+    snapshot, finish = state.snapshot, lifecycle.turn_finish
+
+    def odd_snapshot(turn_id: int) -> Any:
+        if turn_id == turns[1].pk:
+            raise RedisConnectionError("Redis is down")
+        if turn_id == turns[2].pk:
+            raise ValueError("an odd live list")
+        return snapshot(turn_id)
+
+    def failing_finish(*, turn: Turn, outcome: Any) -> bool:
+        if turn.pk == turns[3].pk:
+            raise DataError("the database refused this one")
+        return finish(turn=turn, outcome=outcome)
+
+    monkeypatch.setattr(state, "snapshot", odd_snapshot)
+    monkeypatch.setattr(lifecycle, "turn_finish", failing_finish)
+    assert sorted(lifecycle.turn_reap_stale(older_than_s=60)) == sorted(t.pk for t in turns[:3])
+    ended = {t.pk: (t.status, t.reply_text) for t in Turn.objects.filter(pk__in=[t.pk for t in turns[:3]])}
+    assert ended == {t.pk: (Turn.Status.INTERRUPTED, f"checkpoint {i}") for i, t in enumerate(turns[:3])}
+    monkeypatch.setattr(lifecycle, "turn_finish", finish)
+    assert lifecycle.turn_reap_stale(older_than_s=60) == [turns[3].pk]  # the next pass tries it again
