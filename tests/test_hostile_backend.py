@@ -92,7 +92,7 @@ def test_a_llamacpp_event_rigdash_cannot_read_fails_the_turn_at_once_keeping_its
         assert starts.turn_run(turn.pk) == "ran"
         took = time.monotonic() - started
     turn.refresh_from_db()
-    assert (turn.status, turn.reply_text, turn.error) == (Turn.Status.FAILED, "Hello", UNREADABLE_EVENT)
+    assert (turn.status, turn.reply_text, turn.error) == (Turn.Status.FAILED, "Hello", f"Rig odd: {UNREADABLE_EVENT}.")
     assert took < 5, "the turn waited for a timeout instead of failing at once"
     assert not Turn.objects.filter(session__rig=rig, status__in=Turn.RUNNING).exists()  # the slot is free
 
@@ -208,3 +208,23 @@ def test_the_ollama_chunk_reader_raises_only_the_backend_error_for_any_bytes_or_
 
 def _ndjson(lines: list[Any]) -> bytes:
     return b"".join(json.dumps(line).encode() + b"\n" for line in lines)
+
+
+@pytest.mark.django_db
+def test_ordinary_users_see_the_rigs_name_and_a_plain_reason_and_staff_the_detail(owner, admin_user):
+    from django.test import Client
+
+    from tests.conftest import free_port
+
+    port = free_port()
+    rig = Rig.objects.create(name="down", kind="llamacpp", base_url=f"http://127.0.0.1:{port}", queue="rig.down")
+    user, staff = Client(), Client()
+    user.force_login(owner)
+    staff.force_login(admin_user)
+    plain = user.get(f"/api/rigs/{rig.pk}/models").json()["error"]["message"]
+    assert plain.startswith("Rig down: the backend could not be reached") and str(port) not in plain
+    assert str(port) in staff.get(f"/api/rigs/{rig.pk}/models").json()["error"]["message"]
+    refused = user.post("/sessions/new", {"rig": rig.pk, "model": "m"})
+    assert (
+        b"Rig down: the backend could not be reached" in refused.content and str(port).encode() not in refused.content
+    )

@@ -86,8 +86,12 @@ def turn_snapshot(turn: Turn, *, just_stored: bool = False) -> dict[str, Any]:
 
 
 def turn_stats_public(stats: dict[str, Any]) -> dict[str, Any]:
-    """Stats for the page: everything but the long list of inter-token gaps."""
-    return {key: value for key, value in stats.items() if key != "inter_token_gaps_ms"}
+    """Stats for the page: everything but the long list of inter-token gaps and the backend's error detail (backend
+    URLs, file paths: staff read it in the admin)."""
+    return {key: value for key, value in stats.items() if key not in PRIVATE_STATS}
+
+
+PRIVATE_STATS = frozenset({"inter_token_gaps_ms", "error_detail"})
 
 
 def session_history(session: ChatSession) -> list[dict[str, Any]]:
