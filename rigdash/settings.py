@@ -72,6 +72,11 @@ AXES_LOCKOUT_TEMPLATE = "registration/locked_out.html"
 AXES_HTTP_RESPONSE_CODE = 429
 AXES_VERBOSE = False
 
+# Websocket limits (rigdash/ws.py, rigdash/channel_layer.py): frames a user may send per second (a burst of twice
+# that passes), and the events one socket may have waiting to be sent before it is closed (4408) to resync.
+WS_FRAMES_PER_S = env_float("RIGDASH_WS_FRAMES_PER_S", 20.0, minimum=0.1)
+WS_OUTBOX_MAX = env_int("RIGDASH_WS_OUTBOX_MAX", 2000, minimum=10)
+
 ROOT_URLCONF = "rigdash.urls"
 ASGI_APPLICATION = "rigdash.asgi.application"
 WSGI_APPLICATION = None

@@ -27,6 +27,7 @@ from rigdash.groups import user_group
 CLOSE_UNAUTHENTICATED = 4401
 CLOSE_FORBIDDEN = 4403
 CLOSE_NOT_FOUND = 4404
+CLOSE_TOO_SLOW = 4408  # the socket's outbox overflowed (a client reading slower than events come): reconnect, resync
 RECHECK_INTERVAL_S = 3.0
 log = logging.getLogger(__name__)
 
@@ -45,6 +46,59 @@ def parse_frame(text_data: str | None) -> dict[str, Any] | tuple[str, str]:
     if not isinstance(content, dict):
         return "bad_frame", "A frame must be a JSON object with a type."
     return content
+
+
+_slow_sends: set[asyncio.Task[Any]] = set()  # referenced until done
+
+
+async def _finish(coro: Any, waiting_on: Any) -> None:
+    """Drive ``coro`` on from the future it is waiting on (it was started by hand in ``direct_deliver``)."""
+    await _Resume(coro, waiting_on)
+
+
+class _Resume:
+    def __init__(self, coro: Any, waiting_on: Any) -> None:
+        self.coro, self.waiting_on = coro, waiting_on
+
+    def __await__(self) -> Any:
+        value = self.waiting_on
+        while True:
+            try:
+                sent = yield value
+            except BaseException as exc:  # cancelled: pass it into the coroutine
+                try:
+                    value = self.coro.throw(exc)
+                except StopIteration:
+                    return
+                continue
+            try:
+                value = self.coro.send(sent)
+            except StopIteration:
+                return
+
+
+class FrameRate:
+    """A token bucket per user in this process: ``rate`` frames a second, bursts of ``2 * rate``."""
+
+    def __init__(self) -> None:
+        self._buckets: dict[int, tuple[float, float]] = {}  # user id -> (tokens, at)
+
+    def allow(self, user_id: int, now: float | None = None) -> bool:
+        rate = float(settings.WS_FRAMES_PER_S)
+        now = time.monotonic() if now is None else now
+        tokens, at = self._buckets.get(user_id, (2 * rate, now))
+        tokens = min(2 * rate, tokens + (now - at) * rate)
+        if len(self._buckets) > 10_000:  # users long gone: their buckets are full again anyway
+            self._buckets = {k: v for k, v in self._buckets.items() if now - v[1] < 60}
+        if tokens < 1:
+            self._buckets[user_id] = (tokens, now)
+            return False
+        self._buckets[user_id] = (tokens - 1, now)
+        return True
+
+
+frame_rate = FrameRate()
+RATE_LIMITED = ("rate_limited", "Too many messages at once: this one was dropped. Slow down and try again.")
 
 
 class ReadOnlySessionMiddleware(SessionMiddleware):  # type: ignore[misc]
@@ -182,7 +236,59 @@ class GroupJsonConsumer(RevocableMixin, AsyncJsonWebsocketConsumer):  # type: ig
         return not self._busy and event_type in self.direct_events
 
     async def direct_deliver(self, event: dict[str, Any]) -> None:
-        await getattr(self, get_handler_name(event))(event)
+        """Run the handler from the layer's reader. A handler whose send would wait (the client reads slower than
+        events come: the web server's write buffer is full) finishes on a task of its own, and the socket counts as
+        busy meanwhile, so its later events go to its bounded queue (``outbox_overflow``) and the reader goes on
+        to the other sockets at once."""
+        coro = getattr(self, get_handler_name(event))(event)
+        try:
+            waiting_on = coro.send(None)
+        except StopIteration:
+            return
+        except BaseException:
+            coro.close()
+            raise
+        self._busy += 1
+        task = asyncio.get_running_loop().create_task(_finish(coro, waiting_on))
+        _slow_sends.add(task)
+        task.add_done_callback(self._slow_send_done)
+
+    def _slow_send_done(self, task: asyncio.Task[None]) -> None:
+        _slow_sends.discard(task)
+        self._busy -= 1
+        if not task.cancelled() and task.exception() is not None:
+            log.warning("a slow socket's send failed: %r", task.exception())
+        if self._direct:
+            self.channel_layer.direct_dispatched(self.channel_name)
+
+    def outbox_overflow(self) -> None:
+        """The layer dropped this socket's waiting events (more than ``WS_OUTBOX_MAX``): close it (4408); the page
+        reconnects and gets the session's snapshot and each running reply's text so far."""
+        if self._overflowed:
+            return
+        self._overflowed = True
+        log.warning("socket %s closed: its outbox overflowed (a client reading slower than events come)", self)
+        task = asyncio.get_running_loop().create_task(self.close(code=CLOSE_TOO_SLOW))
+        _slow_sends.add(task)
+        task.add_done_callback(_slow_sends.discard)
+
+    _overflowed = False
+
+    _limited_told_at = 0.0
+
+    async def websocket_receive(self, message: dict[str, Any]) -> None:
+        """Every frame from the browser passes the per-user rate limit first (``WS_FRAMES_PER_S``, all the user's
+        sockets in this process together). A frame over it is not handled; the ``RATE_LIMITED`` error frame says
+        so, at most once a second per socket (a flood gets no flood of answers)."""
+        user = self.scope.get("user")
+        if frame_rate.allow(getattr(user, "pk", 0) or 0):
+            await super().websocket_receive(message)
+            return
+        now = time.monotonic()
+        if now - self._limited_told_at >= 1.0:
+            self._limited_told_at = now
+            code, text = RATE_LIMITED
+            await self.send_json({"type": "error", "code": code, "message": text, "request": None})
 
     async def active_user_or_close(self) -> Any | None:
         """The logged-in, active user of this socket; otherwise refuse the handshake (4401) and return None."""
