@@ -215,7 +215,12 @@ LOGGING = {
     "root": {"handlers": ["console"], "level": env_str("RIGDASH_LOG_LEVEL", "INFO")},
     # httpx logs every request at INFO: the sampler polls each rig every second, so that was three log lines a
     # second per rig, forever. Failures still reach the logs through RigDash's own warnings.
-    "loggers": {"django.channels.server": {"level": "WARNING"}, "httpx": {"level": "WARNING"}},
+    # axes logs every login at INFO; its lockouts are WARNING.
+    "loggers": {
+        "django.channels.server": {"level": "WARNING"},
+        "httpx": {"level": "WARNING"},
+        "axes": {"level": "WARNING"},
+    },
 }
 
 CELERY_BEAT_SCHEDULE = {
