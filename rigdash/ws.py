@@ -192,6 +192,9 @@ class RevocableMixin:
         now = time.monotonic()
         if fresh or cached is None or now - cached[0] >= RECHECK_INTERVAL_S:
             cached = (now, await database_sync_to_async(rights_now)(user_id, key[1]))
+            if len(_RIGHTS) > 10_000:  # sessions long closed: re-read when seen again
+                for stale in [k for k, (at, _) in _RIGHTS.items() if now - at >= RECHECK_INTERVAL_S]:
+                    del _RIGHTS[stale]
             _RIGHTS[key] = cached
         return cached[1]
 
