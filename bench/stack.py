@@ -88,6 +88,8 @@ class BenchStack:
             "RIGDASH_MAX_REPLY_TOKENS": "8192",
             "RIGDASH_DEFAULT_QUEUE": f"rigdash.bench-default-{os.getpid()}",
             "RIGDASH_ALLOWED_HOSTS": "127.0.0.1,localhost",
+            # One bench user drives every tab: the per-user frame rate limit is for people, not the swarm.
+            "RIGDASH_WS_FRAMES_PER_S": "100000",
         }
         if self.flush_ms is not None:
             self.env["RIGDASH_FLUSH_INTERVAL_MS"] = str(self.flush_ms)

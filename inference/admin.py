@@ -5,11 +5,13 @@ from typing import Any
 from django.contrib import admin
 from django.contrib.auth.admin import UserAdmin
 from django.contrib.auth.models import User
+from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest
 
 from inference.audit import audit_record
 from inference.forms import QuotaForm, RigForm
 from inference.models import AuditLog, ChatSession, Quota, Rig, Turn
+from rigdash.access import other_active_superusers, outranks
 
 
 @admin.register(Rig)
@@ -75,10 +77,36 @@ ROLE_FIELDS = ("is_active", "is_staff", "is_superuser")
 
 
 class AuditedUserAdmin(UserAdmin):  # type: ignore[type-arg]
-    """Django's user admin, with creation and role or activation changes written to the audit log."""
+    """Django's user admin, with creation and role or activation changes written to the audit log.
+
+    Roles (``rigdash.access``): only a superuser sets roles or permissions; an account at or above the editor's role
+    is read-only to them (their own aside: its role fields stay read-only); the last active superuser stays."""
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        if obj is not None and obj.pk != request.user.pk and not outranks(request.user, obj):
+            return False
+        return bool(super().has_change_permission(request, obj))
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        if obj is not None and (not outranks(request.user, obj) or _last_superuser(obj)):
+            return False
+        return bool(super().has_delete_permission(request, obj))
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> tuple[str, ...]:
+        fields = tuple(super().get_readonly_fields(request, obj))
+        if not getattr(request.user, "is_superuser", False):
+            fields += ("is_staff", "is_superuser", "user_permissions")
+            if obj is not None and obj.pk == request.user.pk:
+                fields += ("is_active", "groups")
+        elif obj is not None and _last_superuser(obj):
+            fields += ("is_active", "is_superuser")
+        return fields
 
     def save_model(self, request: HttpRequest, obj: User, form: Any, change: bool) -> None:
         before = User.objects.filter(pk=obj.pk).values(*ROLE_FIELDS).first() if change else None
+        stops = before and before["is_superuser"] and before["is_active"] and not (obj.is_superuser and obj.is_active)
+        if stops and not other_active_superusers(obj.pk):
+            raise PermissionDenied("The last active superuser stays.")
         super().save_model(request, obj, form, change)
         if not change:
             audit_record(actor=request.user, action="user.create", target=f"user:{obj.username}", detail={})
@@ -86,6 +114,10 @@ class AuditedUserAdmin(UserAdmin):  # type: ignore[type-arg]
         changed = {name: getattr(obj, name) for name in ROLE_FIELDS if before and before[name] != getattr(obj, name)}
         if changed:
             audit_record(actor=request.user, action="user.change", target=f"user:{obj.username}", detail=changed)
+
+
+def _last_superuser(user: User) -> bool:
+    return bool(user.is_superuser and user.is_active and not other_active_superusers(user.pk))
 
 
 admin.site.unregister(User)

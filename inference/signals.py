@@ -1,7 +1,8 @@
 """Model signals that tell running processes about a change made anywhere (Django admin, shell, our own pages).
 
-A user saved without rights they may have had: their sockets re-check them. A rig saved or deleted: the sampler
-reads its list of rigs again.
+A user saved (deactivated, demoted, a new password) or logged out: their sockets re-check their rights and session;
+a deactivated user's waiting and running turns are cancelled. A rig saved or deleted: the sampler reads its list of
+rigs again.
 """
 
 from __future__ import annotations
@@ -13,17 +14,28 @@ from django.db import transaction
 
 from inference import events
 from inference.models import Rig
+from inference.turns.lifecycle import turns_cancel_for_user
 
 
 def user_saved(sender: type[User], instance: User, created: bool, **kwargs: Any) -> None:
     update_fields = kwargs.get("update_fields")
-    if created or (instance.is_active and instance.is_staff):
+    if created:
         return
     if update_fields and set(update_fields) <= {"last_login"}:  # every login saves this; nothing changed
         return
     user_id = instance.pk
-    # Their sockets re-check is_active / is_staff in the database, so only after the change is committed.
-    transaction.on_commit(lambda: events.user_revoked_sync(user_id=user_id))
+    if not instance.is_active:
+        turns_cancel_for_user(user_id=user_id)
+    # Their sockets re-check is_active, is_staff and their session in the database: after the change is committed.
+    transaction.on_commit(lambda: events.user_revoked_sync(user_id=user_id), robust=True)
+
+
+def user_logged_out(sender: Any, request: Any, user: User | None, **kwargs: Any) -> None:
+    if user is None:
+        return
+    user_id = user.pk
+    # Django flushes the session after this signal: the sockets' periodic re-check (every few seconds) finds it gone.
+    transaction.on_commit(lambda: events.user_revoked_sync(user_id=user_id), robust=True)
 
 
 def rig_changed(sender: type[Rig], instance: Rig, **kwargs: Any) -> None:

@@ -10,7 +10,6 @@ from channels.db import database_sync_to_async
 from inference.models import Rig
 from monitoring import events
 from monitoring.selectors import redact_users
-from rigdash.access import is_staff
 from rigdash.ws import CLOSE_NOT_FOUND, GroupJsonConsumer
 
 
@@ -34,8 +33,10 @@ class RigMonitorConsumer(GroupJsonConsumer):
         await self.send_json({"type": "error", "code": "read_only", "message": "This socket only sends samples."})
 
     async def rig_sample(self, event: dict[str, Any]) -> None:
+        # staff_seen, not the scope's user: it is read again with every re-check, so a demoted admin stops seeing
+        # other users' names within seconds (rigdash/ws.py).
         user = self.scope["user"]
-        await self.send(text_data=sample_frame(event, viewer=user.get_username(), is_staff=is_staff(user)))
+        await self.send(text_data=sample_frame(event, viewer=user.get_username(), is_staff=self.staff_seen))
 
 
 _frames: dict[tuple[Any, ...], str] = {}

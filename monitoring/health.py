@@ -4,6 +4,8 @@ consuming each rig's queue (monitoring.queues)."""
 from __future__ import annotations
 
 import asyncio
+import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -62,8 +64,27 @@ def check_rig(rig: Rig) -> dict[str, Any]:
     return {"ok": ok, "detail": detail, "kind": rig.kind, "url": rig.base_url, "agent": agent.as_dict()}
 
 
-def health_report() -> dict[str, Any]:
-    rigs = list(Rig.objects.filter(enabled=True))
+HEALTH_CACHE_S = 5.0  # a report this fresh is served again: callers never fan out to every backend per request
+_cache_lock = threading.Lock()
+_cached: tuple[float, tuple[Any, ...], dict[str, Any]] | None = None
+
+
+def health_report(max_age_s: float = HEALTH_CACHE_S) -> dict[str, Any]:
+    """The report, computed at most once per ``max_age_s`` per process for the same enabled rigs (concurrent
+    callers wait for the one computing it)."""
+    global _cached
+    rigs = list(Rig.objects.filter(enabled=True).order_by("pk"))
+    key = tuple((rig.pk, rig.kind, rig.base_url) for rig in rigs)
+    with _cache_lock:
+        now = time.monotonic()
+        if _cached is not None and _cached[1] == key and now - _cached[0] < max_age_s:
+            return _cached[2]
+        report = _health_report(rigs)
+        _cached = (time.monotonic(), key, report)
+        return report
+
+
+def _health_report(rigs: list[Rig]) -> dict[str, Any]:
     with ThreadPoolExecutor(max_workers=4 + len(rigs)) as pool:
         futures = {
             "database": pool.submit(check_database),

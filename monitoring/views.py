@@ -20,9 +20,14 @@ from rigdash.access import is_staff
 
 @require_GET
 def healthz(request: HttpRequest) -> JsonResponse:
-    """200 when the database, Redis, a Celery worker and every enabled rig answer; 503 naming what is down."""
+    """200 when the database, Redis, a Celery worker and every enabled rig answer, else 503. Anonymous callers get
+    only up or down; what is down and why (rig URLs, worker host names, errors) needs the metrics token or an admin
+    session. The report is cached a few seconds (``monitoring.health.HEALTH_CACHE_S``)."""
     report = health_report()
-    return JsonResponse(report, status=200 if not report["down"] else 503)
+    status = 200 if not report["down"] else 503
+    if not _metrics_allowed(request):
+        return JsonResponse({"status": "up" if status == 200 else "down"}, status=status)
+    return JsonResponse(report, status=status)
 
 
 def _range_s(request: HttpRequest) -> int:

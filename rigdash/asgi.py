@@ -1,4 +1,5 @@
-"""ASGI entry point: HTTP to Django, /ws/ to Channels consumers behind auth and an Origin check."""
+"""ASGI entry point: HTTP to Django, /ws/ to Channels consumers behind auth and a full-origin check
+(scheme, host and port: rigdash/origin.py)."""
 
 from __future__ import annotations
 
@@ -10,15 +11,15 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "rigdash.settings")
 django_asgi_app = get_asgi_application()
 
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
-from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 
 from inference.routing import websocket_urlpatterns as inference_ws  # noqa: E402
 from monitoring.routing import websocket_urlpatterns as monitoring_ws  # noqa: E402
+from rigdash.origin import SameOriginValidator  # noqa: E402
 from rigdash.ws import auth_middleware_stack  # noqa: E402  (needs the app registry loaded)
 
 application = ProtocolTypeRouter(
     {
         "http": django_asgi_app,
-        "websocket": AllowedHostsOriginValidator(auth_middleware_stack(URLRouter(inference_ws + monitoring_ws))),
+        "websocket": SameOriginValidator(auth_middleware_stack(URLRouter(inference_ws + monitoring_ws))),
     }
 )

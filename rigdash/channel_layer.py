@@ -46,6 +46,9 @@ class DirectReceiver(Protocol):
     async def direct_deliver(self, event: dict[str, Any]) -> None:
         """Handle the event (shared between sockets: read it, never change it)."""
 
+    def outbox_overflow(self) -> None:
+        """Too many events wait for this socket: it is to be closed."""
+
 
 class FanoutPubSubChannelLayer(RedisPubSubChannelLayer):  # type: ignore[misc]
     def _get_layer(self) -> FanoutLoopLayer:
@@ -129,7 +132,18 @@ class FanoutShardConnection(RedisSingleShardConnection):  # type: ignore[misc]
                             logger.exception("Delivering %s to %s failed", event.get("type"), channel)
                         continue
                 layer.queued.add(channel)
+            if queue.qsize() >= settings.WS_OUTBOX_MAX:  # a socket that cannot keep up: closed, never a memory sink
+                _overflow(queue, receiver)
+                continue
             queue.put_nowait(data)
+
+
+def _overflow(queue: asyncio.Queue[Any], receiver: Any) -> None:
+    """Drop a socket's waiting events and have it closed (``outbox_overflow``: the page reconnects and resyncs)."""
+    while not queue.empty():
+        queue.get_nowait()
+    if receiver is not None:
+        receiver.outbox_overflow()
 
 
 # The layers whose group_send is a PUBLISH to ``<prefix>__group__<group>`` (channels_redis' own naming rule).

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import secrets
+from datetime import timedelta
 from pathlib import Path
 
 import dj_database_url
@@ -49,6 +50,7 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "django.contrib.staticfiles",
     "channels",
+    "axes",
     "inference",
     "monitoring",
 ]
@@ -63,7 +65,26 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "axes.middleware.AxesMiddleware",  # last: it answers a locked-out login
 ]
+
+# Login throttling (django-axes, https://django-axes.readthedocs.io/): failed logins are counted in the database per
+# account and, separately, per address; past the limit that account or address is refused until the cool-off ends
+# or an admin deletes its lock (admin "Access attempts", or `manage.py axes_reset_username NAME` / `axes_reset_ip IP`).
+AUTHENTICATION_BACKENDS = ["axes.backends.AxesStandaloneBackend", "django.contrib.auth.backends.ModelBackend"]
+AXES_HANDLER = "axes.handlers.database.AxesDatabaseHandler"
+AXES_FAILURE_LIMIT = env_int("RIGDASH_LOGIN_FAILURE_LIMIT", 5, minimum=1)
+AXES_COOLOFF_TIME = timedelta(minutes=env_float("RIGDASH_LOGIN_LOCKOUT_MINUTES", 15.0, minimum=0.1))
+AXES_LOCKOUT_PARAMETERS = ["username", "ip_address"]  # each on its own: an account, and an address
+AXES_RESET_ON_SUCCESS = True
+AXES_LOCKOUT_TEMPLATE = "registration/locked_out.html"
+AXES_HTTP_RESPONSE_CODE = 429
+AXES_VERBOSE = False
+
+# Websocket limits (rigdash/ws.py, rigdash/channel_layer.py): frames a user may send per second (a burst of twice
+# that passes), and the events one socket may have waiting to be sent before it is closed (4408) to resync.
+WS_FRAMES_PER_S = env_float("RIGDASH_WS_FRAMES_PER_S", 20.0, minimum=0.1)
+WS_OUTBOX_MAX = env_int("RIGDASH_WS_OUTBOX_MAX", 2000, minimum=10)
 
 ROOT_URLCONF = "rigdash.urls"
 ASGI_APPLICATION = "rigdash.asgi.application"
@@ -206,7 +227,12 @@ LOGGING = {
     "root": {"handlers": ["console"], "level": env_str("RIGDASH_LOG_LEVEL", "INFO")},
     # httpx logs every request at INFO: the sampler polls each rig every second, so that was three log lines a
     # second per rig, forever. Failures still reach the logs through RigDash's own warnings.
-    "loggers": {"django.channels.server": {"level": "WARNING"}, "httpx": {"level": "WARNING"}},
+    # axes logs every login at INFO; its lockouts are WARNING.
+    "loggers": {
+        "django.channels.server": {"level": "WARNING"},
+        "httpx": {"level": "WARNING"},
+        "axes": {"level": "WARNING"},
+    },
 }
 
 CELERY_BEAT_SCHEDULE = {

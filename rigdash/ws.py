@@ -8,7 +8,6 @@ the object does not exist or is not the user's.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 import weakref
@@ -21,12 +20,14 @@ from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from channels.sessions import CookieMiddleware, InstanceSessionWrapper, SessionMiddleware
 from django.conf import settings
 
-from rigdash.access import active_now, staff_id_now
+from rigdash import strictjson
+from rigdash.access import Rights, is_staff, rights_now, staff_id_now
 from rigdash.groups import user_group
 
 CLOSE_UNAUTHENTICATED = 4401
 CLOSE_FORBIDDEN = 4403
 CLOSE_NOT_FOUND = 4404
+CLOSE_TOO_SLOW = 4408  # the socket's outbox overflowed (a client reading slower than events come): reconnect, resync
 RECHECK_INTERVAL_S = 3.0
 log = logging.getLogger(__name__)
 
@@ -39,12 +40,65 @@ def parse_frame(text_data: str | None) -> dict[str, Any] | tuple[str, str]:
     if len(text_data.encode("utf-8")) > limit:
         return "frame_too_large", f"Frames are limited to {limit} bytes."
     try:
-        content = json.loads(text_data)
+        content = strictjson.loads(text_data)
     except ValueError:
-        return "bad_json", "The frame is not valid JSON."
+        return "bad_json", "The frame is not valid JSON (numbers must be finite, nesting shallow)."
     if not isinstance(content, dict):
         return "bad_frame", "A frame must be a JSON object with a type."
     return content
+
+
+_slow_sends: set[asyncio.Task[Any]] = set()  # referenced until done
+
+
+async def _finish(coro: Any, waiting_on: Any) -> None:
+    """Drive ``coro`` on from the future it is waiting on (it was started by hand in ``direct_deliver``)."""
+    await _Resume(coro, waiting_on)
+
+
+class _Resume:
+    def __init__(self, coro: Any, waiting_on: Any) -> None:
+        self.coro, self.waiting_on = coro, waiting_on
+
+    def __await__(self) -> Any:
+        value = self.waiting_on
+        while True:
+            try:
+                sent = yield value
+            except BaseException as exc:  # cancelled: pass it into the coroutine
+                try:
+                    value = self.coro.throw(exc)
+                except StopIteration:
+                    return
+                continue
+            try:
+                value = self.coro.send(sent)
+            except StopIteration:
+                return
+
+
+class FrameRate:
+    """A token bucket per user in this process: ``rate`` frames a second, bursts of ``2 * rate``."""
+
+    def __init__(self) -> None:
+        self._buckets: dict[int, tuple[float, float]] = {}  # user id -> (tokens, at)
+
+    def allow(self, user_id: int, now: float | None = None) -> bool:
+        rate = float(settings.WS_FRAMES_PER_S)
+        now = time.monotonic() if now is None else now
+        tokens, at = self._buckets.get(user_id, (2 * rate, now))
+        tokens = min(2 * rate, tokens + (now - at) * rate)
+        if len(self._buckets) > 10_000:  # users long gone: their buckets are full again anyway
+            self._buckets = {k: v for k, v in self._buckets.items() if now - v[1] < 60}
+        if tokens < 1:
+            self._buckets[user_id] = (tokens, now)
+            return False
+        self._buckets[user_id] = (tokens - 1, now)
+        return True
+
+
+frame_rate = FrameRate()
+RATE_LIMITED = ("rate_limited", "Too many messages at once: this one was dropped. Slow down and try again.")
 
 
 class ReadOnlySessionMiddleware(SessionMiddleware):  # type: ignore[misc]
@@ -69,7 +123,8 @@ def auth_middleware_stack(inner: Any) -> Any:
     return CookieMiddleware(ReadOnlySessionMiddleware(AuthMiddleware(inner)))
 
 
-_ALLOWED: dict[tuple[str, int], tuple[float, bool]] = {}  # (consumer, user id) -> (checked at, allowed)
+# (user id, session key) -> (checked at, rights): one read per user and session every interval in this process.
+_RIGHTS: dict[tuple[int, str | None], tuple[float, Rights]] = {}
 # Per event loop: the sockets being re-checked, and the one task that re-checks them all every interval (a task
 # per socket would wake the web process for every socket every interval).
 _WATCHED: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, tuple[set[RevocableMixin], asyncio.Task[None]]] = (
@@ -93,19 +148,23 @@ async def _recheck_all(sockets: set[RevocableMixin]) -> None:
 class RevocableMixin:
     """Re-check the socket's user every few seconds and on ``user.revoked``; close when they lost access.
 
-    ``GroupJsonConsumer`` watches every socket from its ``accept()`` to its ``disconnect()``; a consumer overrides
-    ``user_allowed`` (a database check) and ``revoked_close_code``.
+    Access is lost when the user is deactivated, when the session the socket was opened with ends (logged out,
+    expired, flushed) or no longer matches the user's password (changed since: Django's session auth hash), and,
+    for a staff socket, when the user is demoted. ``GroupJsonConsumer`` watches every socket from its ``accept()``
+    to its ``disconnect()``; a consumer overrides ``rights_allow`` and ``revoked_close_code``. ``staff_seen`` holds
+    the user's staff flag as last read, for consumers that show staff more.
     """
 
     revoked_close_code = CLOSE_UNAUTHENTICATED
     _user_group: str | None = None
+    staff_seen = False
     channel_layer: Any
     channel_name: str
     scope: dict[str, Any]
 
     @staticmethod
-    def user_allowed(user_id: int) -> bool:
-        return active_now(user_id)
+    def rights_allow(rights: Rights) -> bool:
+        return rights.active and rights.session_ok
 
     async def watch_user(self) -> None:
         self._user_group = user_group(self.scope["user"].pk)
@@ -124,19 +183,25 @@ class RevocableMixin:
             await self.channel_layer.group_discard(self._user_group, self.channel_name)
             self._user_group = None
 
-    async def _allowed(self, user_id: int, *, fresh: bool) -> bool:
-        """``user_allowed``, asked at most once per interval per user and kind of socket in this process: a user
-        with many tabs, or a server with hundreds of sockets, costs one query per user every few seconds."""
-        key = (type(self).__qualname__, user_id)
-        cached = _ALLOWED.get(key)
+    async def _rights(self, user_id: int, *, fresh: bool) -> Rights:
+        """``rights_now``, asked at most once per interval per user and session in this process: a user with many
+        tabs, or a server with hundreds of sockets, costs a query or two per session every few seconds."""
+        session = self.scope.get("session")
+        key = (user_id, getattr(session, "session_key", None))
+        cached = _RIGHTS.get(key)
         now = time.monotonic()
         if fresh or cached is None or now - cached[0] >= RECHECK_INTERVAL_S:
-            cached = (now, await database_sync_to_async(self.user_allowed)(user_id))
-            _ALLOWED[key] = cached
+            cached = (now, await database_sync_to_async(rights_now)(user_id, key[1]))
+            if len(_RIGHTS) > 10_000:  # sessions long closed: re-read when seen again
+                for stale in [k for k, (at, _) in _RIGHTS.items() if now - at >= RECHECK_INTERVAL_S]:
+                    del _RIGHTS[stale]
+            _RIGHTS[key] = cached
         return cached[1]
 
     async def recheck_user(self, *, fresh: bool = False) -> bool:
-        if await self._allowed(self.scope["user"].pk, fresh=fresh):
+        rights = await self._rights(self.scope["user"].pk, fresh=fresh)
+        self.staff_seen = rights.active and rights.staff
+        if self.rights_allow(rights):
             return True
         await self.close(code=self.revoked_close_code)  # type: ignore[attr-defined]
         return False
@@ -174,7 +239,59 @@ class GroupJsonConsumer(RevocableMixin, AsyncJsonWebsocketConsumer):  # type: ig
         return not self._busy and event_type in self.direct_events
 
     async def direct_deliver(self, event: dict[str, Any]) -> None:
-        await getattr(self, get_handler_name(event))(event)
+        """Run the handler from the layer's reader. A handler whose send would wait (the client reads slower than
+        events come: the web server's write buffer is full) finishes on a task of its own, and the socket counts as
+        busy meanwhile, so its later events go to its bounded queue (``outbox_overflow``) and the reader goes on
+        to the other sockets at once."""
+        coro = getattr(self, get_handler_name(event))(event)
+        try:
+            waiting_on = coro.send(None)
+        except StopIteration:
+            return
+        except BaseException:
+            coro.close()
+            raise
+        self._busy += 1
+        task = asyncio.get_running_loop().create_task(_finish(coro, waiting_on))
+        _slow_sends.add(task)
+        task.add_done_callback(self._slow_send_done)
+
+    def _slow_send_done(self, task: asyncio.Task[None]) -> None:
+        _slow_sends.discard(task)
+        self._busy -= 1
+        if not task.cancelled() and task.exception() is not None:
+            log.warning("a slow socket's send failed: %r", task.exception())
+        if self._direct:
+            self.channel_layer.direct_dispatched(self.channel_name)
+
+    def outbox_overflow(self) -> None:
+        """The layer dropped this socket's waiting events (more than ``WS_OUTBOX_MAX``): close it (4408); the page
+        reconnects and gets the session's snapshot and each running reply's text so far."""
+        if self._overflowed:
+            return
+        self._overflowed = True
+        log.warning("socket %s closed: its outbox overflowed (a client reading slower than events come)", self)
+        task = asyncio.get_running_loop().create_task(self.close(code=CLOSE_TOO_SLOW))
+        _slow_sends.add(task)
+        task.add_done_callback(_slow_sends.discard)
+
+    _overflowed = False
+
+    _limited_told_at = 0.0
+
+    async def websocket_receive(self, message: dict[str, Any]) -> None:
+        """Every frame from the browser passes the per-user rate limit first (``WS_FRAMES_PER_S``, all the user's
+        sockets in this process together). A frame over it is not handled; the ``RATE_LIMITED`` error frame says
+        so, at most once a second per socket (a flood gets no flood of answers)."""
+        user = self.scope.get("user")
+        if frame_rate.allow(getattr(user, "pk", 0) or 0):
+            await super().websocket_receive(message)
+            return
+        now = time.monotonic()
+        if now - self._limited_told_at >= 1.0:
+            self._limited_told_at = now
+            code, text = RATE_LIMITED
+            await self.send_json({"type": "error", "code": code, "message": text, "request": None})
 
     async def active_user_or_close(self) -> Any | None:
         """The logged-in, active user of this socket; otherwise refuse the handshake (4401) and return None."""
@@ -195,6 +312,7 @@ class GroupJsonConsumer(RevocableMixin, AsyncJsonWebsocketConsumer):  # type: ig
 
     async def accept(self, subprotocol: str | None = None, headers: Any = None) -> None:
         await super().accept(subprotocol, headers)
+        self.staff_seen = is_staff(self.scope.get("user"))
         await self.watch_user()  # a user who loses the right to this socket is closed out within seconds
 
     async def disconnect(self, code: int) -> None:
@@ -212,8 +330,8 @@ class StaffConsumer(GroupJsonConsumer):
     revoked_close_code = CLOSE_FORBIDDEN
 
     @staticmethod
-    def user_allowed(user_id: int) -> bool:
-        return staff_id_now(user_id)
+    def rights_allow(rights: Rights) -> bool:
+        return rights.active and rights.staff and rights.session_ok
 
     async def staff_user_or_close(self, *, refused: int = CLOSE_FORBIDDEN) -> Any | None:
         """The socket's user if they are staff now (read from the database); otherwise refuse the handshake with

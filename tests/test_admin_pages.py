@@ -39,7 +39,8 @@ def test_admin_creates_a_user_with_a_role_and_groups_and_it_is_audited(admin_use
     entry = AuditLog.objects.get()
     assert (entry.action, entry.target) == ("user.create", "user:newbie")
     assert entry.detail == {"is_staff": False, "groups": ["lab"]}
-    assert Client().login(username="newbie", password="a-long-enough-pass-42")
+    logged_in = Client().post("/login/", {"username": "newbie", "password": "a-long-enough-pass-42"})
+    assert logged_in.status_code == 302
 
 
 @pytest.mark.django_db

@@ -123,7 +123,8 @@ async def test_user_deactivated_in_django_admin_or_directly_in_the_database_is_c
 
 @pytest.mark.django_db(transaction=True)
 async def test_admin_demoted_while_watching_the_board_loses_it(admin_user):
-    boss = await sync_to_async(make_user)("boss", is_staff=True)
+    # The superuser demotes a staff member (staff cannot demote a superuser: tests/test_roles.py).
+    boss, admin_user = admin_user, await sync_to_async(make_user)("watcher", is_staff=True)
     sock = BoardSocket(await sync_to_async(session_cookie_for)(admin_user))
     assert (await sock.connect())[0]
     await sock.recv()

@@ -87,7 +87,7 @@ async def test_ollama_stream_cut_mid_reply_fails_the_turn_and_keeps_its_text(
     assert turn.status == Turn.Status.FAILED and turn.finish_reason == "backend_unavailable"
     streamed = "".join(f["text"] for f in token_frames(sock.frames, turn_id))
     assert turn.reply_text == streamed == end["turn"]["reply"] == " ".join(WORDS[:6])
-    assert "Ollama" in turn.error
+    assert turn.error.startswith("Rig ollama-test: ") and "Ollama" in turn.stats["error_detail"]
 
 
 async def test_stop_on_an_ollama_turn_closes_the_stream(celery_worker, ollama_session, owner, ollama):

@@ -57,6 +57,35 @@ class BackendProtocolError(BackendError):
     code = "backend_protocol"
 
 
+UNREADABLE_EVENT = "the backend sent an event RigDash cannot read"
+
+
+class BackendBadEvent(BackendProtocolError):
+    """A stream event in valid framing that is not what the server's protocol sends (not JSON, not an object,
+    not UTF-8, a field of the wrong type): the reply cannot go on, and retrying would read the same."""
+
+    code = "backend_bad_event"
+
+    def __init__(self, detail: str = "") -> None:
+        super().__init__(UNREADABLE_EVENT)
+        self.detail = detail
+
+
+PLAIN_REASONS = {
+    "backend_unavailable": "the backend could not be reached or failed; try again in a moment",
+    "backend_bad_event": UNREADABLE_EVENT,
+    "backend_protocol": "the backend answered something RigDash cannot read",
+    "unknown_model": "the backend does not have this model",
+    "not_supported": "the backend cannot do this",
+}
+
+
+def user_message(rig_name: str, exc: BackendError) -> str:
+    """What an ordinary user is told: the rig's name and a plain reason. ``str(exc)`` (backend URLs, file paths,
+    the server's own words) is for staff only."""
+    return f"Rig {rig_name}: {PLAIN_REASONS.get(exc.code, 'the backend refused the request')}."
+
+
 @dataclass(frozen=True)
 class ModelInfo:
     name: str

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import json
+import math
 import os
 import ssl
 from collections.abc import AsyncIterator
@@ -19,6 +20,7 @@ import httpx
 from inference.backends import failures, sse
 from inference.backends.base import (
     Backend,
+    BackendBadEvent,
     BackendError,
     BackendNotSupported,
     BackendProtocolError,
@@ -219,6 +221,8 @@ class LlamaCppBackend(Backend):
                         await read_gate()
             if not finished:
                 raise BackendUnavailable("llama-server closed the stream before the reply finished")
+        except sse.EventError as exc:
+            raise BackendBadEvent(str(exc)) from exc
         except (OSError, sse.ProtocolError) as exc:
             raise BackendUnavailable(f"llama-server stream failed: {exc!r}") from exc
         finally:
@@ -226,23 +230,53 @@ class LlamaCppBackend(Backend):
 
 
 def _chunk(data: str) -> StreamChunk:
-    """One SSE event of llama-server's chat stream."""
+    """One SSE event of llama-server's chat stream. Anything but the shape llama-server sends raises
+    BackendBadEvent: an event that cannot be read ends the reply at once."""
     try:
         event = json.loads(data)
     except ValueError as exc:
-        raise BackendProtocolError(f"llama-server sent a malformed event: {data[:200]!r}") from exc
+        raise BackendBadEvent(f"not JSON: {data[:200]!r}") from exc
+    except RecursionError as exc:
+        raise BackendBadEvent("JSON nested too deep") from exc
+    if not isinstance(event, dict):
+        raise BackendBadEvent(f"not an object: {data[:200]!r}")
     if "error" in event:  # after the stream began: classed by its words alone
         error = event["error"]
-        raise _error(None, str(error.get("message") or error) if isinstance(error, dict) else str(error))
-    choice = (event.get("choices") or [{}])[0]
+        raise _error(None, str(error.get("message") or error)[:300] if isinstance(error, dict) else str(error)[:300])
+    choices = event.get("choices") or [{}]
+    choice = choices[0] if isinstance(choices, list) else None
+    delta = choice.get("delta") or {} if isinstance(choice, dict) else None
+    text = delta.get("content") or "" if isinstance(delta, dict) else None
+    thinking = delta.get("reasoning_content") or "" if isinstance(delta, dict) else None
+    finish = choice.get("finish_reason") if isinstance(choice, dict) else None
     timings = event.get("timings")
+    if (
+        not isinstance(text, str)
+        or not isinstance(thinking, str)
+        or not (finish is None or isinstance(finish, str))
+        or not (timings is None or isinstance(timings, dict))
+        or (timings is not None and not _timings_ok(timings))
+    ):
+        raise BackendBadEvent(f"fields of unexpected types: {data[:200]!r}")
     # With timings_per_token every chunk carries the running timings; the first one already holds prompt_n
     # (the prompt's real size), which the quota check reads before decode goes on.
-    delta = choice.get("delta") or {}
     return StreamChunk(
-        text=delta.get("content") or "",
-        thinking=delta.get("reasoning_content") or "",
-        finish_reason=choice.get("finish_reason"),
+        text=text,
+        thinking=thinking,
+        finish_reason=finish,
         stats=stats_from_timings(timings) if timings else None,
         context_tokens=context_tokens(timings) if timings else None,
     )
+
+
+def _timings_ok(timings: dict[str, Any]) -> bool:
+    """Every timing RigDash reads is a finite number (or absent)."""
+    for name in ("prompt_n", "prompt_ms", "cache_n", "predicted_n", "predicted_ms", "predicted_per_second"):
+        value = timings.get(name)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+            return False
+        if abs(value) > 1e15:
+            return False
+    return True

@@ -21,6 +21,7 @@ import pydantic
 from inference.backends import failures
 from inference.backends.base import (
     Backend,
+    BackendBadEvent,
     BackendError,
     BackendProtocolError,
     BackendStats,
@@ -84,14 +85,19 @@ def _translate(exc: Exception, what: str) -> BackendError:
 # What the client raises: its own ResponseError, ConnectionError (refused), httpx errors mid-stream,
 # pydantic's ValidationError or ValueError (bad JSON) for a reply it cannot parse.
 CLIENT_ERRORS = (ollama.ResponseError, ConnectionError, httpx.HTTPError, pydantic.ValidationError, ValueError)
+# What reading a chat line that is not Ollama's raises in the client (json.loads, ``part.get``, ``cls(**part)``,
+# pydantic): not JSON, not an object, fields of the wrong types.
+UNREADABLE_LINE_ERRORS = (pydantic.ValidationError, ValueError, TypeError, AttributeError, KeyError, RecursionError)
 
 
 class OllamaBackend(Backend):
     kind = "ollama"
+    transport: httpx.AsyncBaseTransport | None = None  # the HTTP transport; None: httpx's own
 
     def _client(self, *, read_timeout: float | None) -> ollama.AsyncClient:
         timeout = httpx.Timeout(self.timeout_s, read=read_timeout)
-        return ollama.AsyncClient(host=self.base_url, timeout=timeout, trust_env=False)
+        extra: dict[str, Any] = {} if self.transport is None else {"transport": self.transport}
+        return ollama.AsyncClient(host=self.base_url, timeout=timeout, trust_env=False, **extra)
 
     async def _call(self, what: str, call: Callable[[ollama.AsyncClient], Awaitable[T]]) -> T:
         """Run ``call(client)`` with a fresh client, translating its errors."""
@@ -174,8 +180,10 @@ class OllamaBackend(Backend):
                             return
                         if text or thinking:
                             yield StreamChunk(text=text, thinking=thinking)
-        except CLIENT_ERRORS as exc:
+        except (ollama.ResponseError, ConnectionError, httpx.HTTPError) as exc:  # an unreadable line: below
             raise _translate(exc, "chat") from exc
+        except UNREADABLE_LINE_ERRORS as exc:
+            raise BackendBadEvent(repr(exc)[:300]) from exc
         raise BackendUnavailable("Ollama closed the stream before the reply finished (no done:true line)")
 
     # Optional capabilities (base.Backend).

@@ -34,6 +34,10 @@ class ProtocolError(Exception):
     """The server sent something that is not the HTTP or SSE this client reads."""
 
 
+class EventError(ProtocolError):
+    """An event in valid SSE framing whose bytes cannot be read (not UTF-8)."""
+
+
 @dataclass(frozen=True)
 class ResponseHead:
     status: int
@@ -46,7 +50,7 @@ class ResponseHead:
     @property
     def content_length(self) -> int | None:
         value = self.headers.get("content-length")
-        return int(value) if value is not None and value.isdigit() else None
+        return int(value) if value is not None and value.isascii() and value.isdigit() else None
 
 
 def split_head(buffer: bytes | bytearray) -> tuple[bytes, bytes] | None:
@@ -72,7 +76,7 @@ def parse_headers(lines: list[str]) -> dict[str, str]:
 def parse_response_head(head: bytes) -> ResponseHead:
     lines = head.decode("latin-1").split("\r\n")
     parts = lines[0].split(" ", 2)
-    if len(parts) < 2 or not parts[0].startswith("HTTP/") or not parts[1].isdigit():
+    if len(parts) < 2 or not parts[0].startswith("HTTP/") or not (parts[1].isascii() and parts[1].isdigit()):
         raise ProtocolError(f"not an HTTP status line: {lines[0]!r}")
     return ResponseHead(status=int(parts[1]), headers=parse_headers(lines[1:]))
 
@@ -118,6 +122,8 @@ class ChunkedDecoder:
                 size = int(size_text, 16)
             except ValueError as exc:
                 raise ProtocolError(f"bad chunk size {size_text!r}") from exc
+            if size < 0:
+                raise ProtocolError(f"bad chunk size {size_text!r}")
             del self._buffer[: end + 2]
             if size == 0:
                 self.done = True  # trailers, if any, are ignored
@@ -136,8 +142,11 @@ class SSEParser:
 
     _buffer: bytearray = field(default_factory=bytearray)
     max_event_bytes: int = MAX_EVENT_BYTES
+    error: EventError | None = None  # an unreadable event: raised once the events before it are handed on
 
     def feed(self, data: bytes) -> list[str]:
+        if self.error is not None:
+            raise self.error
         self._buffer += data.replace(b"\r\n", b"\n") if b"\r" in data else data
         events: list[str] = []
         while True:
@@ -146,8 +155,15 @@ class SSEParser:
                 if len(self._buffer) > self.max_event_bytes:  # a server that never ends an event cannot fill memory
                     raise ProtocolError(f"an event longer than {self.max_event_bytes} bytes")
                 return events
-            block = bytes(self._buffer[:end]).decode("utf-8")
+            raw = bytes(self._buffer[:end])
             del self._buffer[: end + 2]
+            try:
+                block = raw.decode("utf-8")
+            except UnicodeDecodeError:
+                self.error = EventError(f"an event that is not UTF-8: {raw[:100]!r}")
+                if not events:
+                    raise self.error from None
+                return events
             if block.startswith("data: ") and "\n" not in block:  # the common case: one data line
                 events.append(block[6:])
                 continue
@@ -207,6 +223,8 @@ class SSEResponse:
         async for part in self._body_parts():
             if batch := parser.feed(part):
                 yield batch
+            if parser.error is not None:
+                raise parser.error
 
     @contextlib.asynccontextmanager
     async def reads_paused(self) -> AsyncIterator[None]:

@@ -18,8 +18,8 @@ from inference import events
 from inference.audit import audit_record
 from inference.errors import InvalidInput, NotFound
 from inference.models import Quota, Turn
-from inference.turns.lifecycle import turn_cancel
-from rigdash.access import staff_now
+from inference.turns.lifecycle import turn_cancel, turns_cancel_for_user
+from rigdash.access import ROLE_SUPERUSER, outranks, role_rank, staff_now
 
 
 def _require_staff(actor: AbstractBaseUser | AnonymousUser) -> User:
@@ -27,6 +27,15 @@ def _require_staff(actor: AbstractBaseUser | AnonymousUser) -> User:
     if fresh is None:
         raise InvalidInput("forbidden", "Only an active admin may do this.")
     return fresh
+
+
+def _require_outranks(admin: User, user: User) -> None:
+    """Roles: superuser > staff > user; nobody changes someone at or above their own role (read fresh)."""
+    target = User.objects.filter(pk=user.pk).first()
+    if target is None:
+        raise NotFound("user")
+    if not outranks(admin, target):
+        raise InvalidInput("forbidden", "You cannot change an account whose role is at or above your own.")
 
 
 def _turn_id(raw: Any) -> int:
@@ -70,6 +79,8 @@ def user_create(
     groups: Iterable[Group] = (),
 ) -> User:
     admin = _require_staff(actor)
+    if is_staff and role_rank(admin) < ROLE_SUPERUSER:
+        raise InvalidInput("forbidden", "Only a superuser may create admin accounts.")
     username = (username or "").strip()
     candidate = User(username=username, is_staff=is_staff)
     try:
@@ -93,11 +104,13 @@ def user_set_active(*, actor: AbstractBaseUser | AnonymousUser, user: User, acti
     admin = _require_staff(actor)
     if user.pk == admin.pk and not active:
         raise InvalidInput("self", "You cannot deactivate your own account.")
+    _require_outranks(admin, user)
     with transaction.atomic():
         changed = User.objects.filter(pk=user.pk).exclude(is_active=active).update(is_active=active)
         if changed:
             audit_record(actor=admin, action="user.activate" if active else "user.deactivate", target=_t(user))
             if not active:
+                turns_cancel_for_user(user_id=user.pk)
                 _revoke(user)
     user.refresh_from_db()
     return user
@@ -107,6 +120,9 @@ def user_set_staff(*, actor: AbstractBaseUser | AnonymousUser, user: User, staff
     admin = _require_staff(actor)
     if user.pk == admin.pk and not staff:
         raise InvalidInput("self", "You cannot remove your own admin role.")
+    _require_outranks(admin, user)
+    if staff and role_rank(admin) < ROLE_SUPERUSER:
+        raise InvalidInput("forbidden", "Only a superuser may make someone an admin.")
     with transaction.atomic():
         changed = (
             User.objects.filter(pk=user.pk)
@@ -123,6 +139,7 @@ def user_set_staff(*, actor: AbstractBaseUser | AnonymousUser, user: User, staff
 
 def user_set_groups(*, actor: AbstractBaseUser | AnonymousUser, user: User, groups: Iterable[Group]) -> User:
     admin = _require_staff(actor)
+    _require_outranks(admin, user)
     new = sorted(g.name for g in groups)
     old = sorted(user.groups.values_list("name", flat=True))
     if new != old:

@@ -149,11 +149,18 @@ def session_prompt_estimate(session: ChatSession, new_text: str) -> int:
 
 
 def quota_check_submit(
-    *, session: ChatSession, text: str, params: Mapping[str, Any], known: dict[int, Limits] | None = None
+    *,
+    session: ChatSession,
+    text: str,
+    params: Mapping[str, Any],
+    known: dict[int, Limits] | None = None,
+    pending: int = 0,
 ) -> None:
     """Refuse a new turn over any limit; call inside the submit's transaction (locks the user's row when they have
     a limit, so that two submits cannot both pass). ``known``: limits already read in this transaction, by user id
-    (a burst of submits reads each once)."""
+    (a burst of submits reads each once). ``pending``: the owner's turns this transaction accepted and has not
+    inserted yet (a burst inserts them together): they count as active, so the check and the insert are under
+    one lock."""
     known = {} if known is None else known
     if session.owner_id not in known:
         known[session.owner_id] = limits_for(session.owner_id)
@@ -163,10 +170,11 @@ def quota_check_submit(
     lock_rows(User.objects.filter(pk=session.owner_id))
     now = timezone.now()
     usage = usage_today(session.owner_id, now=now)
-    if limits.max_concurrent_turns is not None and usage.active_turns >= limits.max_concurrent_turns:
+    active = usage.active_turns + pending
+    if limits.max_concurrent_turns is not None and active >= limits.max_concurrent_turns:
         raise QuotaExceeded(
             "max_concurrent_turns",
-            f"You have {usage.active_turns} replies running or waiting; your limit is "
+            f"You have {active} replies running or waiting; your limit is "
             f"{limits.max_concurrent_turns} at once. Send again when one has finished.",
         )
     daily = limits.max_output_tokens_per_day

@@ -6,6 +6,7 @@ Every state change is a conditional UPDATE that acts only when it matched (a tas
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -40,6 +41,18 @@ def turn_cancel(*, turn: Turn) -> Turn:
         raise InvalidInput("turn_finished", "That turn has already finished.")
     turn.refresh_from_db()
     return turn
+
+
+def turns_cancel_for_user(*, user_id: int) -> int:
+    """Cancel every waiting or running turn of the user (they were deactivated); how many were cancelled."""
+    cancelled = 0
+    for turn in Turn.objects.select_related("session").filter(session__owner_id=user_id, status__in=Turn.ACTIVE):
+        try:
+            turn_cancel(turn=turn)
+            cancelled += 1
+        except InvalidInput:  # it ended meanwhile
+            continue
+    return cancelled
 
 
 def turn_mark_decoding(*, turn_id: int) -> None:
@@ -86,27 +99,53 @@ def _prompt_in_context(stats: dict[str, Any]) -> int | None:
 
 
 def turn_reap_stale(*, older_than_s: float) -> list[int]:
-    """End running turns whose worker stopped checkpointing as ``interrupted``, keeping their text."""
+    """End running turns whose worker stopped checkpointing as ``interrupted``, keeping their text. Each turn is
+    reaped on its own: one that fails (Redis down, an odd live list, a database error) is logged and tried again at
+    the next pass, and the others are reaped all the same."""
     cutoff = timezone.now() - timedelta(seconds=older_than_s)
     reaped = []
     for turn in Turn.objects.filter(status__in=Turn.RUNNING, heartbeat_at__lt=cutoff).select_related("session"):
-        current = state.snapshot(turn.pk)
-        outcome = TurnOutcome(
-            status=Turn.Status.INTERRUPTED,
-            reply_text=current.text or turn.reply_text,
-            thinking_text=current.thinking or turn.thinking_text,
-            finish_reason="interrupted",
-            stats={**turn.stats, "output_events": current.seq},
-            error="The worker running this turn stopped; the reply so far is kept.",
-        )
-        if turn_finish(turn=turn, outcome=outcome):
-            turn.refresh_from_db()
-            turn_released(turn_id=turn.pk, rig_id=turn.session.rig_id)
-            events.turn_end_sync(session_id=turn.session_id, turn=selectors.turn_snapshot(turn), seq=current.seq)
-            state.forget(turn.pk)
-            reaped.append(turn.pk)
-            log.warning("turn %s interrupted: no heartbeat since %s", turn.pk, turn.heartbeat_at)
+        try:
+            if _reap_one(turn):
+                reaped.append(turn.pk)
+        except Exception:
+            log.exception("turn %s: reaping failed; the next pass tries again", turn.pk)
     return reaped
+
+
+def _reap_one(turn: Turn) -> bool:
+    try:
+        current = state.snapshot(turn.pk)
+        text, seq = current.text or turn.reply_text, current.seq
+        thinking = current.thinking or turn.thinking_text
+    except Exception:  # the live list cannot be read: the last checkpoint is the reply
+        log.exception("turn %s: live text unreadable; ending it with its last checkpoint", turn.pk)
+        text, seq = turn.reply_text, int(turn.stats.get("output_events", 0) or 0)
+        thinking = turn.thinking_text
+    outcome = TurnOutcome(
+        status=Turn.Status.INTERRUPTED,
+        reply_text=text,
+        thinking_text=thinking,
+        finish_reason="interrupted",
+        stats={**turn.stats, "output_events": seq},
+        error="The worker running this turn stopped; the reply so far is kept.",
+    )
+    if not turn_finish(turn=turn, outcome=outcome):
+        return False
+    log.warning("turn %s interrupted: no heartbeat since %s", turn.pk, turn.heartbeat_at)
+    turn.refresh_from_db()
+    # The turn has ended in the database: what follows only tells others, and one failing skips none of the rest.
+    steps: list[Callable[[], object]] = [
+        lambda: turn_released(turn_id=turn.pk, rig_id=turn.session.rig_id),
+        lambda: events.turn_end_sync(session_id=turn.session_id, turn=selectors.turn_snapshot(turn), seq=seq),
+        lambda: state.forget(turn.pk),
+    ]
+    for step in steps:
+        try:
+            step()
+        except Exception:
+            log.exception("turn %s: a step after its end failed", turn.pk)
+    return True
 
 
 def turn_released(*, turn_id: int, rig_id: int) -> None:

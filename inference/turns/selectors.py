@@ -26,8 +26,20 @@ def session_list_for(user: AbstractBaseUser | AnonymousUser) -> QuerySet[ChatSes
     return ChatSession.objects.filter(owner_id=user.pk).select_related("rig")
 
 
+MAX_ID = 2**63 - 1  # a bigint primary key
+
+
+def _valid_id(value: Any) -> bool:
+    """A primary key as a browser may send it: an int (or its digits) in the bigint range, nothing else."""
+    if isinstance(value, str) and value.isascii() and value.isdigit() and len(value) < 20:
+        value = int(value)
+    return isinstance(value, int) and not isinstance(value, bool) and 0 < value <= MAX_ID
+
+
 def session_get_for(user: AbstractBaseUser | AnonymousUser, session_id: int) -> ChatSession:
     """The user's own session, or NotFound: another user's id looks exactly like one that does not exist."""
+    if not _valid_id(session_id):
+        raise NotFound("chat session")
     try:
         return session_list_for(user).get(pk=session_id)
     except (ChatSession.DoesNotExist, ValueError, TypeError):
@@ -35,6 +47,8 @@ def session_get_for(user: AbstractBaseUser | AnonymousUser, session_id: int) -> 
 
 
 def turn_get_for(user: AbstractBaseUser | AnonymousUser, turn_id: int) -> Turn:
+    if not _valid_id(turn_id):
+        raise NotFound("turn")
     try:
         return Turn.objects.select_related("session").get(pk=turn_id, session__owner_id=user.pk)
     except (Turn.DoesNotExist, ValueError, TypeError):
@@ -83,8 +97,12 @@ def _waiting_reason(turn: Turn) -> str:
 
 
 def turn_stats_public(stats: dict[str, Any]) -> dict[str, Any]:
-    """Stats for the page: everything but the long list of inter-token gaps."""
-    return {key: value for key, value in stats.items() if key != "inter_token_gaps_ms"}
+    """Stats for the page: everything but the long list of inter-token gaps and the backend's error detail (backend
+    URLs, file paths: staff read it in the admin)."""
+    return {key: value for key, value in stats.items() if key not in PRIVATE_STATS}
+
+
+PRIVATE_STATS = frozenset({"inter_token_gaps_ms", "error_detail"})
 
 
 def session_history(session: ChatSession) -> list[dict[str, Any]]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -18,6 +19,8 @@ from inference.queue.quotas import Limits
 from inference.queue.tickets import StartTicket
 from inference.turns import board_rows, selectors
 from inference.turns.params import turn_params
+
+log = logging.getLogger(__name__)
 
 
 def turn_submit(*, session: ChatSession, text: Any, params: Any = None) -> Turn:
@@ -83,11 +86,22 @@ def _turns_submit_atomic(requests: Sequence[SubmitRequest], results: list[Submit
                 session = sessions.get((request.user.pk, request.session_id))
                 if session is None:
                     raise NotFound("chat session")  # another user's looks exactly like a missing one
+                pending = sum(1 for r in results if isinstance(r, Turn) and r.session.owner_id == session.owner_id)
                 results.append(
-                    _turn_prepare(session=session, text=request.text, params=request.params, busy=busy, limits=limits)
+                    _turn_prepare(
+                        session=session,
+                        text=request.text,
+                        params=request.params,
+                        busy=busy,
+                        limits=limits,
+                        pending=pending,
+                    )
                 )
             except InvalidInput as exc:
                 results.append(exc)
+            except (ValueError, TypeError, ArithmeticError) as exc:  # input no check foresaw: this submit's alone
+                log.warning("submit refused: %r", exc)
+                results.append(InvalidInput("bad_request", "This message could not be stored."))
         turns = [r for r in results if isinstance(r, Turn)]
         _turns_insert(turns)
         _turns_stored(turns, conversations=conversations, limits=limits)
@@ -109,11 +123,13 @@ def _sessions_read(session_ids: set[int]) -> tuple[set[int], dict[int, list[dict
     return busy, conversations
 
 
-def _turn_prepare(*, session: ChatSession, text: Any, params: Any, busy: set[int], limits: dict[int, Limits]) -> Turn:
+def _turn_prepare(
+    *, session: ChatSession, text: Any, params: Any, busy: set[int], limits: dict[int, Limits], pending: int = 0
+) -> Turn:
     """Check one turn and return it unsaved (``_turns_insert`` stores it); call inside a transaction, with the
     session's row read with ``locking`` (one submit at a time per session). ``busy``: the sessions known to have
     a turn waiting or running (updated here); ``limits``: owners' limits read so far in this transaction (updated
-    here).
+    here); ``pending``: the owner's turns this transaction accepted before this one (not inserted yet).
 
     Every check comes before the first write (a new session's title), so a refusal (InvalidInput) leaves nothing
     behind and a burst's other turns commit without a savepoint around each (``turn_submit_many``)."""
@@ -128,7 +144,7 @@ def _turn_prepare(*, session: ChatSession, text: Any, params: Any, busy: set[int
 
     if session.pk in busy:
         raise InvalidInput("turn_in_progress", "Wait for the current reply to finish (or stop it) first.")
-    quotas.quota_check_submit(session=session, text=text, params=clean_params, known=limits)
+    quotas.quota_check_submit(session=session, text=text, params=clean_params, known=limits, pending=pending)
     if not session.title:
         session.title = text.strip()[:80]
         ChatSession.objects.filter(pk=session.pk).update(title=session.title)

@@ -15,6 +15,7 @@ import weakref
 from typing import Any
 
 from channels.db import database_sync_to_async
+from django.db import DatabaseError
 
 from inference.models import Turn
 from inference.turns import submit as submits
@@ -41,7 +42,10 @@ class SubmitQueue:
                 batch, self._waiting = self._waiting, []
                 try:
                     results = await database_sync_to_async(submits.turn_submit_many)([r for r, _ in batch])
-                except Exception as exc:  # the database or Redis failed: every submit in the batch hears it
+                except DatabaseError as exc:  # the transaction rolled back: nothing of the burst is stored
+                    # One submit's failure never touches another's: each is stored again on its own.
+                    results = await self._one_by_one([r for r, _ in batch]) if len(batch) > 1 else [exc]
+                except Exception as exc:  # Redis or the broker failed: every submit in the batch hears it
                     results = [exc] * len(batch)
                 for (_, future), result in zip(batch, results, strict=True):
                     if future.done():  # its socket went away; the turn is stored all the same
@@ -52,6 +56,16 @@ class SubmitQueue:
                         future.set_result(result)
         finally:
             self._drainer = None
+
+    @staticmethod
+    async def _one_by_one(requests: list[submits.SubmitRequest]) -> list[Any]:
+        results: list[Any] = []
+        for request in requests:
+            try:
+                results.extend(await database_sync_to_async(submits.turn_submit_many)([request]))
+            except Exception as exc:
+                results.append(exc)
+        return results
 
 
 _queues: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, SubmitQueue] = weakref.WeakKeyDictionary()

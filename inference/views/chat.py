@@ -10,14 +10,20 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_GET, require_POST
 
-from inference.backends.base import BackendError
+from inference.backends.base import BackendError, user_message
 from inference.errors import InvalidInput
 from inference.models import Rig
 from inference.turns import lifecycle, selectors, sessions, submit
-from inference.views.http import api_view, json_body, json_error
+from inference.views.http import api_view, json_body, json_error, or_404
+from rigdash.access import is_staff
 
 
-def _rig_choices() -> list[dict[str, Any]]:
+def _backend_error(request: HttpRequest, rig: Rig, exc: BackendError) -> str:
+    """Staff read the backend's detail; everyone else the rig's name and a plain reason."""
+    return str(exc) if is_staff(request.user) else user_message(rig.name, exc)
+
+
+def _rig_choices(request: HttpRequest) -> list[dict[str, Any]]:
     """Each enabled rig with the models it serves now, or why it cannot say (asked in parallel)."""
     rigs = list(selectors.rig_list_enabled())
 
@@ -25,7 +31,7 @@ def _rig_choices() -> list[dict[str, Any]]:
         try:
             return {"rig": rig, "models": [m.name for m in sessions.rig_models(rig)], "error": ""}
         except BackendError as exc:
-            return {"rig": rig, "models": [], "error": str(exc)}
+            return {"rig": rig, "models": [], "error": _backend_error(request, rig, exc)}
 
     with ThreadPoolExecutor(max_workers=max(1, min(8, len(rigs)))) as pool:
         return list(pool.map(describe, rigs))
@@ -47,7 +53,7 @@ def session_create(request: HttpRequest) -> HttpResponse:
             "inference/session_list.html",
             {
                 "sessions": selectors.session_list_for(request.user)[:100],
-                "rigs": _rig_choices(),
+                "rigs": _rig_choices(request),
                 "error": exc.message,
             },
             status=400,
@@ -87,7 +93,7 @@ def api_rig_models(request: HttpRequest, rig_id: int) -> HttpResponse:
     try:
         models = sessions.rig_models(rig)
     except BackendError as exc:
-        return json_error(exc.code, str(exc), 502)
+        return json_error(exc.code, _backend_error(request, rig, exc), 502)
     return JsonResponse(
         {"rig": rig.pk, "models": [{"name": m.name, "context_length": m.context_length} for m in models]}
     )

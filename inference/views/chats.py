@@ -106,7 +106,7 @@ def session_list(request: HttpRequest) -> HttpResponse:
         "inference/session_list.html",
         {
             "sessions": selectors.session_list_for(request.user)[:100],
-            "rigs": _rig_choices(),
+            "rigs": _rig_choices(request),
             "query": query,
             "hits": hits,
         },
@@ -257,7 +257,7 @@ def compare_new(request: HttpRequest) -> HttpResponse:
             return redirect("inference:compare", left_id=left.pk, right_id=right.pk)
     choices = [
         {"value": f"{choice['rig'].pk}:{model}", "label": f"{model} on {choice['rig'].name}"}
-        for choice in _rig_choices()
+        for choice in _rig_choices(request)
         for model in choice["models"]
     ]
     context = {"choices": choices, "error": error, "text": request.POST.get("text", "")}

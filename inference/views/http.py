@@ -8,7 +8,6 @@ says otherwise.
 from __future__ import annotations
 
 import functools
-import json
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
@@ -16,6 +15,7 @@ from django.contrib.auth.decorators import login_required
 from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 
 from inference.errors import InvalidInput, NotFound, QueueUnavailable
+from rigdash import strictjson
 from rigdash.access import is_staff
 
 View = Callable[..., HttpResponse]
@@ -29,9 +29,11 @@ def json_error(code: str, message: str, status: int) -> JsonResponse:
 def json_body(request: HttpRequest) -> dict[str, Any]:
     """The request's JSON object (an empty body is ``{}``); InvalidInput when it is not one."""
     try:
-        body = json.loads(request.body or b"{}")
+        body = strictjson.loads(request.body or b"{}")
     except ValueError:
-        raise InvalidInput("bad_json", "The request body is not valid JSON.") from None
+        raise InvalidInput(
+            "bad_json", "The request body is not valid JSON (numbers must be finite, nesting shallow)."
+        ) from None
     if not isinstance(body, dict):
         raise InvalidInput("bad_json", "The request body must be a JSON object.")
     return body

@@ -30,7 +30,7 @@ from django.db import DatabaseError
 from redis.exceptions import RedisError
 
 from inference import events
-from inference.backends.base import BackendError, ChatRequest, StreamChunk
+from inference.backends.base import BackendError, ChatRequest, StreamChunk, user_message
 from inference.db import gated
 from inference.errors import QuotaExceeded
 from inference.live import progress as live_progress
@@ -343,7 +343,7 @@ async def stream_turn(
     state.last_checkpoint = state.last_read_at = state.meter.t_request
     reporter = asyncio.create_task(_start_progress(state, request.messages))
     final: StreamChunk | None = None
-    status, error, finish_reason = Turn.Status.DONE, "", ""
+    status, error, finish_reason, detail = Turn.Status.DONE, "", "", ""
     try:
         with state.pace.streaming_turn():
             opened.bind(state)
@@ -357,8 +357,9 @@ async def stream_turn(
         status, finish_reason, error = Turn.Status.FAILED, "timeout", str(exc)
     except QuotaExceeded as exc:  # the backend's prompt_n is over the user's context limit
         status, finish_reason, error = Turn.Status.FAILED, exc.code, exc.message
-    except BackendError as exc:
-        status, finish_reason, error = Turn.Status.FAILED, exc.code, str(exc)
+    except BackendError as exc:  # the owner reads a plain reason; the detail is in the stats, for staff
+        status, finish_reason, detail = Turn.Status.FAILED, exc.code, str(exc)
+        error = user_message(turn.session.rig.name, exc)
     finally:
         await opened.close()  # the backend stops decoding this reply
         await asyncio.gather(reporter, return_exceptions=True)
@@ -377,6 +378,7 @@ async def stream_turn(
             **state.meter.final_stats(final.stats if final else None),
             "context_tokens": state.context_tokens,
             "context_limit": state.context_window,
+            **({"error_detail": detail} if detail else {}),
         },
         error=error,
     )
