@@ -148,6 +148,9 @@ class Services:
                 proc.wait()
 
 
+METRICS_TOKEN = "deploy-test-metrics-token"
+
+
 @pytest.fixture
 def services(tmp_path: Path, fresh_database: str) -> Iterator[Services]:
     compose = composekit.load()
@@ -161,6 +164,7 @@ def services(tmp_path: Path, fresh_database: str) -> Iterator[Services]:
         "LLAMA_SERVER_URL": f"http://127.0.0.1:{free_port()}",  # nothing there: the rig is down, that is all
         "RIGDASH_OLLAMA_URL": "http://ollama:11434",  # a single-label host, as on the compose network
         "RIGDASH_DB_CONN_MAX_AGE": "0",  # the fresh database can be dropped at the end
+        "RIGDASH_METRICS_TOKEN": METRICS_TOKEN,  # /healthz's details are for the token (anonymous: up or down)
     }
     model = tmp_path / "SmolLM2-stand-in.gguf"
     model.write_bytes(b"GGUF" + bytes(1024))
@@ -210,7 +214,8 @@ def test_services_start_in_compose_order_on_a_fresh_database_and_stop_on_sigterm
     assert "admin account: admin (password from RIGDASH_ADMIN_PASSWORD)" in services.log("migrate")
     assert (services.tmp / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf").read_bytes()[:4] == b"GGUF"
 
-    body = httpx.get(f"http://127.0.0.1:{services.port}/healthz", headers={"Host": "localhost"}, timeout=30).json()
+    headers = {"Host": "localhost", "Authorization": f"Bearer {METRICS_TOKEN}"}
+    body = httpx.get(f"http://127.0.0.1:{services.port}/healthz", headers=headers, timeout=30).json()
     assert body["checks"]["database"]["ok"] and body["checks"]["redis"]["ok"]
     assert {name: check["ok"] for name, check in body["checks"]["queues"].items()} == {"embedded": True, "ollama": True}
     assert body["checks"]["rigs"]["ollama"]["url"] == "http://ollama:11434"

@@ -3,6 +3,8 @@ or an admin session; the report cached a few seconds."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 from django.test import Client
 
@@ -52,6 +54,9 @@ def test_worker_check_reports_down_when_no_worker_consumes(settings):
     from monitoring.health import check_workers
 
     lonely = Celery("lonely", broker=settings.REDIS_URL.rsplit("/", 1)[0] + "/13")
+    # Control broadcasts are Redis PUBLISHes, which ignore the database number: on an exchange of its own, no
+    # worker of this server (the suite's, another run's) can answer.
+    lonely.conf.control_exchange = f"lonely-{os.getpid()}"
     try:
         result = check_workers(timeout_s=0.5, app=lonely)
     finally:
@@ -81,6 +86,7 @@ def test_the_backend_fan_out_is_cached_for_a_few_seconds(monkeypatch):
     calls: list[str] = []
     monkeypatch.setattr(health, "check_workers", lambda: {"ok": True, "detail": "1 worker(s)", "workers": ["w"]})
     monkeypatch.setattr(health, "check_rig", lambda rig: calls.append(rig.name) or {"ok": True, "detail": "ok"})
+    monkeypatch.setattr(health, "rig_consumers", lambda rigs: {r.name: {"ok": True} for r in rigs})
     Rig.objects.create(name="cached", kind="llamacpp", base_url=f"http://127.0.0.1:{free_port()}", queue="rig.c")
     for _ in range(5):
         assert Client().get("/healthz").status_code == 200

@@ -42,8 +42,10 @@ def rigs(db):
 
 
 @pytest.mark.django_db
-def test_healthz_names_a_rig_whose_queue_has_no_worker(queue_worker, rigs):
-    body = Client().get("/healthz").json()
+def test_healthz_names_a_rig_whose_queue_has_no_worker(queue_worker, rigs, admin_user):
+    client = Client()
+    client.force_login(admin_user)  # the details are for admins (anonymous callers get only up or down)
+    body = client.get("/healthz").json()
     assert body["checks"]["queues"]["served"] == {
         "ok": True, "queue": QUEUE, "workers": [queue_worker], "detail": "1 worker(s)"
     }  # fmt: skip

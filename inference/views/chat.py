@@ -14,7 +14,7 @@ from inference.backends.base import BackendError, user_message
 from inference.errors import InvalidInput
 from inference.models import Rig
 from inference.turns import lifecycle, selectors, sessions, submit
-from inference.views.http import api_view, json_body, json_error, or_404
+from inference.views.http import api_view, json_body, json_error
 from rigdash.access import is_staff
 
 
