@@ -28,7 +28,7 @@ def idle_session(owner) -> ChatSession:
     return ChatSession.objects.create(owner=owner, rig=rig, model_name="m")
 
 
-@pytest.mark.parametrize("name", sorted(turn_params.PARAM_RULES))
+@pytest.mark.parametrize("name", sorted(turn_params.NUMBER_RULES))
 @pytest.mark.parametrize("value", [float("nan"), float("inf"), float("-inf")])
 def test_every_param_refuses_non_finite_numbers(settings, name, value):
     with pytest.raises(errors.InvalidInput) as info:
