@@ -27,7 +27,7 @@ LARGE = {"users": 20, "turns": 900, "rigs": 5}  # six times the turns, more user
 # The most queries each page may make, whatever the data: session and user (2), then the page's own.
 PAGES = {
     "chat list": ("/", False, 4),
-    "chat page": ("/sessions/{session}/", False, 4),
+    "chat page": ("/sessions/{session}/", False, 6),  # with its settings, presets and versions (docs/chat.md)
     "chat turns API": ("/api/sessions/{session}/turns", False, 4),
     "usage 30 d": ("/usage/?days=30", True, 12),
     "usage 366 d": ("/usage/?days=366", True, 12),
@@ -184,8 +184,7 @@ def test_the_generator_makes_a_realistic_small_history_and_refuses_a_database_wi
 
 @pytest.mark.django_db
 def test_the_audit_log_pages_back_through_every_entry_once(admin_user, django_assert_max_num_queries):
-    from inference.board.audit import audit_record
-
+    from inference.audit import audit_record
     from inference.board.audit_pages import PAGE_ROWS
 
     for n in range(2 * PAGE_ROWS + 50):

@@ -7,15 +7,24 @@ from typing import Any
 
 from django.db import connection
 
+# Columns the generator leaves at their model default: what Django would write for a row created without them.
+DEFAULTS: dict[str, dict[str, Any]] = {
+    "inference_turn": {"thinking_text": ""},
+    "inference_chatsession": {"settings": "{}"},
+}
+
 
 def copy_rows(table: str, columns: Sequence[str], rows: Iterable[Sequence[Any]]) -> int:
-    """COPY ``rows`` into ``table``; JSON columns take their values as already-encoded strings."""
+    """COPY ``rows`` into ``table``; JSON columns take their values as already-encoded strings. Columns in
+    ``DEFAULTS`` that ``columns`` does not name are written with their default."""
+    extra = {name: value for name, value in DEFAULTS.get(table, {}).items() if name not in columns}
     count = 0
     with connection.cursor() as cursor:
         raw = cursor.cursor  # the psycopg cursor under Django's wrapper
-        with raw.copy(f"COPY {table} ({', '.join(columns)}) FROM STDIN") as copy:
+        with raw.copy(f"COPY {table} ({', '.join([*columns, *extra])}) FROM STDIN") as copy:
+            tail = tuple(extra.values())
             for row in rows:
-                copy.write_row(row)
+                copy.write_row((*row, *tail))
                 count += 1
     return count
 
