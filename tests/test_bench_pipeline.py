@@ -104,6 +104,7 @@ async def test_token_batches_skip_the_per_message_database_hop(monkeypatch):
 
     monkeypatch.setattr(channels.consumer, "aclose_old_connections", spy)
     consumer = ChatConsumer()
+    consumer.scope = {}  # no user: the frame limit's anonymous bucket (Channels sets the scope per connection)
     sent: list[str] = []
 
     async def base_send(message: dict[str, str]) -> None:

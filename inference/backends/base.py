@@ -80,9 +80,16 @@ PLAIN_REASONS = {
 }
 
 
+# Kinds whose message RigDash wrote for the user from the server's words about memory or loading (no URL, no path):
+# shown whole, since what to do next depends on them (inference/backends/failures.py).
+USER_FACING = frozenset({"out_of_memory", "model_loading"})
+
+
 def user_message(rig_name: str, exc: BackendError) -> str:
     """What an ordinary user is told: the rig's name and a plain reason. ``str(exc)`` (backend URLs, file paths,
-    the server's own words) is for staff only."""
+    the server's own words) is for staff only, except the kinds in ``USER_FACING``."""
+    if exc.code in USER_FACING:
+        return f"Rig {rig_name}: {exc}"
     return f"Rig {rig_name}: {PLAIN_REASONS.get(exc.code, 'the backend refused the request')}."
 
 

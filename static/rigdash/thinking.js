@@ -57,6 +57,7 @@
     const select = document.createElement("select");
     select.dataset.testid = "think";
     select.title = "Ask a reasoning model to think before it answers (models without reasoning ignore it)";
+    select.setAttribute("aria-label", "Thinking: ask a reasoning model to think first, or not");
     for (const [value, label] of CHOICES) select.add(new Option(label, value));
     try {
       select.value = localStorage.getItem(key) || "";
