@@ -22,7 +22,8 @@ from inference.turns.lifecycle import turn_cancel, turns_cancel_for_user
 from rigdash.access import ROLE_SUPERUSER, outranks, role_rank, staff_now
 
 
-def _require_staff(actor: AbstractBaseUser | AnonymousUser) -> User:
+def require_staff(actor: AbstractBaseUser | AnonymousUser) -> User:
+    """The actor as an active admin, read again from the database; InvalidInput("forbidden") otherwise."""
     fresh = staff_now(actor)
     if fresh is None:
         raise InvalidInput("forbidden", "Only an active admin may do this.")
@@ -49,7 +50,7 @@ def _turn_id(raw: Any) -> int:
 
 def admin_turn_cancel(*, actor: AbstractBaseUser | AnonymousUser, turn_id: Any) -> Turn:
     """Cancel any user's queued or running turn; a finished one is refused and nothing is recorded."""
-    admin = _require_staff(actor)
+    admin = require_staff(actor)
     turn = Turn.objects.select_related("session", "session__owner").filter(pk=_turn_id(turn_id)).first()
     if turn is None:
         raise NotFound("turn")
@@ -78,7 +79,7 @@ def user_create(
     is_staff: bool = False,
     groups: Iterable[Group] = (),
 ) -> User:
-    admin = _require_staff(actor)
+    admin = require_staff(actor)
     if is_staff and role_rank(admin) < ROLE_SUPERUSER:
         raise InvalidInput("forbidden", "Only a superuser may create admin accounts.")
     username = (username or "").strip()
@@ -101,7 +102,7 @@ def user_create(
 
 
 def user_set_active(*, actor: AbstractBaseUser | AnonymousUser, user: User, active: bool) -> User:
-    admin = _require_staff(actor)
+    admin = require_staff(actor)
     if user.pk == admin.pk and not active:
         raise InvalidInput("self", "You cannot deactivate your own account.")
     _require_outranks(admin, user)
@@ -117,7 +118,7 @@ def user_set_active(*, actor: AbstractBaseUser | AnonymousUser, user: User, acti
 
 
 def user_set_staff(*, actor: AbstractBaseUser | AnonymousUser, user: User, staff: bool) -> User:
-    admin = _require_staff(actor)
+    admin = require_staff(actor)
     if user.pk == admin.pk and not staff:
         raise InvalidInput("self", "You cannot remove your own admin role.")
     _require_outranks(admin, user)
@@ -138,7 +139,7 @@ def user_set_staff(*, actor: AbstractBaseUser | AnonymousUser, user: User, staff
 
 
 def user_set_groups(*, actor: AbstractBaseUser | AnonymousUser, user: User, groups: Iterable[Group]) -> User:
-    admin = _require_staff(actor)
+    admin = require_staff(actor)
     _require_outranks(admin, user)
     new = sorted(g.name for g in groups)
     old = sorted(user.groups.values_list("name", flat=True))
@@ -159,7 +160,7 @@ def quota_values(quota: Quota) -> dict[str, int | None]:
 
 def quota_save(*, actor: AbstractBaseUser | AnonymousUser, quota: Quota, before: dict[str, Any] | None) -> Quota:
     """Store a validated quota (``full_clean`` runs again here) and record what changed."""
-    admin = _require_staff(actor)
+    admin = require_staff(actor)
     try:
         quota.full_clean()
     except ValidationError as exc:
@@ -178,7 +179,7 @@ def quota_save(*, actor: AbstractBaseUser | AnonymousUser, quota: Quota, before:
 
 
 def quota_delete(*, actor: AbstractBaseUser | AnonymousUser, quota: Quota) -> None:
-    admin = _require_staff(actor)
+    admin = require_staff(actor)
     with transaction.atomic():
         audit_record(actor=admin, action="quota.delete", target=str(quota), detail={"before": quota_values(quota)})
         quota.delete()

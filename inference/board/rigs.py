@@ -10,18 +10,11 @@ from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
 from django.db import transaction
 
 from inference.audit import audit_record
+from inference.board.actions import require_staff
 from inference.errors import InvalidInput
 from inference.models import ChatSession, Rig, Turn
-from rigdash.access import staff_now
 
 FIELDS = ("name", "kind", "base_url", "slots", "is_default", "enabled")
-
-
-def require_staff(actor: AbstractBaseUser | AnonymousUser) -> Any:
-    admin = staff_now(actor)
-    if admin is None:
-        raise InvalidInput("forbidden", "Only an active admin may do this.")
-    return admin
 
 
 def rig_save(*, actor: AbstractBaseUser | AnonymousUser, rig: Rig) -> Rig:
