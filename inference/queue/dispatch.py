@@ -144,7 +144,7 @@ def rig_dispatch(*, rig_id: int, rig: Rig | None = None, tickets: Mapping[int, S
             return []
         busy, waiting = _rig_turns(rig_id)
         free = rig.slots - busy
-        reason = _cannot_take_turns(rig)
+        reason = cannot_take_turns(rig)
         if reason:
             free = 0  # nothing consumes the rig's queue: its turns wait here, where the page can say why
         dispatched: list[int] = []
@@ -202,7 +202,7 @@ def _send(turn_ids: list[int], queue: str, tickets: Sequence[StartTicket] = ()) 
         raise QueueUnavailable(turn_ids) from exc
 
 
-def _cannot_take_turns(rig: Rig) -> str:
+def cannot_take_turns(rig: Rig) -> str:
     """Why the rig cannot take a turn now (its agent, which serves its queue, is down), or ""."""
     if not rig.agent_key:
         return ""

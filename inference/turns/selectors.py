@@ -11,7 +11,7 @@ from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
 from django.db.models import QuerySet
 
 from inference.errors import NotFound
-from inference.live import agents, state
+from inference.live import state
 from inference.models import ChatSession, Rig, Turn
 from inference.queue import dispatch
 
@@ -83,17 +83,8 @@ def turn_snapshot(turn: Turn, *, just_stored: bool = False) -> dict[str, Any]:
         "created_at": turn.created_at.isoformat() if turn.created_at else None,
         "queue_position": position,  # None unless waiting; 0 starting; n: n-1 turns wait ahead of it
         "queue_ahead": None if position is None else max(0, position - 1),
-        "waiting_reason": _waiting_reason(turn) if position else "",
+        "waiting_reason": dispatch.cannot_take_turns(turn.session.rig) if position else "",
     }
-
-
-def _waiting_reason(turn: Turn) -> str:
-    """Why a waiting turn cannot start now, beyond its place in the queue: its rig's agent is down."""
-    rig = turn.session.rig
-    if not rig.agent_key:
-        return ""
-    agent = agents.agent_state(rig.pk, rig.agent_key)
-    return "" if agent.up else f"waiting: the rig's {agent.describe()}"
 
 
 def turn_stats_public(stats: dict[str, Any]) -> dict[str, Any]:
