@@ -43,6 +43,9 @@ class Rig(models.Model):
         blank=True,
         help_text="The rig agent's secret (RIGDASH_AGENT_KEY on the rig's host); empty when no agent runs beside it.",
     )
+    # The model names the backend last listed (Rig.record_models): placement sends a chat that targets a model to
+    # any enabled rig serving it (inference/queue/placement.py).
+    models_served = models.JSONField(default=list, blank=True, editable=False)
     # What the environment last set (inference.bootstrap): a field an admin has changed since keeps the admin's value.
     bootstrapped = models.JSONField(default=dict, blank=True, editable=False)
     created_at = models.DateTimeField(auto_now_add=True)
@@ -61,6 +64,16 @@ class Rig(models.Model):
                 kwargs["update_fields"] = {*update_fields, "queue"}
         super().save(*args, **kwargs)
 
+    def record_models(self, names: Any) -> None:
+        """Remember the models the backend says it serves now; one UPDATE, only when they changed."""
+        served = sorted({str(name) for name in names})
+        if served != self.models_served:
+            self.models_served = served
+            Rig.objects.filter(pk=self.pk).update(models_served=served)
+
+    def serves(self, model_name: str) -> bool:
+        return model_name in (self.models_served or ())
+
     @staticmethod
     def queue_for(name: str) -> str:
         """The Celery queue of the rig named ``name``: a worker serves it with ``-Q rig.<name>``."""
@@ -68,8 +81,15 @@ class Rig(models.Model):
 
 
 class ChatSession(models.Model):
+    class Placement(models.TextChoices):
+        RIG = "rig", "this rig"
+        MODEL = "model", "any rig serving the model"
+
     owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="chat_sessions")
+    # The rig of the chat's turn now running, or of its last one. A chat placed by model (``placement``) moves to the
+    # rig each turn is handed to (inference/queue/placement.py); each turn keeps the rig that ran it (``Turn.rig``).
     rig = models.ForeignKey(Rig, on_delete=models.PROTECT, related_name="sessions")
+    placement = models.CharField(max_length=8, choices=Placement.choices, default=Placement.RIG)
     model_name = models.CharField(max_length=200)
     title = models.CharField(max_length=200, blank=True)
     # A session made by one request of the OpenAI-compatible API: the key it came with, and the messages the request
@@ -127,6 +147,9 @@ class Turn(models.Model):
     RUNNING = (Status.PROMPT, Status.DECODING)
 
     session = models.ForeignKey(ChatSession, on_delete=models.CASCADE, related_name="turns")
+    # The rig that runs or ran the turn: its chat's rig, or for a chat placed by model the rig it was handed to
+    # (empty while it waits for one).
+    rig = models.ForeignKey(Rig, null=True, blank=True, on_delete=models.PROTECT, related_name="turns")
     user_text = models.TextField()
     params = models.JSONField(default=dict, blank=True)
     reply_text = models.TextField(blank=True)
@@ -167,6 +190,11 @@ class Turn(models.Model):
 
     def __str__(self) -> str:
         return f"Turn {self.pk} ({self.status})"
+
+    def save(self, *args: Any, **kwargs: Any) -> None:
+        if self.rig_id is None and self._state.adding and self.session.placement == ChatSession.Placement.RIG:
+            self.rig_id = self.session.rig_id  # a chat on one rig runs every turn there
+        super().save(*args, **kwargs)
 
     @property
     def is_active(self) -> bool:

@@ -144,7 +144,7 @@ def _epoch(value: datetime | None) -> float:
 def turn_points(rig: Rig, *, limit: int = MAX_POINTS) -> list[TurnPoint]:
     rows = list(
         Turn.objects.filter(
-            session__rig=rig,
+            rig=rig,  # the rig that ran it
             status=Turn.Status.DONE,
             started_at__isnull=False,
             finished_at__isnull=False,

@@ -74,10 +74,14 @@ async def read(sampler: RigSampler) -> Sample:
     return sample
 
 
-def _complete_store_publish(sampler: RigSampler, rig_id: int, sample: Sample) -> Sample:
-    """The blocking part of a tick, in one hop to the database's thread: the rig's queue and turns, the store,
-    then the publication to its dashboards (after the store, so that a dashboard that opens in between finds the
-    sample in the database or gets it live)."""
+def _complete_store_publish(
+    sampler: RigSampler, rig_id: int, sample: Sample, models: list[str] | None = None
+) -> Sample:
+    """The blocking part of a tick, in one hop to the database's thread: the models the rig now serves (when
+    asked this tick), the rig's queue and turns, the store, then the publication to its dashboards (after the
+    store, so that a dashboard that opens in between finds the sample in the database or gets it live)."""
+    if models is not None:
+        sampler.rig.record_models(models)
     sampler.complete(sample)
     services.sample_store(rig_id=rig_id, sample=sample)
     services.sample_publish(rig_id=rig_id, sample=sample)
@@ -102,7 +106,8 @@ async def rig_loop(
     while ticks is None or done < ticks:
         if wake is not None:
             wake.clear()  # a wake-up from here on is about this sample or later: it is not lost
-        sample = await database_sync_to_async(_complete_store_publish)(sampler, rig_id, await read(sampler))
+        reading, models = await asyncio.gather(read(sampler), sampler.models_listed())
+        sample = await database_sync_to_async(_complete_store_publish)(sampler, rig_id, reading, models)
         done += 1
         step = interval_s
         if idle_interval_s is not None and idle_interval_s > interval_s and is_idle(sample):

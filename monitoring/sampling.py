@@ -32,6 +32,9 @@ def is_local(rig: Rig) -> bool:
     return not rig.agent_key and urlparse(rig.base_url).hostname in LOOPBACK
 
 
+MODELS_REFRESH_S = 30.0  # how often each rig is asked which models it serves
+
+
 @dataclass
 class Sample:
     ts: float
@@ -62,6 +65,19 @@ class RigSampler:
     ollama_arch: dict[str, ModelArchitecture | None] = field(default_factory=dict)
     metrics: dict[str, float] = field(default_factory=dict)
     metrics_at: float = 0.0
+    models_listed_at: float = float("-inf")  # monotonic time of the last model list (``models_listed``)
+
+    async def models_listed(self) -> list[str] | None:
+        """The names the backend serves, asked every MODELS_REFRESH_S (None in between, or when it cannot say):
+        placement sends a chat that targets a model to the rigs that list it (inference/queue/placement.py)."""
+        now = time.monotonic()
+        if now - self.models_listed_at < MODELS_REFRESH_S:
+            return None
+        self.models_listed_at = now
+        try:
+            return [model.name for model in await backend_for(self.rig, timeout_s=1.0).list_models()]
+        except BackendError:
+            return None
 
     def __post_init__(self) -> None:
         if self.local_host is None:

@@ -104,7 +104,8 @@ class Totals:
 
     def add(self, row: Mapping[str, Any]) -> None:
         """One finished turn: a ``values()`` row of ``TURN_FIELDS``."""
-        key: RigModel = (row["session__rig_id"], row["session__model_name"])
+        # The rig that ran it; a turn that never reached one counts on its chat's rig.
+        key: RigModel = (row["rig_id"] or row["session__rig_id"], row["session__model_name"])
         user_key = (*key, row["session__owner_id"])
         self.turns[(*key, row["status"])] += 1
         self.prompt_tokens[user_key] += row["prompt_tokens"] or 0
@@ -142,7 +143,7 @@ class Totals:
 
 TURN_FIELDS = (
     "id", "status", "created_at", "started_at", "prompt_tokens", "output_tokens", "stats",
-    "session__rig_id", "session__model_name", "session__owner_id",
+    "rig_id", "session__rig_id", "session__model_name", "session__owner_id",
 )  # fmt: skip
 
 

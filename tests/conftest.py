@@ -94,6 +94,17 @@ def llama_url(stack: Stack) -> str:
     return url
 
 
+@pytest.fixture
+def second_llama(stack: Stack) -> tuple[str, int]:
+    """A second llama-server (another 'host'): one slot of 2,048 tokens where the first has two of 2,048."""
+    port = free_port()
+    proc = stack.start(
+        "llama-server-b", llama_server_command(port=port, slots=1, ctx=2048), log_path=LOG_DIR / "llama-b.log"
+    )
+    wait_http(f"http://127.0.0.1:{port}/health", timeout_s=120, proc=proc)
+    return f"http://127.0.0.1:{port}", proc.pid
+
+
 def _test_database_url() -> str:
     from django.db import connection
 

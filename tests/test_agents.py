@@ -28,7 +28,7 @@ from monitoring import sampler as central
 from monitoring import services
 from monitoring.collectors import host, nvml
 from monitoring.models import RigProfile
-from rigdash.launcher import ROOT, free_port, llama_server_command, wait_http
+from rigdash.launcher import ROOT
 from tests.conftest import LOG_DIR, wait_until
 
 KEY_A, KEY_B = "key-of-rig-a-" + "a" * 20, "key-of-rig-b-" + "b" * 20
@@ -74,24 +74,17 @@ def test_an_agent_is_up_while_its_heartbeat_is_fresh_and_down_since_its_last_one
 # Two hosts, two agents ----------------------------------------------------------------------------------------
 
 
-@pytest.fixture
-def second_llama(stack: Any) -> tuple[str, int]:
-    """A second llama-server (another 'host'): one slot of 2,048 tokens where the first has two of 2,048."""
-    port = free_port()
-    proc = stack.start(
-        "llama-server-b", llama_server_command(port=port, slots=1, ctx=2048), log_path=LOG_DIR / "llama-b.log"
-    )
-    wait_http(f"http://127.0.0.1:{port}/health", timeout_s=120, proc=proc)
-    return f"http://127.0.0.1:{port}", proc.pid
-
-
 def _listening_pid(url: str) -> int | None:
     return host.find_listening_pid(int(url.rsplit(":", 1)[1]))
 
 
-def _start_agent(service_env: dict[str, str], rig: Rig, key: str, *, extra: tuple[str, ...] = ()) -> Any:
+def _start_agent(
+    service_env: dict[str, str], rig: Rig, key: str, *, extra: tuple[str, ...] = (), worker: bool = False
+) -> Any:
+    """A rig agent process; ``worker``: it also runs the Celery worker for the rig's queue, as on a rig's host."""
     env = {**os.environ, **service_env, "RIGDASH_AGENT_KEY": key, "RIGDASH_AGENT_TIMEOUT_S": "2"}
-    cmd = [sys.executable, "manage.py", "rigdash_agent", "--rig", rig.name, "--no-worker", "--interval", "1", *extra]
+    serve = () if worker else ("--no-worker",)
+    cmd = [sys.executable, "manage.py", "rigdash_agent", "--rig", rig.name, *serve, "--interval", "1", *extra]
     log = open(LOG_DIR / f"agent-{rig.name}.log", "ab")  # noqa: SIM115 - lives as long as the process
     return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 

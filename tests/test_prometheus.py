@@ -191,7 +191,7 @@ def test_a_scrape_reads_no_history_twice_even_behind_a_waiting_turn(
 
 def test_stored_stats_from_a_backend_are_untrusted():
     totals = turn_metrics.Totals()
-    row = {"session__rig_id": 1, "session__model_name": "m", "session__owner_id": 1, "status": "done",
+    row = {"rig_id": None, "session__rig_id": 1, "session__model_name": "m", "session__owner_id": 1, "status": "done",
            "prompt_tokens": None, "output_tokens": None, "created_at": timezone.now(), "started_at": None,
            "stats": {"ttft_ms": "fast", "e2e_ms": float("inf"), "inter_token_gaps_ms": [1.0, "x", -3, None, True],
                      "backend_timings": {"draft_n": 5, "draft_n_accepted": 9}}}  # fmt: skip

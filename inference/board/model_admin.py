@@ -19,6 +19,7 @@ from typing import Any, cast
 from celery import current_app
 from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
+from django.db.models import Q
 
 from inference import events
 from inference.audit import audit_record
@@ -124,7 +125,9 @@ def model_delete(*, actor: AbstractBaseUser | AnonymousUser, rig: Rig, model: An
     name = model_name_validate(model)
     _require(rig, "delete")
     running = Turn.objects.filter(
-        session__rig=rig, session__model_name__in={name, _tagged(name)}, status__in=Turn.ACTIVE
+        Q(rig=rig) | Q(rig__isnull=True, session__rig=rig),
+        session__model_name__in={name, _tagged(name)},
+        status__in=Turn.ACTIVE,
     ).count()
     if running:
         raise InvalidInput(

@@ -40,7 +40,9 @@ def rig_delete(*, actor: AbstractBaseUser | AnonymousUser, rig: Rig) -> None:
     active = Turn.objects.filter(session__rig=rig, status__in=Turn.ACTIVE).count()
     if active:
         raise InvalidInput("rig_in_use", f"{active} turn(s) are waiting or running on {rig.name}: stop them first.")
-    chats = ChatSession.objects.filter(rig=rig).count()
+    chats = (
+        ChatSession.objects.filter(rig=rig).count() or Turn.objects.filter(rig=rig).values("session").distinct().count()
+    )
     if chats:
         raise InvalidInput(
             "rig_has_chats", f"{chats} chat(s) were held on {rig.name}: disable it instead, so their history stays."

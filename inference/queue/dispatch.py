@@ -11,6 +11,9 @@ Dispatch runs inside a submit's transaction, after every turn end and every few 
 slots are counted and turns marked, and each turn is marked with a conditional update, so two
 dispatchers never hand out the same slot or the same turn twice. The worker's claim is still a
 conditional update, so a task delivered twice runs once.
+
+A rig's queue also holds the waiting turns of chats placed by a model it serves (inference/queue/placement.py):
+such a turn waits on every rig serving its model, and the first with a free slot takes it.
 """
 
 from __future__ import annotations
@@ -18,18 +21,19 @@ from __future__ import annotations
 import heapq
 import logging
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 
 from celery import current_app
 from django.db import connection, transaction
-from django.db.models import Max, Q
+from django.db.models import Max
 from django.utils import timezone
 
 from inference import events
 from inference.errors import QueueUnavailable
 from inference.live import agents
-from inference.models import Rig, Turn
+from inference.models import ChatSession, Rig, Turn
+from inference.queue import placement
 from inference.queue.tickets import StartTicket
 
 log = logging.getLogger(__name__)
@@ -43,6 +47,7 @@ class Waiting:
     user_id: int
     session_id: int
     created_at: datetime
+    placed: bool = False  # its chat targets a model: it may go to any rig serving it
 
 
 def fair_order(waiting: Sequence[Waiting], last_served: Mapping[int, datetime | None]) -> list[Waiting]:
@@ -76,9 +81,10 @@ def fair_order(waiting: Sequence[Waiting], last_served: Mapping[int, datetime | 
     return order
 
 
-def waiting_order(rig_id: int) -> list[Waiting]:
-    """The rig's undispatched queued turns in the order they will start."""
-    return _in_fair_order(rig_id, _rig_turns(rig_id)[1])
+def waiting_order(rig: Rig | int) -> list[Waiting]:
+    """The rig's undispatched queued turns in the order they will start (a rig id costs one more query)."""
+    found = rig if isinstance(rig, Rig) else Rig.objects.filter(pk=rig).first()
+    return _in_fair_order(found.pk, _rig_turns(found)[1]) if found is not None else []
 
 
 def _in_fair_order(rig_id: int, waiting: list[Waiting]) -> list[Waiting]:
@@ -90,7 +96,7 @@ def _in_fair_order(rig_id: int, waiting: list[Waiting]) -> list[Waiting]:
     if len(users) == 1:
         return fair_order(waiting, {})
     served = (
-        Turn.objects.filter(session__rig_id=rig_id, session__owner_id__in=users, dispatched_at__isnull=False)
+        Turn.objects.filter(rig_id=rig_id, session__owner_id__in=users, dispatched_at__isnull=False)
         .values("session__owner_id")
         .annotate(last=Max("dispatched_at"))
     )
@@ -103,24 +109,53 @@ def queue_position(turn: Turn) -> int | None:
         return None
     if turn.dispatched_at is not None:
         return 0
-    rig_id = Turn.objects.filter(pk=turn.pk).values_list("session__rig_id", flat=True).first()
-    order = [w.turn_id for w in waiting_order(rig_id)] if rig_id is not None else []
-    return order.index(turn.pk) + 1 if turn.pk in order else None
+    places = _waiting_places(turn)
+    positions = []
+    for rig_id in places:
+        order = [w.turn_id for w in waiting_order(rig_id)]
+        if turn.pk in order:
+            positions.append(order.index(turn.pk) + 1)
+    return min(positions) if positions else None
 
 
-def _rig_turns(rig_id: int) -> tuple[int, list[Waiting]]:
-    """The rig's busy slots (turns running, or handed to a worker and not yet claimed) and its waiting turns,
-    in one query."""
-    rows = Turn.objects.filter(Q(status__in=Turn.RUNNING) | Q(status=Turn.Status.QUEUED), session__rig_id=rig_id)
+def _waiting_places(turn: Turn) -> list[int]:
+    """The rigs a waiting turn may go to: its chat's rig, or every enabled rig serving a placed chat's model."""
+    session_rig_id, how, model = ChatSession.objects.filter(pk=turn.session_id).values_list(
+        "rig_id", "placement", "model_name"
+    ).first() or (None, "", "")
+    if how == placement.PLACED and turn.rig_id is None:
+        return [rig.pk for rig in placement.rigs_serving(model)]
+    rig_id = turn.rig_id or session_rig_id
+    return [rig_id] if rig_id is not None else []
+
+
+def turn_waiting_reason(turn: Turn) -> str:
+    """Why a waiting turn cannot start now, or "": its rig cannot take turns, or no rig serving its model can."""
+    rigs = Rig.objects.filter(pk__in=_waiting_places(turn))
+    if not rigs:
+        return "waiting: no enabled rig serves this model now"
+    reasons = {rig.name: cannot_take_turns(rig) for rig in rigs}
+    if not all(reasons.values()):
+        return ""  # a rig it may go to can take it: it waits for a slot, which its queue position says
+    if len(reasons) == 1:
+        return next(iter(reasons.values()))
+    return "waiting: " + "; ".join(f"{name}: {why.removeprefix('waiting: ')}" for name, why in reasons.items())
+
+
+def _rig_turns(rig: Rig) -> tuple[int, list[Waiting]]:
+    """The rig's busy slots (turns running, or handed to a worker and not yet claimed) and the waiting turns it may
+    start (its own chats', and placed chats' whose model it serves), in one query."""
+    rows = Turn.objects.filter(placement.turns_of(rig), status__in=Turn.ACTIVE)
     rows = rows.order_by()  # fair_order sorts the waiting ones
     busy, waiting = 0, []
-    for pk, status, dispatched_at, user_id, session_id, created_at in rows.values_list(
-        "pk", "status", "dispatched_at", "session__owner_id", "session_id", "created_at"
+    for pk, status, dispatched_at, user_id, session_id, created_at, how in rows.values_list(
+        "pk", "status", "dispatched_at", "session__owner_id", "session_id", "created_at", "session__placement"
     ):
         if status != Turn.Status.QUEUED or dispatched_at is not None:
             busy += 1
         else:
-            waiting.append(Waiting(turn_id=pk, user_id=user_id, session_id=session_id, created_at=created_at))
+            placed = how == placement.PLACED
+            waiting.append(Waiting(pk, user_id, session_id, created_at, placed=placed))
     return busy, waiting
 
 
@@ -142,7 +177,7 @@ def rig_dispatch(*, rig_id: int, rig: Rig | None = None, tickets: Mapping[int, S
             rig = Rig.objects.select_for_update().filter(pk=rig_id).order_by().first()
         if rig is None:
             return []
-        busy, waiting = _rig_turns(rig_id)
+        busy, waiting = _rig_turns(rig)
         free = rig.slots - busy
         reason = cannot_take_turns(rig)
         if reason:
@@ -155,16 +190,23 @@ def rig_dispatch(*, rig_id: int, rig: Rig | None = None, tickets: Mapping[int, S
             chosen = [item.turn_id for item in order[:free]]
             # One UPDATE for the lot. A turn cancelled since the read is not QUEUED any more and is left out; when
             # the UPDATE marked fewer than chosen, the marked ones are read back.
+            # A placed turn may be handed out by another rig's dispatch at the same moment: the condition on its
+            # ``dispatched_at`` lets only one of them mark it.
             handed_out = Turn.objects.filter(pk__in=chosen, status=Turn.Status.QUEUED, dispatched_at__isnull=True)
-            marked_count = handed_out.update(dispatched_at=now) if chosen else 0
+            marked_count = handed_out.update(dispatched_at=now, rig_id=rig.pk) if chosen else 0
             if marked_count == len(chosen):
                 dispatched = chosen
             elif marked_count:
-                marked = set(Turn.objects.filter(pk__in=chosen, dispatched_at=now).values_list("pk", flat=True))
-                dispatched = [turn_id for turn_id in chosen if turn_id in marked]
+                marked = Turn.objects.filter(pk__in=chosen, dispatched_at=now, rig_id=rig.pk)
+                found = set(marked.values_list("pk", flat=True))
+                dispatched = [turn_id for turn_id in chosen if turn_id in found]
+            moved = [item.session_id for item in order if item.placed and item.turn_id in dispatched]
+            if moved:  # a placed chat follows its turn to this rig: the worker and the board read the chat's rig
+                ChatSession.objects.filter(pk__in=moved).exclude(rig_id=rig.pk).update(rig_id=rig.pk)
             still_waiting = [item for item in order if item.turn_id not in dispatched]
         queue = rig.queue
-        sent_tickets = [tickets[t] for t in dispatched if t in tickets] if tickets else []
+        # A placed turn's ticket was written before its rig was known.
+        sent_tickets = [replace(tickets[t], rig_id=rig.pk) for t in dispatched if t in tickets] if tickets else []
         transaction.on_commit(lambda: _send(dispatched, queue, sent_tickets))
         transaction.on_commit(
             lambda: announce_positions(
@@ -222,7 +264,7 @@ def announce_positions(
     ``just_dispatched``: the turns it handed out. A turn already starting stays at 0 until its worker claims it,
     so only these are told they start (telling every starting turn again would make a burst of n submits send
     n^2/2 messages); the board still gets every position."""
-    starting = Turn.objects.filter(session__rig_id=rig_id, status=Turn.Status.QUEUED, dispatched_at__isnull=False)
+    starting = Turn.objects.filter(rig_id=rig_id, status=Turn.Status.QUEUED, dispatched_at__isnull=False)
     waiting = [(session_id, turn_id, 0) for turn_id, session_id in starting.values_list("pk", "session_id")]
     order = waiting_order(rig_id) if waiting_order_now is None else waiting_order_now
     waiting += [(w.session_id, w.turn_id, i + 1) for i, w in enumerate(order)]
@@ -250,11 +292,10 @@ def dispatch_resend_stale(*, older_than_s: float) -> list[int]:
 def dispatch_all(*, resend_after_s: float = 120.0) -> dict[str, list[int]]:
     """The periodic pass: dispatch every rig with waiting turns; resend lost tasks."""
     dispatched: list[int] = []
-    rig_ids = set(
-        Turn.objects.filter(status=Turn.Status.QUEUED, dispatched_at__isnull=True).values_list(
-            "session__rig_id", flat=True
-        )
-    )
+    waiting = Turn.objects.filter(status=Turn.Status.QUEUED, dispatched_at__isnull=True).order_by()
+    rig_ids = set(waiting.exclude(session__placement=placement.PLACED).values_list("session__rig_id", flat=True))
+    if models := placement.placed_models_waiting():
+        rig_ids |= {rig.pk for rig in Rig.objects.filter(enabled=True) if models & set(rig.models_served or ())}
     for rig_id in sorted(rig_ids):
         dispatched += rig_dispatch(rig_id=rig_id)
     return {"dispatched": dispatched, "resent": dispatch_resend_stale(older_than_s=resend_after_s)}

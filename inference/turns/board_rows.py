@@ -12,8 +12,8 @@ from django.utils import timezone
 
 from inference import events
 from inference.live import progress as live_progress
-from inference.models import Rig, Turn
-from inference.queue import dispatch
+from inference.models import ChatSession, Rig, Turn
+from inference.queue import dispatch, placement
 
 ENDED_ROWS = 50
 ENDED_WINDOW = timedelta(hours=6)
@@ -43,8 +43,10 @@ def board_row(turn: Turn, *, position: int | None, progress: Mapping[str, Any] |
         "user": turn.session.owner.get_username(),
         "user_id": turn.session.owner_id,
         "via_api": turn.session.api_key_id is not None,  # a request of the OpenAI-compatible API
-        "rig": turn.session.rig.name,
-        "rig_id": turn.session.rig_id,
+        # The rig that runs or ran it; a placed chat's waiting turn shows its chat's last rig until one takes it.
+        "rig": (turn.rig or turn.session.rig).name,
+        "rig_id": turn.rig_id or turn.session.rig_id,
+        "placed": turn.session.placement == ChatSession.Placement.MODEL,
         "model": turn.session.model_name,
         "status": turn.status,
         "finish_reason": turn.finish_reason,
@@ -62,8 +64,26 @@ def board_row(turn: Turn, *, position: int | None, progress: Mapping[str, Any] |
 def _rows(turns: Iterable[Turn]) -> list[dict[str, Any]]:
     turns = list(turns)
     positions: dict[int, int] = {}
-    for rig_id in {t.session.rig_id for t in turns if t.status == Turn.Status.QUEUED}:
-        positions.update({w.turn_id: i + 1 for i, w in enumerate(dispatch.waiting_order(rig_id))})
+    orders: dict[int, dict[int, int]] = {}  # each rig's waiting turns' places, read once per rig
+    serving: dict[str, list[Rig]] = {}  # the rigs serving a placed chat's model
+
+    def place(rig: Rig, turn_id: int) -> int | None:
+        if rig.pk not in orders:
+            orders[rig.pk] = {w.turn_id: i + 1 for i, w in enumerate(dispatch.waiting_order(rig))}
+        return orders[rig.pk].get(turn_id)
+
+    for turn in turns:
+        if turn.status != Turn.Status.QUEUED or turn.dispatched_at is not None:
+            continue
+        if turn.rig_id is None and turn.session.placement == ChatSession.Placement.MODEL:
+            model = turn.session.model_name
+            if model not in serving:
+                serving[model] = placement.rigs_serving(model)
+            places = [p for p in (place(rig, turn.pk) for rig in serving[model]) if p is not None]
+            if places:
+                positions[turn.pk] = min(places)  # its best place on the rigs serving its model
+        elif (found := place(turn.rig or turn.session.rig, turn.pk)) is not None:
+            positions[turn.pk] = found
     for turn in turns:
         if turn.status == Turn.Status.QUEUED and turn.dispatched_at is not None:
             positions[turn.pk] = 0
@@ -72,7 +92,7 @@ def _rows(turns: Iterable[Turn]) -> list[dict[str, Any]]:
 
 
 def _with_people() -> Any:
-    return Turn.objects.select_related("session", "session__owner", "session__rig")
+    return Turn.objects.select_related("session", "session__owner", "session__rig", "rig")
 
 
 def board_rows() -> list[dict[str, Any]]:

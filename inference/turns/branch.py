@@ -12,7 +12,7 @@ from inference.errors import InvalidInput
 from inference.models import ChatSession, Turn
 from inference.turns.submit import turn_submit
 
-COPIED_FIELDS = ("user_text", "reply_text", "params", "status", "finish_reason", "error", "stats")
+COPIED_FIELDS = ("user_text", "reply_text", "params", "status", "finish_reason", "error", "stats", "rig")
 
 
 def turn_branch(*, turn: Turn, text: Any = None, continue_reply: bool = False) -> ChatSession:
@@ -42,6 +42,7 @@ def turn_branch(*, turn: Turn, text: Any = None, continue_reply: bool = False) -
         branch = ChatSession.objects.create(
             owner_id=session.owner_id,
             rig_id=session.rig_id,
+            placement=session.placement,
             model_name=session.model_name,
             title=f"{session}"[:180] + (" (continued)" if continue_reply else f" (version {versions})"),
             settings=session.settings,

@@ -17,7 +17,7 @@ from django.utils import timezone
 from inference import events
 from inference.errors import InvalidInput
 from inference.live import agents, progress, state
-from inference.models import Rig, Turn
+from inference.models import ChatSession, Rig, Turn
 from inference.queue import dispatch
 from inference.turns import board_rows, selectors
 
@@ -31,7 +31,7 @@ def turn_cancel(*, turn: Turn) -> Turn:
     )
     if ended:
         turn.refresh_from_db()
-        turn_released(turn_id=turn.pk, rig_id=turn.session.rig_id)
+        turn_released(turn_id=turn.pk, rig_id=turn.rig_id or turn.session.rig_id)
         events.turn_end_sync(session_id=turn.session_id, turn=selectors.turn_snapshot(turn), seq=0)
         return turn
     flagged = Turn.objects.filter(pk=turn.pk, status__in=Turn.RUNNING).update(cancel_requested=True)
@@ -136,7 +136,7 @@ def _reap_one(turn: Turn) -> bool:
     turn.refresh_from_db()
     # The turn has ended in the database: what follows only tells others, and one failing skips none of the rest.
     steps: list[Callable[[], object]] = [
-        lambda: turn_released(turn_id=turn.pk, rig_id=turn.session.rig_id),
+        lambda: turn_released(turn_id=turn.pk, rig_id=turn.rig_id or turn.session.rig_id),
         lambda: events.turn_end_sync(session_id=turn.session_id, turn=selectors.turn_snapshot(turn), seq=seq),
         lambda: state.forget(turn.pk),
     ]
@@ -157,7 +157,8 @@ def turn_released(*, turn_id: int, rig_id: int) -> None:
 
 def turns_fail_where_agent_down() -> list[int]:
     """Fail the waiting turns of rigs whose agent (which serves the rig's queue) has been down for longer than
-    RIGDASH_AGENT_DOWN_FAIL_S, those that waited that long: a clear end instead of a wait with no end."""
+    RIGDASH_AGENT_DOWN_FAIL_S, those that waited that long: a clear end instead of a wait with no end. So too the
+    turns of chats placed by a model that no rig serving it could take for that long."""
     limit_s = settings.RIGDASH.agent_down_fail_s
     now = timezone.now()
     failed: list[int] = []
@@ -166,16 +167,30 @@ def turns_fail_where_agent_down() -> list[int]:
         if agent.up or (agent.last_seen is not None and now.timestamp() - agent.last_seen < limit_s):
             continue
         message = f"Rig {rig.name} cannot run this turn: its {agent.describe()}. Try again when it is back."
-        stale = Turn.objects.filter(
-            session__rig=rig, status=Turn.Status.QUEUED, created_at__lt=now - timedelta(seconds=limit_s)
-        )
-        for turn in stale.select_related("session"):
-            ended = Turn.objects.filter(pk=turn.pk, status=Turn.Status.QUEUED).update(
-                status=Turn.Status.FAILED, finish_reason="agent_down", error=message, finished_at=timezone.now()
-            )
-            if ended:
-                turn.refresh_from_db()
-                turn_released(turn_id=turn.pk, rig_id=rig.pk)
-                events.turn_end_sync(session_id=turn.session_id, turn=selectors.turn_snapshot(turn), seq=0)
+        # Its own turns and those handed to it; a placed turn still waiting may go to another rig (below).
+        stale = Turn.objects.filter(rig=rig, status=Turn.Status.QUEUED, created_at__lt=now - timedelta(seconds=limit_s))
+        failed += [t.pk for t in stale.select_related("session") if _fail_waiting(t, "agent_down", message, rig.pk)]
+    placed = Turn.objects.filter(
+        rig__isnull=True,
+        session__placement=ChatSession.Placement.MODEL,
+        status=Turn.Status.QUEUED,
+        created_at__lt=now - timedelta(seconds=limit_s),
+    )
+    for turn in placed.select_related("session"):
+        if reason := dispatch.turn_waiting_reason(turn):
+            message = f"No rig can run this turn ({reason.removeprefix('waiting: ')}). Try again later."
+            if _fail_waiting(turn, "no_rig", message, turn.session.rig_id):
                 failed.append(turn.pk)
     return failed
+
+
+def _fail_waiting(turn: Turn, finish_reason: str, message: str, rig_id: int) -> bool:
+    """End a turn that still waits as failed with ``message``; False when it started or ended meanwhile."""
+    ended = Turn.objects.filter(pk=turn.pk, status=Turn.Status.QUEUED).update(
+        status=Turn.Status.FAILED, finish_reason=finish_reason, error=message, finished_at=timezone.now()
+    )
+    if ended:
+        turn.refresh_from_db()
+        turn_released(turn_id=turn.pk, rig_id=rig_id)
+        events.turn_end_sync(session_id=turn.session_id, turn=selectors.turn_snapshot(turn), seq=0)
+    return bool(ended)

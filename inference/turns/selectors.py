@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
-from django.db.models import QuerySet
+from django.db.models import Q, QuerySet
 
 from inference.errors import NotFound
 from inference.live import state
@@ -83,8 +83,17 @@ def turn_snapshot(turn: Turn, *, just_stored: bool = False) -> dict[str, Any]:
         "created_at": turn.created_at.isoformat() if turn.created_at else None,
         "queue_position": position,  # None unless waiting; 0 starting; n: n-1 turns wait ahead of it
         "queue_ahead": None if position is None else max(0, position - 1),
-        "waiting_reason": dispatch.cannot_take_turns(turn.session.rig) if position else "",
+        "waiting_reason": dispatch.turn_waiting_reason(turn) if position else "",
+        "rig": _rig_name(turn),  # the rig running or that ran it; None while a placed chat's turn waits for one
     }
+
+
+def _rig_name(turn: Turn) -> str | None:
+    if turn.rig_id is None:
+        return None
+    if turn.rig_id == turn.session.rig_id:  # the chat's rig, which the callers have loaded
+        return turn.session.rig.name
+    return turn.rig.name if turn.rig is not None else None
 
 
 def turn_stats_public(stats: dict[str, Any]) -> dict[str, Any]:
@@ -140,7 +149,11 @@ def _active_turns_query(rig_id: int) -> QuerySet[Turn, Any]:
     """The rig's active turns' query, built once per rig and never evaluated itself (building it costs more CPU
     than running it, once a second per rig)."""
     return (
-        Turn.objects.filter(session__rig_id=rig_id, status__in=Turn.ACTIVE)
+        # Its own chats' turns and those handed to it; a placed chat's turn still waiting for a rig is on none.
+        Turn.objects.filter(
+            Q(rig_id=rig_id) | Q(rig__isnull=True, session__rig_id=rig_id, session__placement="rig"),
+            status__in=Turn.ACTIVE,
+        )
         .order_by("created_at")
         .values("id", "status", "created_at", "started_at", "session__owner__username", "session__model_name")
     )
@@ -165,7 +178,7 @@ def rig_active_turns(rig_id: int) -> list[dict[str, Any]]:
 def rig_recent_finished(rig_id: int, *, limit: int) -> list[dict[str, Any]]:
     """The rig's most recently finished turns that have timings, oldest first: id, finished_at, stats."""
     recent = list(
-        Turn.objects.filter(session__rig_id=rig_id, finished_at__isnull=False, stats__has_key="ttft_ms")
+        Turn.objects.filter(rig_id=rig_id, finished_at__isnull=False, stats__has_key="ttft_ms")
         .order_by("-finished_at")
         .values("id", "finished_at", "stats")[:limit]
     )

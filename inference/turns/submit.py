@@ -13,8 +13,8 @@ from django.db import connection, transaction
 from inference import events
 from inference.db import lock_rows, locking
 from inference.errors import InvalidInput, NotFound, QueueUnavailable
-from inference.models import ChatSession, Turn
-from inference.queue import dispatch, quotas
+from inference.models import ChatSession, Rig, Turn
+from inference.queue import dispatch, placement, quotas
 from inference.queue.quotas import Limits
 from inference.queue.tickets import StartTicket
 from inference.turns import board_rows, selectors
@@ -139,7 +139,10 @@ def _turn_prepare(
     if len(text) > limit:
         raise InvalidInput("message_too_long", f"The message has {len(text)} characters; the limit is {limit}.")
     clean_params = turn_params(session=session, raw=params)  # the chat's settings, then the turn's own
-    if not session.rig.enabled:
+    placed = session.placement == placement.PLACED
+    if placed and not placement.rigs_serving(session.model_name):
+        raise InvalidInput("no_rig_serves_model", f"No enabled rig serves {session.model_name} now.")
+    if not placed and not session.rig.enabled:
         raise InvalidInput("rig_disabled", f"rig {session.rig.name} is disabled")
 
     if session.pk in busy:
@@ -149,7 +152,8 @@ def _turn_prepare(
         session.title = text.strip()[:80]
         ChatSession.objects.filter(pk=session.pk).update(title=session.title)
     busy.add(session.pk)
-    return Turn(session=session, user_text=text, params=clean_params)
+    # A placed chat's turn gets its rig when one takes it (inference/queue/placement.py).
+    return Turn(session=session, rig=None if placed else session.rig, user_text=text, params=clean_params)
 
 
 def _turns_insert(turns: list[Turn]) -> None:
@@ -181,10 +185,20 @@ def _turns_stored(
     transaction.on_commit(lambda: events.turns_queued_sync(queued), robust=True)  # a view: never stops the tasks
     # The turns wait in their rig's fair queue; dispatch hands them to Celery while a slot is free.
     tickets = _start_tickets(turns, conversations or {}, limits or {})
-    for rig in {turn.session.rig_id: turn.session.rig for turn in turns}.values():
-        dispatch.rig_dispatch(rig_id=rig.pk, rig=rig, tickets=tickets)
+    rigs = {rig.pk: rig for rig in map(_first_rig, turns) if rig is not None}
+    for rig_id in sorted(rigs):  # always in the same order: two submits never wait on each other's rig locks
+        dispatch.rig_dispatch(rig_id=rig_id, rig=rigs[rig_id], tickets=tickets)
     turn_ids = [turn.pk for turn in turns]
     transaction.on_commit(lambda: board_rows.publish_turns(turn_ids), robust=True)
+
+
+def _first_rig(turn: Turn) -> Rig | None:
+    """The rig a new turn is offered to first: its chat's, or for a placed chat the best of the rigs serving its
+    model that can take turns now (None: none can; the turn waits for one, and its page says why)."""
+    if turn.session.placement != placement.PLACED:
+        return turn.session.rig
+    rigs = placement.rigs_serving(turn.session.model_name)
+    return placement.choose(rigs, excluded=[rig.pk for rig in rigs if dispatch.cannot_take_turns(rig)])
 
 
 def _start_tickets(

@@ -37,23 +37,40 @@ def _rig_choices(request: HttpRequest) -> list[dict[str, Any]]:
         return list(pool.map(describe, rigs))
 
 
+def new_chat_choices(request: HttpRequest) -> dict[str, Any]:
+    """The new-chat form's choices: each rig with its models, and the models several rigs serve, which a chat can
+    target instead of one rig (each turn then goes to whichever of them has a free slot)."""
+    rigs = _rig_choices(request)
+    serving: dict[str, list[str]] = {}
+    for choice in rigs:
+        for model in choice["models"]:
+            serving.setdefault(model, []).append(choice["rig"].name)
+    placed = [{"model": model, "rigs": names} for model, names in sorted(serving.items()) if len(names) > 1]
+    return {"rigs": rigs, "placed": placed}
+
+
 @login_required
 @require_POST
 def session_create(request: HttpRequest) -> HttpResponse:
-    rig = get_object_or_404(selectors.rig_list_enabled(), pk=request.POST.get("rig") or 0)
     try:
-        session = sessions.session_create(
-            owner=request.user,  # type: ignore[arg-type]
-            rig=rig,
-            model_name=request.POST.get("model", ""),
-        )
+        if request.POST.get("placement") == "model":  # any rig serving the model (inference/queue/placement.py)
+            session = sessions.session_create_placed(
+                owner=request.user,  # type: ignore[arg-type]
+                model_name=request.POST.get("model", ""),
+            )
+        else:
+            session = sessions.session_create(
+                owner=request.user,  # type: ignore[arg-type]
+                rig=get_object_or_404(selectors.rig_list_enabled(), pk=request.POST.get("rig") or 0),
+                model_name=request.POST.get("model", ""),
+            )
     except InvalidInput as exc:
         return render(
             request,
             "inference/session_list.html",
             {
                 "sessions": selectors.session_list_for(request.user)[:100],
-                "rigs": _rig_choices(request),
+                **new_chat_choices(request),
                 "error": exc.message,
             },
             status=400,

@@ -26,7 +26,7 @@ from inference.turns import params as chat_settings
 from inference.turns import search as chat_search
 from inference.turns import selectors
 from inference.turns import transfer as chat_transfer
-from inference.views.chat import _rig_choices
+from inference.views.chat import _rig_choices, new_chat_choices
 from inference.views.http import api_view, json_body, or_404
 
 SETTING_FIELDS = [
@@ -106,7 +106,7 @@ def session_list(request: HttpRequest) -> HttpResponse:
         "inference/session_list.html",
         {
             "sessions": selectors.session_list_for(request.user)[:100],
-            "rigs": _rig_choices(request),
+            **new_chat_choices(request),
             "query": query,
             "hits": hits,
         },

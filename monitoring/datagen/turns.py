@@ -17,7 +17,7 @@ from monitoring.datagen.timeline import Timeline
 TURN_COLUMNS = (
     "id", "session_id", "user_text", "params", "reply_text", "status", "finish_reason", "error", "cancel_requested",
     "stats", "worker", "dispatched_at", "token_cap", "prompt_tokens", "output_tokens", "created_at", "started_at",
-    "heartbeat_at", "finished_at",
+    "heartbeat_at", "finished_at", "rig_id",
 )  # fmt: skip
 SESSION_COLUMNS = ("id", "owner_id", "rig_id", "model_name", "title", "created_at", "updated_at", "context_messages")
 TOKEN_CAP = 1024
@@ -122,7 +122,7 @@ def _turn(plan: TurnPlan, session_id: int, rig: RigShape, t: datetime, context: 
         plan.next_turn_id, session_id, question, "{}" if rng.random() < 0.8 else '{"temperature": 0.7}',
         rng.choice(plan.pools.replies)[: out * CHARS_PER_TOKEN], status, finish, error, status == "cancelled",
         "{}" if status == "failed" else _stats_json(plan, rig, stats), f"celery@{rig.name}",
-        dispatched, TOKEN_CAP, prompt if out else None, out if out else None, t, started, finished, finished,
+        dispatched, TOKEN_CAP, prompt if out else None, out if out else None, t, started, finished, finished, rig.id,
     )  # fmt: skip
     plan.next_turn_id += 1
     return row, prompt + out
@@ -144,7 +144,7 @@ def session_turns(
         row, context = _turn(plan, session_id, rig, t, context)
         title = title or row[2][:80]
         made += 1
-        last = row[-1]
+        last = row[-2]  # finished_at
         yield row
         t = last + timedelta(seconds=plan.rng.expovariate(1 / 90))
     if made:
@@ -188,6 +188,7 @@ def active_turns(plan: TurnPlan, *, count: int) -> Iterator[tuple[Any, ...]]:
         yield (
             plan.next_turn_id, session_id, question, "{}", "", status, "", "", False, "{}",
             f"celery@{rig.name}" if started else "", started, TOKEN_CAP, None, None, created, started, started, None,
+            rig.id,
         )  # fmt: skip
         plan.next_turn_id += 1
         plan.sessions.append((session_id, owner, rig.id, rig.model, question[:80], created, created, "[]"))

@@ -197,6 +197,7 @@
     t.queue_position = snapshot.queue_position;
     t.queue_ahead = snapshot.queue_ahead;
     t.waiting_reason = snapshot.waiting_reason || "";
+    t.rig = snapshot.rig || t.rig || "";
     t.resyncing = false;
     t.thought = snapshot.thinking || "";
     t.thinking.set(t.thought, ACTIVE.has(t.status) && !t.text);

@@ -1,4 +1,4 @@
-/* A turn's stats line (status, queue position, TTFT, tokens, tok/s, prompt, context), shared by the chat and
+/* A turn's stats line (status, the rig that runs it, queue position, TTFT, tokens, tok/s, prompt, context), shared by the chat and
  * compare pages. */
 (function () {
   "use strict";
@@ -11,6 +11,7 @@
     const s = t.stats || {};
     const parts = [];
     parts.push(t.status === "decoding" || t.status === "prompt" || t.status === "queued" ? t.status : t.finish_reason || t.status);
+    if (t.rig) parts.push(`on ${t.rig}`);
     if (t.status === "queued" && t.queue_position === 0) parts.push("starting");
     if (t.status === "queued" && t.queue_position > 0) {
       const ahead = t.queue_ahead === 1 ? "1 turn waits" : `${t.queue_ahead} turns wait`;
