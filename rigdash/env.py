@@ -87,6 +87,23 @@ class RigDashConfig:
     flush_min_interval_ms: int = 10
 
 
+def _secret(name: str) -> str:
+    """``NAME``, else the contents of the file ``NAME_FILE`` names (a Docker secret), else ""."""
+    value = os.environ.get(name, "")
+    path = os.environ.get(f"{name}_FILE", "")
+    if value or not path:
+        return value
+    try:
+        with open(path, encoding="utf-8") as handle:
+            return handle.read().rstrip("\r\n")
+    except OSError as exc:
+        raise ImproperlyConfigured(f"{name}_FILE {path!r} cannot be read: {exc}") from exc
+
+
+def _url_host(host: str) -> str:
+    return f"[{host}]" if ":" in host and not host.startswith("[") else host  # an IPv6 literal
+
+
 def database_url(default: str) -> str:
     """DATABASE_URL; else a PostgreSQL URL built from POSTGRES_* parts when POSTGRES_HOST is set; else ``default``.
 
@@ -100,17 +117,28 @@ def database_url(default: str) -> str:
     if not host:
         return default
     user = env_str("POSTGRES_USER", "postgres") or "postgres"
-    password = os.environ.get("POSTGRES_PASSWORD", "")
-    secret_file = os.environ.get("POSTGRES_PASSWORD_FILE", "")
-    if not password and secret_file:
-        try:
-            with open(secret_file, encoding="utf-8") as handle:
-                password = handle.read().rstrip("\r\n")
-        except OSError as exc:
-            raise ImproperlyConfigured(f"POSTGRES_PASSWORD_FILE {secret_file!r} cannot be read: {exc}") from exc
+    password = _secret("POSTGRES_PASSWORD")
     port = env_int("POSTGRES_PORT", 5432, minimum=1, maximum=65535)
     name = env_str("POSTGRES_DB", user) or user
     credentials = quote(user, safe="") + (f":{quote(password, safe='')}" if password else "")
-    if ":" in host and not host.startswith("["):
-        host = f"[{host}]"  # an IPv6 literal
-    return f"postgres://{credentials}@{host}:{port}/{quote(name, safe='')}"
+    return f"postgres://{credentials}@{_url_host(host)}:{port}/{quote(name, safe='')}"
+
+
+def redis_url(default: str) -> str:
+    """REDIS_URL; else a Redis URL built from REDIS_HOST, REDIS_PORT, REDIS_DB and REDIS_PASSWORD when REDIS_HOST is
+    set (docker-compose.yml); else ``default``.
+
+    The password is percent-encoded, so one with ``/``, ``#``, ``@``, ``:`` or ``%`` reaches Redis as typed (redis-py
+    and kombu decode it). REDIS_PASSWORD_FILE (a Docker secret) is read when REDIS_PASSWORD is unset.
+    """
+    url = os.environ.get("REDIS_URL", "")
+    if url:
+        return url
+    host = os.environ.get("REDIS_HOST", "")
+    if not host:
+        return default
+    password = _secret("REDIS_PASSWORD")
+    port = env_int("REDIS_PORT", 6379, minimum=1, maximum=65535)
+    db = env_int("REDIS_DB", 0, minimum=0, maximum=15)
+    credentials = f":{quote(password, safe='')}@" if password else ""
+    return f"redis://{credentials}{_url_host(host)}:{port}/{db}"
