@@ -117,7 +117,7 @@ def test_wait_for_migrations_execs_the_command_once_migrated(service_env, tmp_pa
     assert result.returncode == 1 and "no-such-program-here: not found" in result.stderr
 
 
-REDIS_PASSWORD = "r3d/is#p@ss:w%rd $x"  # noqa: S105 - a private Redis's
+REDIS_PASSWORD = "r3d/is#p@ss:w%rd $x"
 
 
 @pytest.fixture
