@@ -15,6 +15,7 @@ import contextlib
 import hmac
 import logging
 import os
+import secrets
 import socket
 import time
 import uuid
@@ -63,6 +64,23 @@ def rig_for_agent(name: str, key: str) -> Rig:
     if not rig.enabled:
         raise AgentRefused(f"rig {name!r} is disabled")
     return rig
+
+
+def new_key() -> str:
+    return secrets.token_urlsafe(32)
+
+
+def key_from_database(name: str) -> str:
+    """The rig's agent key as RigDash keeps it, issued now when the rig has none: for an agent that runs beside
+    RigDash and holds its database's credentials anyway (docker-compose.yml's bundled agents, ``--key-from-database``),
+    so nobody copies a key. Two agents starting at once issue one key: the first write wins."""
+    rig = Rig.objects.filter(name=name).first()
+    if rig is None:
+        return ""  # rig_for_agent names the rigs there are
+    if not rig.agent_key:
+        Rig.objects.filter(pk=rig.pk, agent_key="").update(agent_key=new_key())
+        rig.refresh_from_db(fields=["agent_key"])
+    return rig.agent_key
 
 
 def identity_for(rig: Rig, key: str) -> AgentIdentity:

@@ -19,6 +19,7 @@ from inference.live import agents
 from inference.live import state as live
 from inference.models import Rig
 from monitoring.queues import rig_consumers
+from rigdash import redischeck
 
 
 def check_database() -> dict[str, Any]:
@@ -37,7 +38,8 @@ def check_redis() -> dict[str, Any]:
         live.sync_client().ping()
         return {"ok": True, "detail": "pong"}
     except Exception as exc:
-        return {"ok": False, "detail": repr(exc)}
+        # A refused password and an unreachable server read apart (rigdash/redischeck.py); never the password.
+        return {"ok": False, "detail": redischeck.explain(exc, settings.REDIS_URL)}
 
 
 def check_workers(timeout_s: float = 1.0, app: Celery | None = None) -> dict[str, Any]:

@@ -6,14 +6,19 @@ few seconds so that /healthz polled every second and each rig page do not broadc
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 
 from celery import Celery
+from redis.exceptions import RedisError
 
+from inference.live import consumers as live_consumers
 from inference.models import Rig
+
+log = logging.getLogger(__name__)
 
 CACHE_S = 5.0
 TIMEOUT_S = 1.0
@@ -83,9 +88,15 @@ def _ask(*, timeout_s: float, app: Celery | None) -> Consumers:
         replies = (app or rigdash_app).control.inspect(timeout=timeout_s).active_queues() or {}
     except Exception as exc:
         return Consumers(by_worker={}, error=repr(exc))
-    return Consumers(
+    found = Consumers(
         by_worker={worker: frozenset(q["name"] for q in queues or ()) for worker, queues in replies.items()}
     )
+    if app is None:  # RigDash's own workers: the turns' waiting reasons read this answer (inference/live/consumers.py)
+        try:
+            live_consumers.record(found.queues)
+        except RedisError as exc:
+            log.warning("the workers' queues were not recorded: %r", exc)
+    return found
 
 
 def rig_consumers(rigs: Iterable[Rig], found: Consumers | None = None) -> dict[str, dict[str, object]]:

@@ -31,7 +31,7 @@ from django.conf import settings
 from inference import events
 from inference.live import agents
 from inference.models import Rig
-from monitoring import services
+from monitoring import queues, services
 from monitoring.sampling import RigSampler, Sample, is_idle, is_local
 
 log = logging.getLogger(__name__)
@@ -197,6 +197,7 @@ async def run(*, stop: asyncio.Event | None = None) -> None:
     wakes: dict[int, asyncio.Event] = {}
     rigs_changed = asyncio.Event()
     listener = asyncio.create_task(listen(wakes, rigs_changed))
+    prober = asyncio.create_task(probe_queues())
     last_maintenance = 0.0
     stop = stop or asyncio.Event()
     try:
@@ -226,10 +227,21 @@ async def run(*, stop: asyncio.Event | None = None) -> None:
                     log.exception("sample downsampling/pruning failed")
             await _first_of(stop, rigs_changed, timeout_s=RIG_REFRESH_S)
     finally:
-        tasks = [*loops.values(), listener]
+        tasks = [*loops.values(), listener, prober]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def probe_queues(every_s: float = queues.CACHE_S) -> None:
+    """Ask the workers which queues they consume every few seconds: each answer is recorded for the waiting turns'
+    reasons (a chat page learns live that no worker serves its rig; inference/live/consumers.py)."""
+    while True:
+        try:
+            await asyncio.to_thread(queues.consumers, max_age_s=0)
+        except Exception:
+            log.exception("asking the workers for their queues failed")
+        await asyncio.sleep(every_s)
 
 
 async def _first_of(*flags: asyncio.Event, timeout_s: float) -> None:

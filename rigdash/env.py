@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from urllib.parse import quote
 
@@ -87,30 +88,62 @@ class RigDashConfig:
     flush_min_interval_ms: int = 10
 
 
+def _secret(name: str) -> str:
+    """``NAME``, else the contents of the file ``NAME_FILE`` names (a Docker secret), else ""."""
+    value = os.environ.get(name, "")
+    path = os.environ.get(f"{name}_FILE", "")
+    if value or not path:
+        return value
+    try:
+        with open(path, encoding="utf-8") as handle:
+            return handle.read().rstrip("\r\n")
+    except OSError as exc:
+        raise ImproperlyConfigured(f"{name}_FILE {path!r} cannot be read: {exc}") from exc
+
+
+def _url_or_parts(url_name: str, host_name: str, default: str, build: Callable[[str], str]) -> str:
+    """``url_name`` when set; else ``build(host)`` when ``host_name`` is set (an IPv6 literal bracketed); else
+    ``default``."""
+    url = os.environ.get(url_name, "")
+    if url:
+        return url
+    host = os.environ.get(host_name, "")
+    if not host:
+        return default
+    return build(f"[{host}]" if ":" in host and not host.startswith("[") else host)
+
+
 def database_url(default: str) -> str:
     """DATABASE_URL; else a PostgreSQL URL built from POSTGRES_* parts when POSTGRES_HOST is set; else ``default``.
 
     The parts are percent-encoded, so a password with ``/``, ``#``, ``@`` or ``%`` reaches PostgreSQL as typed
     (dj-database-url decodes them). POSTGRES_PASSWORD_FILE (a Docker secret) is read when POSTGRES_PASSWORD is unset.
     """
-    url = os.environ.get("DATABASE_URL", "")
-    if url:
-        return url
-    host = os.environ.get("POSTGRES_HOST", "")
-    if not host:
-        return default
-    user = env_str("POSTGRES_USER", "postgres") or "postgres"
-    password = os.environ.get("POSTGRES_PASSWORD", "")
-    secret_file = os.environ.get("POSTGRES_PASSWORD_FILE", "")
-    if not password and secret_file:
-        try:
-            with open(secret_file, encoding="utf-8") as handle:
-                password = handle.read().rstrip("\r\n")
-        except OSError as exc:
-            raise ImproperlyConfigured(f"POSTGRES_PASSWORD_FILE {secret_file!r} cannot be read: {exc}") from exc
-    port = env_int("POSTGRES_PORT", 5432, minimum=1, maximum=65535)
-    name = env_str("POSTGRES_DB", user) or user
-    credentials = quote(user, safe="") + (f":{quote(password, safe='')}" if password else "")
-    if ":" in host and not host.startswith("["):
-        host = f"[{host}]"  # an IPv6 literal
-    return f"postgres://{credentials}@{host}:{port}/{quote(name, safe='')}"
+
+    def build(host: str) -> str:
+        user = env_str("POSTGRES_USER", "postgres") or "postgres"
+        password = _secret("POSTGRES_PASSWORD")
+        port = env_int("POSTGRES_PORT", 5432, minimum=1, maximum=65535)
+        name = env_str("POSTGRES_DB", user) or user
+        credentials = quote(user, safe="") + (f":{quote(password, safe='')}" if password else "")
+        return f"postgres://{credentials}@{host}:{port}/{quote(name, safe='')}"
+
+    return _url_or_parts("DATABASE_URL", "POSTGRES_HOST", default, build)
+
+
+def redis_url(default: str) -> str:
+    """REDIS_URL; else a Redis URL built from REDIS_HOST, REDIS_PORT, REDIS_DB and REDIS_PASSWORD when REDIS_HOST is
+    set (docker-compose.yml); else ``default``.
+
+    The password is percent-encoded, so one with ``/``, ``#``, ``@``, ``:`` or ``%`` reaches Redis as typed (redis-py
+    and kombu decode it). REDIS_PASSWORD_FILE (a Docker secret) is read when REDIS_PASSWORD is unset.
+    """
+
+    def build(host: str) -> str:
+        password = _secret("REDIS_PASSWORD")
+        port = env_int("REDIS_PORT", 6379, minimum=1, maximum=65535)
+        db = env_int("REDIS_DB", 0, minimum=0, maximum=15)
+        credentials = f":{quote(password, safe='')}@" if password else ""
+        return f"redis://{credentials}{host}:{port}/{db}"
+
+    return _url_or_parts("REDIS_URL", "REDIS_HOST", default, build)

@@ -17,6 +17,7 @@ from rigdash.env import (
     env_int,
     env_list,
     env_str,
+    redis_url,
 )
 
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -125,6 +126,11 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
         "transaction_mode": "IMMEDIATE",
         "timeout": 20,
     }
+    # Turn's covering index (inference/models.py, turn_created_at) declares INCLUDE columns, which only PostgreSQL
+    # builds; SQLite makes a plain index on created_at and Django says so at every start (models.W040). The
+    # model keeps one declaration for every database, so that migrations are the same everywhere:
+    # https://docs.djangoproject.com/en/5.2/ref/models/indexes/#include
+    SILENCED_SYSTEM_CHECKS = ["models.W040"]
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
@@ -148,7 +154,9 @@ STATIC_ROOT = VAR_DIR / "staticfiles"
 STATIC_ROOT.mkdir(exist_ok=True)
 WHITENOISE_USE_FINDERS = True  # serve straight from static/ without collectstatic for a local run
 
-REDIS_URL = env_str("REDIS_URL", "redis://127.0.0.1:6379/0")
+# REDIS_URL, or REDIS_HOST and the other REDIS_* parts (docker-compose.yml), the password percent-encoded
+# (rigdash.env.redis_url).
+REDIS_URL = redis_url("redis://127.0.0.1:6379/0")
 
 # Pub/sub layer: one PUBLISH per group_send, several times cheaper than the list-based layer's per-member sends.
 # It drops nothing silently by capacity; a consumer that misses a batch detects the seq gap and resyncs.

@@ -327,3 +327,44 @@ def test_the_overview_shows_both_rigs_and_each_rig_page_fills_from_its_agent(
     print(f"sample-to-browser delay over {len(delays)} samples: p50 {delays[len(delays) // 2]:.2f} s, p95 {p95:.2f} s")
     assert p95 <= 2.0, delays
     assert errors == []
+
+
+# Keys from the environment, and from the database (docker-compose.yml's bundled agents) ----------------------------
+
+
+@pytest.mark.django_db
+def test_an_agent_without_a_usable_key_stops_at_once_saying_why(monkeypatch):
+    from django.core.management import call_command
+    from django.core.management.base import CommandError
+
+    Rig.objects.create(name="keyed", kind=Rig.Kind.LLAMACPP, base_url="http://127.0.0.1:9", agent_key=KEY_A)
+    for value in (None, "", "  \n"):  # unset, empty (`RIGDASH_AGENT_KEY=` in .env), only a pasted newline
+        if value is None:
+            monkeypatch.delenv("RIGDASH_AGENT_KEY", raising=False)
+        else:
+            monkeypatch.setenv("RIGDASH_AGENT_KEY", value)
+        with pytest.raises(CommandError, match="RIGDASH_AGENT_KEY is not set"):
+            call_command("rigdash_agent", "--rig", "keyed", "--no-worker")
+    monkeypatch.setenv("RIGDASH_AGENT_KEY", KEY_B)
+    with pytest.raises(CommandError, match="is not the agent key of rig 'keyed'"):
+        call_command("rigdash_agent", "--rig", "keyed", "--no-worker")
+    with pytest.raises(CommandError, match="RIGDASH_AGENT_KEY and --key-from-database both given"):
+        call_command("rigdash_agent", "--rig", "keyed", "--no-worker", "--key-from-database")
+    monkeypatch.delenv("RIGDASH_AGENT_KEY")
+    with pytest.raises(CommandError, match=r"no rig named 'nope' \(rigs: keyed\)"):
+        call_command("rigdash_agent", "--rig", "nope", "--no-worker", "--key-from-database")
+
+
+@pytest.mark.django_db
+def test_a_bundled_agent_issues_its_rig_s_key_once_and_then_uses_the_current_one():
+    from monitoring import agent
+
+    rig = Rig.objects.create(name="bundled", kind=Rig.Kind.LLAMACPP, base_url="http://llamacpp:8080")
+    first = agent.key_from_database("bundled")
+    rig.refresh_from_db()
+    assert len(first) >= 40 and rig.agent_key == first
+    assert agent.key_from_database("bundled") == first, "a restart keeps the key"
+    Rig.objects.filter(pk=rig.pk).update(agent_key=KEY_B)  # an admin rotated it (board, rigdash_agent_key --new)
+    assert agent.key_from_database("bundled") == KEY_B
+    assert agent.rig_for_agent("bundled", agent.key_from_database("bundled")).pk == rig.pk
+    assert agent.key_from_database("missing") == ""

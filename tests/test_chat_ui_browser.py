@@ -458,3 +458,38 @@ def test_screenshots_of_the_other_pages(open_page, web_url, admin_user, rig, mod
             page.wait_for_load_state("load")
             page.wait_for_timeout(800)  # the charts draw after load
             page.screenshot(path=os.path.join(SHOT_DIR, f"{name}-{scheme}-{width}.png"))
+
+
+def test_the_no_worker_banner_follows_a_waiting_turn_while_the_page_is_open(open_page, web_url, owner):
+    """The banner was the page load's: now the waiting turn's reason, told by the periodic dispatch, shows and hides
+    it (and the turn's line says why it waits). The workers' answers are recorded by hand here, as the sampler's
+    probe records them (tests/test_rig_queues.py runs the probe against a real worker)."""
+    from django.utils import timezone
+
+    from inference.live import consumers
+    from inference.models import Rig
+    from inference.queue import dispatch
+
+    orphan = Rig.objects.create(name="orphan-ui", kind=Rig.Kind.OLLAMA, base_url="http://ollama:11434")
+    session = ChatSession.objects.create(owner=owner, rig=orphan, model_name="m", title="Waiting")
+    Turn.objects.create(session=session, user_text="hello", dispatched_at=timezone.now())  # handed to its queue
+    consumers.record([])  # no worker on rig.orphan-ui
+    try:
+        page = open_page()
+        page.goto(f"{web_url}/sessions/{session.pk}/")
+        banner = page.locator('[data-testid="no-consumer"]')
+        stats = page.locator('[data-testid="stats"]')
+        banner.wait_for(state="visible")
+        page.wait_for_function("() => document.querySelector('[data-testid=stats]')?.textContent.includes('no worker')")
+        dispatch.dispatch_all()  # the periodic pass (every 5 s) tells it too, while it lasts
+        consumers.record([orphan.queue])  # a worker for it started
+        dispatch.dispatch_all()
+        banner.wait_for(state="hidden")
+        wait_until(lambda: "no worker" not in stats.text_content(), timeout_s=10, what="the reason gone")
+        consumers.record([])  # and it stopped again
+        dispatch.dispatch_all()
+        banner.wait_for(state="visible")
+        assert consumers.NO_WORKER in stats.text_content()
+        assert page.errors == []
+    finally:
+        consumers.swap_told(orphan.pk, "")

@@ -24,7 +24,8 @@ RIGDASH = {name for name, service in SERVICES.items() if service.get("image") ==
 ONE_SHOTS = {"migrate", "model-seed"}
 LONG_RUNNING = RIGDASH - ONE_SHOTS
 BACKENDS = {"llamacpp", "ollama"}
-EXAMPLE_ENV = {**composekit.read_env_file(), "POSTGRES_PASSWORD": "p@ss/w#rd"}
+AGENTS = {"agent-embedded": ("llamacpp", "embedded"), "agent-ollama": ("ollama", "ollama")}  # backend, rig
+EXAMPLE_ENV = {**composekit.read_env_file(), "POSTGRES_PASSWORD": "p@ss/w#rd", "REDIS_PASSWORD": "r3d$/#@:%x"}
 
 
 def _schema() -> dict:
@@ -66,19 +67,36 @@ def test_postgres_password_is_required_and_never_in_a_url():
     assert SERVICES["migrate"]["environment"]["POSTGRES_HOST"] == "postgres"
 
 
+def test_redis_password_is_required_and_every_service_reaches_redis_by_parts():
+    with pytest.raises(composekit.MissingVariable, match="REDIS_PASSWORD"):
+        composekit.interpolate(COMPOSE, {**EXAMPLE_ENV, "REDIS_PASSWORD": ""})
+    redis = SERVICES["redis"]
+    assert redis["environment"]["REDIS_PASSWORD"].startswith("${REDIS_PASSWORD:?")
+    assert '--requirepass "$$REDIS_PASSWORD"' in redis["command"][2], "through the shell, quoted: any characters"
+    assert 'REDISCLI_AUTH="$$REDIS_PASSWORD"' in redis["healthcheck"]["test"][1]
+    assert "grep -qx PONG" in redis["healthcheck"]["test"][1], "a refused password is unhealthy"
+    text = composekit.COMPOSE_FILE.read_text()
+    assert "redis://" not in text, "no hand-built URL: rigdash/env.py percent-encodes the password"
+    for name in RIGDASH:
+        assert SERVICES[name]["environment"]["REDIS_HOST"] == "redis", name
+        assert "REDIS_URL" not in SERVICES[name]["environment"], name
+
+
 def test_every_service_restarts_and_the_long_running_ones_wait_for_migrate():
-    assert {"web", "worker", "worker-embedded", "worker-ollama", "beat", "sampler"} == LONG_RUNNING
+    assert {"web", "worker", "worker-embedded", "worker-ollama", "beat", "sampler", *AGENTS} == LONG_RUNNING
     for name, service in SERVICES.items():
         wanted = "no" if name in ONE_SHOTS else "unless-stopped"
         assert service.get("restart") == wanted, name
     for name in RIGDASH:
         service = SERVICES[name]
-        assert service["init"] is True, f"{name}: tini as PID 1 forwards SIGTERM"
-        assert "host.docker.internal:host-gateway" in service["extra_hosts"], name
+        assert service["init"] is True, f"{name}: tini forwards SIGTERM"
+        if name not in AGENTS:  # an agent is on its backend's network (test_an_agent_runs_in_its_backend_s_...)
+            assert "host.docker.internal:host-gateway" in service["extra_hosts"], name
     for name in LONG_RUNNING:
         deps = composekit.depends_on(SERVICES[name])
+        backend = {AGENTS[name][0]: "service_healthy"} if name in AGENTS else {}
         assert deps == {"postgres": "service_healthy", "redis": "service_healthy",
-                        "migrate": "service_completed_successfully"}, name  # fmt: skip
+                        "migrate": "service_completed_successfully", **backend}, name  # fmt: skip
     assert composekit.depends_on(SERVICES["migrate"]) == {"postgres": "service_healthy", "redis": "service_healthy"}
     assert composekit.depends_on(SERVICES["llamacpp"]) == {"model-seed": "service_completed_successfully"}
 
@@ -132,6 +150,32 @@ def test_one_beat_and_a_worker_per_rig_queue():
                         Rig.queue_for("ollama"): "worker-ollama"}  # fmt: skip
 
 
+@pytest.mark.parametrize("name", sorted(AGENTS))
+def test_an_agent_runs_in_its_backend_s_namespaces_beside_the_rig_s_one_worker(name):
+    backend, rig = AGENTS[name]
+    agent = SERVICES[name]
+    assert agent["profiles"] == SERVICES[backend]["profiles"] == [backend], "the agent comes with its backend"
+    # The backend's process by its port (network namespace) and its memory (PID namespace).
+    assert agent["pid"] == agent["network_mode"] == f"service:{backend}"
+    # Docker refuses these beside a shared network namespace (Compose: networks; the engine: the others).
+    assert not {"networks", "ports", "expose", "extra_hosts", "hostname", "dns", "mac_address", "links"} & set(agent)
+    assert agent["user"] == "0", "psutil inspects the backend's process only as its user: the images run as root"
+    words = composekit.command_words(agent)
+    assert words[:4] == ["python", "manage.py", "wait_for_migrations", "--"]
+    assert words[4:] == ["python", "manage.py", "rigdash_agent", "--rig", rig, "--no-worker", "--key-from-database"]
+    # Its key from the database, not .env's RIGDASH_AGENT_KEY (an empty value here overrides env_file).
+    assert agent["environment"]["RIGDASH_AGENT_KEY"] == ""
+    assert composekit.duration_s(agent["stop_grace_period"]) >= 5
+    # --no-worker: the rig's queue keeps its one consumer, the worker service (test_one_beat_and_a_worker_per_...).
+    assert f"worker-{rig}" in SERVICES and "celery" not in words
+    # The GGUF file at the path the backend reports is readable inside the agent, read-only.
+    mounts = [m for m in SERVICES[backend].get("volumes", []) if m.endswith(":/models:ro")]
+    assert all(m in agent["volumes"] for m in mounts) and (backend != "llamacpp" or mounts)
+    gpu = GPU["services"][name]
+    assert gpu["deploy"] == GPU["services"][backend]["deploy"]
+    assert gpu["environment"]["NVIDIA_DRIVER_CAPABILITIES"] == "utility"
+
+
 def test_the_second_rig_example_is_a_worker_service_like_the_bundled_ones():
     path = ROOT / "docs" / "examples" / "docker-compose.override.yml"
     example = composekit.load(path)
@@ -147,7 +191,7 @@ def test_the_second_rig_example_is_a_worker_service_like_the_bundled_ones():
 
 
 def test_gpu_override_reserves_nvidia_devices():
-    for name in ("llamacpp", "ollama", "sampler"):
+    for name in ("llamacpp", "ollama", "sampler", *AGENTS):
         [device] = GPU["services"][name]["deploy"]["resources"]["reservations"]["devices"]
         assert device["driver"] == "nvidia" and "gpu" in device["capabilities"], name
         assert name in SERVICES
@@ -171,7 +215,8 @@ def test_env_example_documents_what_the_containers_read():
     needed = {"RIGDASH_SECRET_KEY", "RIGDASH_SECURE", "RIGDASH_ALLOWED_HOSTS", "RIGDASH_CSRF_TRUSTED_ORIGINS",
               "RIGDASH_ADMIN_USER", "RIGDASH_ADMIN_PASSWORD", "RIGDASH_METRICS_TOKEN", "LLAMA_SLOTS", "LLAMA_CTX",
               "LLAMA_MODEL_ALIAS", "LLAMA_SERVER_URL", "RIGDASH_LOG_LEVEL", "POSTGRES_PASSWORD", "POSTGRES_USER",
-              "POSTGRES_DB", "RIGDASH_OLLAMA_URL", "COMPOSE_PROFILES"}  # fmt: skip
+              "POSTGRES_DB", "RIGDASH_OLLAMA_URL", "COMPOSE_PROFILES", "REDIS_PASSWORD",
+              "RIGDASH_AGENT_KEY"}  # fmt: skip
     assert needed <= documented, needed - documented
     docs = (ROOT / "README.md").read_text() + (ROOT / "docs" / "deploy.md").read_text()
     assert {name for name in documented if f"`{name}`" not in docs} == set(), "README/docs/deploy.md explain each"

@@ -5,9 +5,16 @@ Nothing exits; the sampler and a rig's worker started before migrations wait for
 its stop_grace_period; and the sampler stops on SIGTERM as a PID 1 (the kernel drops signals it has no handler
 for there), which a PID namespace of its own reproduces.
 
+Redis runs as the compose file's own command (``requirepass`` from REDIS_PASSWORD, a password with characters a URL
+must encode) and every RigDash service reaches it through the REDIS_* parts; the rig agent of the bundled llama.cpp
+(agent-embedded) starts after migrate beside a real llama-server, finds it by its port, reads its GGUF, heartbeats,
+and stops on SIGTERM like the others.
+
 Translated from the compose network to this machine, and said here: the host names postgres and redis (to the
-test PostgreSQL server and Redis database), /data and /models (to temporary folders), port 8000 (a free one).
-The backends' own images (llama.cpp, Ollama) are not RigDash's commands and do not run.
+test PostgreSQL server and a private redis-server on a free port), /data and /models (to temporary folders), port
+8000 (a free one). The backends' own images (llama.cpp, Ollama) are not RigDash's commands and do not run: the
+suite's llama-server stands for the bundled one, on this machine's network and PID namespace (which the agent
+shares with it in compose) and with its model at the path it was given rather than under /models.
 """
 
 from __future__ import annotations
@@ -28,13 +35,15 @@ import httpx
 import psutil
 import psycopg
 import pytest
-from django.conf import settings
+import redis
 
+from inference.live import agents
 from rigdash.launcher import ROOT, free_port
 from tests import composekit
 
 FRESH_DB = "rigdash_deploy_fresh"
-EXTERNAL = {"postgres", "redis", "llamacpp", "ollama"}  # images that are not RigDash's; here the test's servers
+EXTERNAL = {"postgres", "llamacpp", "ollama"}  # images that are not RigDash's; here the test's servers
+REDIS_PASSWORD = "r3d/is#p@ss:w%rd $x"
 VENV_BIN = str(Path(sys.executable).parent)
 
 
@@ -64,6 +73,7 @@ class Services:
     def __init__(self, compose: dict[str, Any], env_file: dict[str, str], tmp: Path) -> None:
         self.compose, self.env_file, self.tmp = compose, env_file, tmp
         self.port = free_port()
+        self.redis_port = free_port()
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         (tmp / "data").mkdir()
         (tmp / "log").mkdir()
@@ -76,6 +86,9 @@ class Services:
 
     def argv(self, words: list[str]) -> list[str]:
         words = [self._host_path(word) for word in words]
+        if words[:2] == ["sh", "-c"]:  # the redis service's server and healthcheck, on the private port
+            words[2] = words[2].replace("redis-server ", f"redis-server --port {self.redis_port} ")
+            words[2] = words[2].replace("redis-cli ", f"redis-cli -p {self.redis_port} ")
         for index, word in enumerate(words[:-1]):
             if word == "--port" and words[index + 1] == "8000":
                 words[index + 1] = str(self.port)
@@ -90,12 +103,15 @@ class Services:
         env = {key: value for key, value in os.environ.items() if key not in dropped}
         env.update(self.env_file)  # env_file: .env
         env.update({key: str(value) for key, value in (service.get("environment") or {}).items()})
-        assert env.get("POSTGRES_HOST") == "postgres" and env.get("REDIS_URL", "").startswith("redis://redis:")
+        env.pop("REDIS_URL", None)  # the suite's; the services build theirs from the REDIS_* parts
+        if name != "redis":
+            assert env.get("POSTGRES_HOST") == "postgres" and env.get("REDIS_HOST") == "redis", name
         env.update(
             POSTGRES_HOST=server.hostname or "127.0.0.1",
             POSTGRES_PORT=str(server.port or 5432),
-            REDIS_URL=settings.REDIS_URL,
-            RIGDASH_VAR_DIR=self._host_path(env["RIGDASH_VAR_DIR"]),
+            REDIS_HOST="127.0.0.1",
+            REDIS_PORT=str(self.redis_port),
+            RIGDASH_VAR_DIR=self._host_path(env.get("RIGDASH_VAR_DIR", "/data")),
             RIGDASH_CHANNEL_PREFIX=f"rigdash-deploy-{os.getpid()}",
             HOSTNAME=socket.gethostname(),  # Docker sets it; the workers' healthchecks name the worker by it
             PATH=f"{VENV_BIN}:{os.environ['PATH']}",
@@ -152,7 +168,7 @@ METRICS_TOKEN = "deploy-test-metrics-token"
 
 
 @pytest.fixture
-def services(tmp_path: Path, fresh_database: str) -> Iterator[Services]:
+def services(tmp_path: Path, fresh_database: str, llama_url: str) -> Iterator[Services]:
     compose = composekit.load()
     env_file = {
         **composekit.read_env_file(),
@@ -161,7 +177,8 @@ def services(tmp_path: Path, fresh_database: str) -> Iterator[Services]:
         "POSTGRES_DB": fresh_database,
         "RIGDASH_SECRET_KEY": "deploy-test-" + "k" * 40,
         "RIGDASH_ADMIN_PASSWORD": "a-long-admin-password",
-        "LLAMA_SERVER_URL": f"http://127.0.0.1:{free_port()}",  # nothing there: the rig is down, that is all
+        "REDIS_PASSWORD": REDIS_PASSWORD,
+        "LLAMA_SERVER_URL": llama_url,  # the suite's llama-server, standing for the bundled one (agent-embedded's)
         "RIGDASH_OLLAMA_URL": "http://ollama:11434",  # a single-label host, as on the compose network
         "RIGDASH_DB_CONN_MAX_AGE": "0",  # the fresh database can be dropped at the end
         "RIGDASH_METRICS_TOKEN": METRICS_TOKEN,  # /healthz's details are for the token (anonymous: up or down)
@@ -184,7 +201,14 @@ def test_services_start_in_compose_order_on_a_fresh_database_and_stop_on_sigterm
     profiles = set(composekit.read_env_file()["COMPOSE_PROFILES"].split(","))
     active = composekit.active_services(services.compose, profiles)
     order = [name for name in composekit.start_order(active) if name not in EXTERNAL]
-    assert order[0] in ("migrate", "model-seed") and order.index("migrate") < order.index("web")
+    assert order[0] == "redis" and order.index("migrate") < order.index("web")
+    assert order.index("migrate") < order.index("agent-embedded")
+    services.start("redis")
+    services.wait_for("redis", "service_healthy")  # the compose healthcheck, through the password
+    anonymous = redis.Redis(port=services.redis_port)
+    with pytest.raises(redis.AuthenticationError):
+        anonymous.ping()
+    anonymous.close()
 
     # Started on their own before migrate ran (`docker compose up sampler`, a restart): they wait, not die.
     early = ["sampler", "worker-embedded"]
@@ -198,7 +222,7 @@ def test_services_start_in_compose_order_on_a_fresh_database_and_stop_on_sigterm
     time.sleep(2)
     _still_running(services, early)
 
-    for name in order:
+    for name in order[1:]:
         for dependency, condition in composekit.depends_on(active[name]).items():
             services.wait_for(dependency, condition)
         if name not in services.procs:
@@ -214,12 +238,19 @@ def test_services_start_in_compose_order_on_a_fresh_database_and_stop_on_sigterm
     assert "admin account: admin (password from RIGDASH_ADMIN_PASSWORD)" in services.log("migrate")
     assert (services.tmp / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf").read_bytes()[:4] == b"GGUF"
 
+    deadline = time.monotonic() + 60
+    while "rig agent " not in services.log("agent-embedded"):  # its first heartbeat follows at once
+        _still_running(services, ["agent-embedded"])
+        assert time.monotonic() < deadline, services.log("agent-embedded")
+        time.sleep(0.5)
+    time.sleep(1.5)
     headers = {"Host": "localhost", "Authorization": f"Bearer {METRICS_TOKEN}"}
     body = httpx.get(f"http://127.0.0.1:{services.port}/healthz", headers=headers, timeout=30).json()
     assert body["checks"]["database"]["ok"] and body["checks"]["redis"]["ok"]
     assert {name: check["ok"] for name, check in body["checks"]["queues"].items()} == {"embedded": True, "ollama": True}
     assert body["checks"]["rigs"]["ollama"]["url"] == "http://ollama:11434"
-    assert body["down"] == ["rig:embedded", "rig:ollama"], "only the backends, which do not run here, are down"
+    assert body["down"] == ["rig:ollama"], "only the Ollama backend, which does not run here, is down"
+    _check_the_agent(services, body["checks"]["rigs"]["embedded"])
     with httpx.Client(base_url=f"http://127.0.0.1:{services.port}", timeout=30) as web:
         # Static files come from the image's folders (no collectstatic into the data volume).
         assert web.get("/static/rigdash/app.css").status_code == 200
@@ -243,6 +274,32 @@ def test_services_start_in_compose_order_on_a_fresh_database_and_stop_on_sigterm
             raise AssertionError(f"{name} still running {grace:.0f} s after SIGTERM:\n{services.log(name)}") from None
         assert proc.returncode in (0, -signal.SIGTERM), (name, proc.returncode, services.log(name))
         print(f"{name}: stopped {time.monotonic() - began:.1f} s after SIGTERM (grace {grace:.0f} s)")
+
+
+def _check_the_agent(services: Services, embedded: dict[str, Any]) -> None:
+    """agent-embedded issued its rig's key itself, heartbeats, and samples the backend where it runs: its process
+    found by the rig's port and its GGUF file's header read at the path llama-server reports."""
+    assert embedded["ok"] and embedded["agent"]["up"], embedded
+    assert "rig agent" in services.log("agent-embedded")
+    server = _server()
+    with psycopg.connect(host=server.hostname, port=server.port or 5432, user=server.username or "postgres",
+                         password=server.password or "", dbname=FRESH_DB) as conn:  # fmt: skip
+        row = conn.execute("SELECT id, agent_key FROM inference_rig WHERE name = 'embedded'").fetchone()
+    assert row is not None and len(row[1]) >= 32, "the key was issued at the agent's first start"
+    client = redis.Redis(port=services.redis_port, password=REDIS_PASSWORD)
+    deadline = time.monotonic() + 60
+    while True:
+        sample = agents.open_envelope(row[1], row[0], client.get(agents.sample_key(row[0])))  # type: ignore[arg-type]
+        detail = (sample or {}).get("detail", {})
+        if detail.get("sources", {}).get("kv", {}).get("ok"):
+            break
+        assert time.monotonic() < deadline, detail
+        time.sleep(1)
+    client.close()
+    assert detail["provenance"]["host"].startswith("agent on "), detail["provenance"]
+    assert detail["sources"]["process"]["ok"], detail["sources"]
+    assert detail["process"]["name"].startswith("llama-server"), detail["process"]
+    assert detail["provenance"]["kv"] == "the GGUF file's header"
 
 
 def _pid1(argv: list[str], env: dict[str, str], log: Path) -> tuple[subprocess.Popen[bytes], psutil.Process]:

@@ -1,4 +1,5 @@
-"""The database from POSTGRES_* parts (docker-compose.yml): any password reaches PostgreSQL as typed."""
+"""The database from POSTGRES_* parts and Redis from REDIS_* parts (docker-compose.yml): any password reaches
+PostgreSQL and Redis as typed. A start on SQLite prints no system-check warning."""
 
 from __future__ import annotations
 
@@ -10,19 +11,21 @@ from urllib.parse import urlsplit
 import dj_database_url
 import psycopg
 import pytest
+import redis
 from django.core.exceptions import ImproperlyConfigured
 from django.test import Client
 
-from rigdash.env import database_url
+from rigdash.env import database_url, redis_url
 from rigdash.launcher import ROOT
 
 NASTY = "p@ss/w#rd?x%41:y z&'\"$"
 PARTS = ("DATABASE_URL", "POSTGRES_HOST", "POSTGRES_PORT", "POSTGRES_USER", "POSTGRES_PASSWORD", "POSTGRES_DB")
+REDIS_PARTS = ("REDIS_URL", "REDIS_HOST", "REDIS_PORT", "REDIS_DB", "REDIS_PASSWORD", "REDIS_PASSWORD_FILE")
 
 
 @pytest.fixture
 def clean_env(monkeypatch):
-    for name in (*PARTS, "POSTGRES_PASSWORD_FILE"):
+    for name in (*PARTS, "POSTGRES_PASSWORD_FILE", *REDIS_PARTS):
         monkeypatch.delenv(name, raising=False)
     return monkeypatch
 
@@ -65,6 +68,55 @@ def test_ipv6_host_and_a_bad_port(clean_env):
     clean_env.setenv("POSTGRES_PORT", "54x")
     with pytest.raises(ImproperlyConfigured, match="POSTGRES_PORT"):
         database_url("")
+
+
+def test_redis_parts_build_a_url_whose_password_survives_parsing(clean_env, tmp_path):
+    assert redis_url("redis://127.0.0.1:6379/0") == "redis://127.0.0.1:6379/0", "without either, the default"
+    clean_env.setenv("REDIS_HOST", "redis")
+    assert redis_url("") == "redis://redis:6379/0", "no password: none in the URL"
+    clean_env.setenv("REDIS_PASSWORD", NASTY)
+    clean_env.setenv("REDIS_DB", "3")
+    url = redis_url("")
+    assert url.startswith("redis://:") and url.endswith("@redis:6379/3") and NASTY not in url
+    # redis-py (the live state, the channel layer) and kombu (Celery's broker) each decode it to the password.
+    kwargs = redis.connection.parse_url(url)
+    assert (kwargs["host"], kwargs["port"], kwargs["db"], kwargs["password"]) == ("redis", 6379, 3, NASTY)
+    from kombu.utils.url import url_to_parts
+
+    assert url_to_parts(url).password == NASTY and url_to_parts(url).hostname == "redis"
+    clean_env.setenv("REDIS_URL", "redis://elsewhere:1/2")
+    assert redis_url("") == "redis://elsewhere:1/2", "REDIS_URL wins over the parts"
+    clean_env.delenv("REDIS_URL")
+    clean_env.delenv("REDIS_PASSWORD")
+    secret = tmp_path / "redis_password"
+    secret.write_text(NASTY + "\n")
+    clean_env.setenv("REDIS_PASSWORD_FILE", str(secret))
+    assert redis.connection.parse_url(redis_url(""))["password"] == NASTY
+    clean_env.setenv("REDIS_HOST", "fd00::5")
+    assert redis_url("").endswith("@[fd00::5]:6379/3")
+    for name, bad in (("REDIS_PORT", "63x9"), ("REDIS_DB", "16"), ("REDIS_PASSWORD_FILE", str(tmp_path / "none"))):
+        clean_env.setenv(name, bad)
+        with pytest.raises(ImproperlyConfigured, match=name):
+            redis_url("")
+        clean_env.delenv(name)
+
+
+def test_manage_check_on_sqlite_prints_no_warning(tmp_path):
+    """Turn's covering index (INCLUDE, PostgreSQL's) would make SQLite say models.W040 wherever the database's checks
+    run: `migrate`, `runserver`, `check --database` (it did before the settings silenced it there)."""
+    env = {k: v for k, v in os.environ.items() if k not in (*PARTS, "DJANGO_ALLOW_ASYNC_UNSAFE")}
+    env.update(DATABASE_URL=f"sqlite:///{tmp_path / 'check.sqlite3'}", RIGDASH_VAR_DIR=str(tmp_path))
+    result = subprocess.run([sys.executable, "manage.py", "check", "--database", "default"], cwd=ROOT, env=env,
+                            capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "System check identified no issues (1 silenced).", result.stdout
+    assert result.stderr == "", result.stderr
+    # On PostgreSQL the index is built with its INCLUDE columns, and nothing is silenced there.
+    env["DATABASE_URL"] = os.environ.get("TEST_DATABASE_URL") or os.environ["DATABASE_URL"]
+    code = "import django; django.setup(); from django.conf import settings; print(settings.SILENCED_SYSTEM_CHECKS)"
+    shown = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env={**env, "DJANGO_SETTINGS_MODULE":
+                           "rigdash.settings"}, capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert shown.stdout.strip() == "[]", shown.stderr
 
 
 def test_settings_connect_through_the_parts(tmp_path):

@@ -7,9 +7,11 @@ import os
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 
 import pytest
+import redis
 
 from rigdash import healthcheck, seedmodel
 from rigdash.launcher import ROOT, free_port
@@ -113,3 +115,75 @@ def test_wait_for_migrations_execs_the_command_once_migrated(service_env, tmp_pa
     assert out.splitlines() == ["migrations applied", str(proc.pid)], "the command replaced it (same process)"
     result = _manage("wait_for_migrations", "--", "no-such-program-here", env=env)
     assert result.returncode == 1 and "no-such-program-here: not found" in result.stderr
+
+
+REDIS_PASSWORD = "r3d/is#p@ss:w%rd $x"
+
+
+@pytest.fixture
+def password_redis(tmp_path) -> Iterator[int]:
+    """A private redis-server with requirepass (the compose file's), on a free port."""
+    port = free_port()
+    proc = subprocess.Popen(
+        ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+         "--dir", str(tmp_path), "--requirepass", REDIS_PASSWORD],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    client = redis.Redis(port=port, password=REDIS_PASSWORD)
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            client.ping()
+            break
+        except redis.ConnectionError:
+            assert time.monotonic() < deadline and proc.poll() is None
+            time.sleep(0.05)
+    client.close()
+    yield port
+    proc.terminate()
+    proc.wait(timeout=10)
+
+
+def _redis_env(service_env: dict[str, str], tmp_path, port: int, **password: str) -> dict[str, str]:
+    env = {k: v for k, v in service_env.items() if k != "REDIS_URL"}
+    env.update(REDIS_HOST="127.0.0.1", REDIS_PORT=str(port), RIGDASH_VAR_DIR=str(tmp_path), REDIS_URL="", **password)
+    return env
+
+
+@pytest.mark.django_db
+def test_services_start_only_with_redis_s_password_and_say_which_is_wrong(service_env, tmp_path, password_redis):
+    """A wrong or missing REDIS_PASSWORD stops wait_for_migrations (every long-running service's start) and
+    rigdash_bootstrap (the migrate service) at once with a reason naming the variable, never the password; the
+    right one, with characters a URL must encode, gets through."""
+    right = _redis_env(service_env, tmp_path, password_redis, REDIS_PASSWORD=REDIS_PASSWORD)
+    result = _manage("wait_for_migrations", "--timeout", "20", env=right)
+    assert result.returncode == 0 and result.stdout.strip() == "migrations applied", result.stderr
+    cases = {
+        "refused the password: REDIS_PASSWORD must be": {"REDIS_PASSWORD": "not-the-password"},
+        "requires a password: set REDIS_PASSWORD": {},
+    }
+    for said, password in cases.items():
+        env = _redis_env(service_env, tmp_path, password_redis, **password)
+        for command in (["wait_for_migrations", "--timeout", "20"], ["rigdash_bootstrap"]):
+            result = _manage(*command, env=env)
+            assert result.returncode == 1, (command, result.stdout, result.stderr)
+            assert f"Redis at 127.0.0.1:{password_redis}/0 {said}" in result.stderr, (command, result.stderr)
+            assert "Traceback" not in result.stderr and "not-the-password" not in result.stderr
+
+
+def test_healthz_s_redis_check_says_the_password_was_refused(settings, password_redis, monkeypatch):
+    from inference.live import state
+    from monitoring import health
+
+    url = f"redis://:wrong%23pass@127.0.0.1:{password_redis}/0"
+    settings.REDIS_URL = url
+    monkeypatch.setattr(state, "sync_client", lambda: redis.Redis.from_url(url))
+    check = health.check_redis()
+    assert check == {"ok": False, "detail": f"Redis at 127.0.0.1:{password_redis}/0 refused the password: "
+                     "REDIS_PASSWORD must be the one Redis was started with (docker-compose.yml gives the same "
+                     "REDIS_PASSWORD to both)"}  # fmt: skip
+    unreachable = f"redis://127.0.0.1:{free_port()}/0"
+    settings.REDIS_URL = unreachable
+    monkeypatch.setattr(state, "sync_client", lambda: redis.Redis.from_url(unreachable))
+    detail = health.check_redis()["detail"]
+    assert detail.startswith(f"Redis at 127.0.0.1:{unreachable.rsplit(':', 1)[1]} is unreachable: "), detail

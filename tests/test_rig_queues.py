@@ -133,3 +133,54 @@ def test_pages_every_user_opens_never_wait_for_the_broadcast(monkeypatch):
     finally:
         release.set()
         queues.forget()
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_a_waiting_chat_is_told_live_that_no_worker_serves_its_rig_and_when_one_does(queue_worker, rigs, owner):
+    """The page's banner was computed at load only. Now the workers' answer (the sampler asks every few seconds) is
+    recorded, the periodic dispatch tells each waiting turn of a rig nobody serves why it waits (turn.state), and
+    tells it once more when a worker is there; the page's snapshot says the same. chat.js shows its banner on
+    exactly this reason."""
+    from asgiref.sync import sync_to_async
+    from django.utils import timezone
+
+    from inference.live import consumers
+    from inference.models import ChatSession, Turn
+    from inference.queue import dispatch
+    from rigdash.launcher import ROOT
+    from tests.conftest import session_cookie_for
+    from tests.wsclient import ChatSocket
+
+    served, orphan = rigs
+    session = await ChatSession.objects.acreate(owner=owner, rig=orphan, model_name="m")
+    # Handed to rig.orphan's queue (position 0, "starting"), where no worker will ever claim it.
+    turn = await Turn.objects.acreate(session=session, user_text="hello", dispatched_at=timezone.now())
+    await sync_to_async(queues.consumers)(max_age_s=0)  # the sampler's probe: real workers answer
+    assert await sync_to_async(consumers.unconsumed)(orphan.queue)
+    assert not await sync_to_async(consumers.unconsumed)(served.queue)
+    assert consumers.NO_WORKER in (ROOT / "static" / "rigdash" / "chat.js").read_text()
+
+    def is_state(frame):
+        return frame["type"] == "turn.state" and frame["turn"] == turn.pk
+
+    sock = ChatSocket(session.pk, await sync_to_async(session_cookie_for)(owner))
+    assert (await sock.connect())[0]
+    try:
+        snapshot = await sock.recv_until(lambda f: f["type"] == "session.snapshot")
+        [loaded] = snapshot["turns"]
+        assert (loaded["queue_position"], loaded["waiting_reason"]) == (0, consumers.NO_WORKER)
+        await sync_to_async(dispatch.dispatch_all)()
+        told = await sock.recv_until(is_state, timeout=10)
+        assert (told["status"], told["queue_position"], told["waiting_reason"]) == ("queued", 0, consumers.NO_WORKER)
+        await sync_to_async(dispatch.dispatch_all)()  # told again while it lasts (a page opened meanwhile)
+        assert (await sock.recv_until(is_state, timeout=10))["waiting_reason"] == consumers.NO_WORKER
+        # A worker for the rig's queue starts: the next answer has it, and the turn is told the reason is gone.
+        await sync_to_async(consumers.record)([served.queue, orphan.queue])
+        await sync_to_async(dispatch.dispatch_all)()
+        cleared = await sock.recv_until(is_state, timeout=10)
+        assert cleared["queue_position"] == 0 and "waiting_reason" not in cleared
+        # Told once: the pass remembers what it said last ("" now) and has nothing more to say.
+        assert await sync_to_async(consumers.swap_told)(orphan.pk, "") == ""
+    finally:
+        await sock.close()
+        await sync_to_async(consumers.swap_told)(orphan.pk, "")

@@ -31,7 +31,7 @@ from django.utils import timezone
 
 from inference import events
 from inference.errors import QueueUnavailable
-from inference.live import agents
+from inference.live import agents, consumers
 from inference.models import ChatSession, Rig, Turn
 from inference.queue import placement
 from inference.queue.tickets import StartTicket
@@ -130,11 +130,12 @@ def _waiting_places(turn: Turn) -> list[int]:
 
 
 def turn_waiting_reason(turn: Turn) -> str:
-    """Why a waiting turn cannot start now, or "": its rig cannot take turns, or no rig serving its model can."""
+    """Why a waiting turn cannot start now, or "": its rig cannot take turns or has no worker (``waiting_reason``),
+    or no rig serving a placed chat's model can take it."""
     rigs = Rig.objects.filter(pk__in=_waiting_places(turn))
     if not rigs:
         return "waiting: no enabled rig serves this model now"
-    reasons = {rig.name: cannot_take_turns(rig) for rig in rigs}
+    reasons = {rig.name: waiting_reason(rig) for rig in rigs}
     if not all(reasons.values()):
         return ""  # a rig it may go to can take it: it waits for a slot, which its queue position says
     if len(reasons) == 1:
@@ -244,6 +245,25 @@ def _send(turn_ids: list[int], queue: str, tickets: Sequence[StartTicket] = ()) 
         raise QueueUnavailable(turn_ids) from exc
 
 
+def waiting_reason(rig: Rig) -> str:
+    """What a waiting turn's page says about why it waits: the rig cannot take turns now (held here), or no worker
+    consumes its queue (as the workers last answered: inference/live/consumers.py), or ""."""
+    return cannot_take_turns(rig) or (consumers.NO_WORKER if consumers.unconsumed(rig.queue) else "")
+
+
+def announce_waiting_reasons() -> None:
+    """Tell the waiting turns of every rig with one why they wait, while the reason lasts, and once when it ends:
+    a chat page learns that no worker serves its rig (or that one came back) while it is open. The dispatch of a
+    rig with turns to hand out tells its held turns itself (``rig_dispatch``); this tells the rest, the turns
+    already handed to a queue nobody consumes among them."""
+    waiting = Turn.objects.filter(status=Turn.Status.QUEUED).values("session__rig_id")
+    for rig in Rig.objects.filter(pk__in=waiting).order_by("pk"):
+        reason = waiting_reason(rig)
+        before = consumers.swap_told(rig.pk, reason)
+        if reason == consumers.NO_WORKER or reason != before:
+            announce_positions(rig_id=rig.pk, reason=reason)
+
+
 def cannot_take_turns(rig: Rig) -> str:
     """Why the rig cannot take a turn now (its agent, which serves its queue, is down), or ""."""
     if not rig.agent_key:
@@ -298,4 +318,5 @@ def dispatch_all(*, resend_after_s: float = 120.0) -> dict[str, list[int]]:
         rig_ids |= {rig.pk for rig in Rig.objects.filter(enabled=True) if models & set(rig.models_served or ())}
     for rig_id in sorted(rig_ids):
         dispatched += rig_dispatch(rig_id=rig_id)
+    announce_waiting_reasons()
     return {"dispatched": dispatched, "resent": dispatch_resend_stale(older_than_s=resend_after_s)}

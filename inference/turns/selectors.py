@@ -83,7 +83,8 @@ def turn_snapshot(turn: Turn, *, just_stored: bool = False) -> dict[str, Any]:
         "created_at": turn.created_at.isoformat() if turn.created_at else None,
         "queue_position": position,  # None unless waiting; 0 starting; n: n-1 turns wait ahead of it
         "queue_ahead": None if position is None else max(0, position - 1),
-        "waiting_reason": dispatch.turn_waiting_reason(turn) if position else "",
+        # Handed to the queue (0) and still unclaimed: no worker may consume it, which the page is told too.
+        "waiting_reason": dispatch.turn_waiting_reason(turn) if position is not None else "",
         "rig": _rig_name(turn),  # the rig running or that ran it; None while a placed chat's turn waits for one
     }
 

@@ -209,7 +209,30 @@
     return t;
   }
 
+  // inference/live/consumers.py NO_WORKER: the waiting reason of a turn whose rig's queue no worker consumes.
+  const NO_WORKER = "waiting: no worker serves this rig right now";
+
+  // The "no worker" banner follows the turns: shown when a waiting turn is told no worker serves the rig, hidden
+  // once a turn reaches a worker or the reason goes away (the page may have loaded with either).
+  function updateWorkerBanner(t) {
+    let banner = document.querySelector('[data-testid="no-consumer"]');
+    const stuck = t.status === "queued" && t.waiting_reason === NO_WORKER;
+    if (stuck && !banner) {
+      banner = document.createElement("p");
+      banner.className = "banner error";
+      banner.setAttribute("role", "alert");
+      banner.dataset.testid = "no-consumer";
+      banner.textContent = "No worker is serving this rig right now: messages sent here wait until one starts.";
+      document.querySelector(".chat-head").after(banner);
+    }
+    if (!banner) return;
+    if (stuck) banner.hidden = false;
+    else if (t.status === "prompt" || t.status === "decoding" || (t.status === "queued" && t.reasonWas === NO_WORKER)) banner.hidden = true;
+    t.reasonWas = t.waiting_reason;
+  }
+
   function updateTurnChrome(t) {
+    updateWorkerBanner(t);
     t.el.dataset.status = t.status;
     t.el.querySelectorAll(".turn-action").forEach((b) => (b.hidden = ACTIVE.has(t.status)));
     // Continue: a reply cut by its token cap or stopped, with text to go on from.

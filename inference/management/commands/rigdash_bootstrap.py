@@ -8,10 +8,11 @@ from typing import Any
 
 from django.conf import settings
 from django.contrib.auth import get_user_model
-from django.core.management.base import BaseCommand
+from django.core.management.base import BaseCommand, CommandError
 
 from inference.bootstrap import rig_from_env
 from inference.models import Rig
+from rigdash import redischeck
 from rigdash.env import env_int, env_str
 
 
@@ -19,6 +20,13 @@ class Command(BaseCommand):
     help = "Ensure the rigs of LLAMA_SERVER_URL and RIGDASH_OLLAMA_URL and a first admin account exist."
 
     def handle(self, *args: Any, **options: Any) -> None:
+        # The migrate service runs first: a wrong REDIS_PASSWORD stops it here, before every service waits on Redis.
+        try:
+            problem = redischeck.check(settings.REDIS_URL)
+        except redischeck.RedisRefused as exc:
+            problem = str(exc)
+        if problem:
+            raise CommandError(problem)
         default_url = settings.RIGDASH.default_rig_url
         ollama_url = env_str("RIGDASH_OLLAMA_URL", "")
         if default_url:

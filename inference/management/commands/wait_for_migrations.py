@@ -1,4 +1,5 @@
-"""Wait until the database answers and every migration is applied, then run the command given after ``--``.
+"""Wait until the database answers with every migration applied and Redis answers, then run the command given after
+``--``. Redis refusing the password (REDIS_PASSWORD) stops it at once with that reason: waiting would not help.
 
 docker-compose.yml starts the worker, the beat and the sampler through it: they query tables at their first step,
 and on a fresh database the one-shot ``migrate`` service may not have created them yet (or a service was started
@@ -16,9 +17,12 @@ import time
 from types import FrameType
 from typing import Any
 
+from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import DatabaseError, connections
 from django.db.migrations.executor import MigrationExecutor
+
+from rigdash import redischeck
 
 
 def pending(database: str = "default") -> str:
@@ -66,7 +70,7 @@ class Command(BaseCommand):
     def _wait(self, database: str, timeout_s: float, interval_s: float) -> None:
         start = time.monotonic()
         said = ""
-        while missing := pending(database):
+        while missing := pending(database) or self._redis():
             waited = time.monotonic() - start
             if timeout_s and waited > timeout_s:
                 raise CommandError(f"gave up after {waited:.0f} s: {missing}")
@@ -75,3 +79,9 @@ class Command(BaseCommand):
                 said = missing
             time.sleep(interval_s)
         self.stdout.write("migrations applied")
+
+    def _redis(self) -> str:
+        try:
+            return redischeck.check(settings.REDIS_URL)
+        except redischeck.RedisRefused as exc:
+            raise CommandError(str(exc)) from None

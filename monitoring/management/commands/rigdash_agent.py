@@ -28,12 +28,22 @@ class Command(BaseCommand):
         parser.add_argument("--interval", type=float, default=None, help="seconds between samples (default 1)")
         parser.add_argument("--no-worker", action="store_true", help="sample only; a worker serves the queue already")
         parser.add_argument("--concurrency", type=int, default=8, help="the worker's threads (turns at once)")
+        parser.add_argument(
+            "--key-from-database",
+            action="store_true",
+            help="take the rig's agent key from RigDash's database (issued if it has none) instead of "
+            "RIGDASH_AGENT_KEY: for an agent beside RigDash that holds the database's credentials (docker-compose.yml)",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         interval = options["interval"] or settings.RIGDASH.sample_interval_s
         if not 0.2 <= interval <= 60:
             raise CommandError("--interval must be between 0.2 and 60 seconds")
-        key = os.environ.get("RIGDASH_AGENT_KEY", "")
+        key = os.environ.get("RIGDASH_AGENT_KEY", "").strip()  # a pasted key often brings a newline
+        if options["key_from_database"]:
+            if key:
+                raise CommandError("RIGDASH_AGENT_KEY and --key-from-database both given: use one")
+            key = agent.key_from_database(options["rig"])
         try:
             rig = agent.rig_for_agent(options["rig"], key)
             me = agent.identity_for(rig, key)

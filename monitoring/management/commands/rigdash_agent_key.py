@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import secrets
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from inference.models import Rig
+from monitoring.agent import new_key
 
 
 class Command(BaseCommand):
@@ -28,6 +28,6 @@ class Command(BaseCommand):
             self.stdout.write(f"rig {rig.name}: agent key removed")
             return
         if options["new"] or not rig.agent_key:
-            rig.agent_key = secrets.token_urlsafe(32)
+            rig.agent_key = new_key()
             rig.save(update_fields=["agent_key"])
         self.stdout.write(rig.agent_key)
