@@ -353,3 +353,18 @@ class UsageRolledDay(models.Model):
 
     def __str__(self) -> str:
         return f"usage of {self.day} rolled up"
+
+
+class LastServed(models.Model):
+    """When the fair queue last handed one of a user's turns to a rig (inference/queue/dispatch.py): one row per
+    user and rig, so ordering waiting turns reads these rows, not the rig's whole history of turns."""
+
+    rig = models.ForeignKey(Rig, on_delete=models.CASCADE, related_name="+")
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="+")
+    at = models.DateTimeField()
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["rig", "user"], name="last_served_rig_user")]
+
+    def __str__(self) -> str:
+        return f"user {self.user_id} last served on rig {self.rig_id} at {self.at}"

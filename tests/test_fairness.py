@@ -9,15 +9,17 @@ from typing import Any
 
 import pytest
 from django.db import connection
+from django.db.migrations.executor import MigrationExecutor
 from django.test import Client
+from django.test.utils import CaptureQueriesContext
 
 from inference import events
-from inference.models import Turn
+from inference.models import LastServed, Turn
 from inference.queue import dispatch
 from inference.queue.dispatch import Waiting, fair_order
 from inference.turns import lifecycle, submit
 from inference.worker import start as starts
-from tests.adminkit import make_session, make_user
+from tests.adminkit import make_session, make_user, quiet
 from tests.conftest import wait_until
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
@@ -166,3 +168,49 @@ def test_a_burst_of_submits_tells_each_page_once_that_its_turn_starts(rig, model
     assert sorted(told) == sorted((t.pk, 0) for t in turns)  # each page hears "starting" once
     board_view = {turn_id: position for _, turn_id, position in calls[-1][0]}
     assert board_view == {t.pk: 0 for t in turns}  # the board sees every starting turn
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_order_reads_one_row_per_waiting_user_whatever_the_rigs_history(rig, model_name, owner, other_user):
+    """Who was served last comes from LastServed (written by each hand-out), not from every turn the rig ran."""
+    quiet(rig)
+    rig.slots = 1
+    rig.save()
+    mine, theirs = make_session(owner, rig, model_name), make_session(other_user, rig, model_name)
+    first = submit.turn_submit(session=mine, text="first")  # takes the slot: owner served now
+    served = LastServed.objects.get(rig=rig, user=owner)
+    assert served.at == Turn.objects.get(pk=first.pk).dispatched_at
+    old = T0 - timedelta(days=30)
+    Turn.objects.bulk_create(  # a long history for the other user, all long ago
+        Turn(session=theirs, rig=rig, user_text="old", status=Turn.Status.DONE, dispatched_at=old) for _ in range(300)
+    )
+    LastServed.objects.create(rig=rig, user=other_user, at=old)
+    burst = [submit.turn_submit(session=make_session(owner, rig, model_name), text=f"b{i}") for i in range(2)]
+    late = submit.turn_submit(session=theirs, text="late")
+    with CaptureQueriesContext(connection) as queries:
+        order = [w.turn_id for w in dispatch.waiting_order(rig)]
+    assert order == [late.pk, *(t.pk for t in burst)]  # served a month ago goes before served just now
+    assert len(queries) == 2 and "inference_lastserved" in queries[-1]["sql"]  # the rig's turns, then one row each
+    assert "MAX(" not in " ".join(q["sql"] for q in queries).upper()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_migration_fills_last_served_from_each_users_latest_hand_out_on_each_rig():
+    executor = MigrationExecutor(connection)
+    executor.migrate([("inference", "0009_placement")])
+    apps = executor.loader.project_state([("inference", "0009_placement")]).apps
+    user_model, rig_model = apps.get_model("auth", "User"), apps.get_model("inference", "Rig")
+    session_model, turn_model = apps.get_model("inference", "ChatSession"), apps.get_model("inference", "Turn")
+    user = user_model.objects.create(username="historic")
+    rigs = [
+        rig_model.objects.create(name=f"r{i}", kind="llamacpp", base_url="http://x:1", queue=f"q{i}") for i in (1, 2)
+    ]
+    for rig, hours in ((rigs[0], (1, 5)), (rigs[1], (3,))):
+        session = session_model.objects.create(owner=user, rig=rig, model_name="m")
+        for h in hours:
+            turn_model.objects.create(session=session, rig=rig, user_text="x", dispatched_at=T0 + timedelta(hours=h))
+        turn_model.objects.create(session=session, rig=rig, user_text="never handed out")
+    executor = MigrationExecutor(connection)
+    executor.migrate(executor.loader.graph.leaf_nodes())
+    rows = {(r.rig.name, r.at) for r in LastServed.objects.filter(user_id=user.pk).select_related("rig")}
+    assert rows == {("r1", T0 + timedelta(hours=5)), ("r2", T0 + timedelta(hours=3))}

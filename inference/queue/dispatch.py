@@ -26,13 +26,12 @@ from datetime import datetime, timedelta
 
 from celery import current_app
 from django.db import connection, transaction
-from django.db.models import Max
 from django.utils import timezone
 
 from inference import events
 from inference.errors import QueueUnavailable
 from inference.live import agents, consumers
-from inference.models import ChatSession, Rig, Turn
+from inference.models import ChatSession, LastServed, Rig, Turn
 from inference.queue import placement
 from inference.queue.tickets import StartTicket
 
@@ -88,19 +87,22 @@ def waiting_order(rig: Rig | int) -> list[Waiting]:
 
 
 def _in_fair_order(rig_id: int, waiting: list[Waiting]) -> list[Waiting]:
-    """``fair_order`` of the rig's waiting turns, reading when each of their users was last served on the rig.
-    With one user waiting the order is theirs, oldest first, whenever they were served: no query."""
+    """``fair_order`` of the rig's waiting turns, reading when each of their users was last served on the rig
+    (``LastServed``: one row per user, whatever the history). With one user waiting the order is theirs, oldest
+    first, whenever they were served: no query."""
     if not waiting:
         return []
     users = {w.user_id for w in waiting}
     if len(users) == 1:
         return fair_order(waiting, {})
-    served = (
-        Turn.objects.filter(rig_id=rig_id, session__owner_id__in=users, dispatched_at__isnull=False)
-        .values("session__owner_id")
-        .annotate(last=Max("dispatched_at"))
-    )
-    return fair_order(waiting, {row["session__owner_id"]: row["last"] for row in served})
+    served = LastServed.objects.filter(rig_id=rig_id, user_id__in=users).values_list("user_id", "at")
+    return fair_order(waiting, dict(served))
+
+
+def _served_now(rig_id: int, user_ids: set[int], at: datetime) -> None:
+    """Record that these users' turns were just handed to the rig (one upsert)."""
+    rows = [LastServed(rig_id=rig_id, user_id=user_id, at=at) for user_id in sorted(user_ids)]
+    LastServed.objects.bulk_create(rows, update_conflicts=True, unique_fields=["rig", "user"], update_fields=["at"])
 
 
 def queue_position(turn: Turn) -> int | None:
@@ -165,8 +167,8 @@ def rig_dispatch(*, rig_id: int, rig: Rig | None = None, tickets: Mapping[int, S
 
     Inside a caller's transaction (a submit's) it joins it, without a savepoint: the turns stored and their
     dispatch commit together, and the task goes to Celery after that one commit. A lone submit on a rig with a
-    free slot costs three queries here (lock the rig, read its turns, mark the turn): this is on every turn's time
-    to first token.
+    free slot costs four queries here (lock the rig, read its turns, mark the turn, note its user as served): this
+    is on every turn's time to first token.
 
     ``rig``: the rig as the caller read it in this transaction. It is read again, locked, where the database has
     row locks; on SQLite the transaction already holds the database's write lock, and the read would only cost
@@ -201,6 +203,8 @@ def rig_dispatch(*, rig_id: int, rig: Rig | None = None, tickets: Mapping[int, S
                 marked = Turn.objects.filter(pk__in=chosen, dispatched_at=now, rig_id=rig.pk)
                 found = set(marked.values_list("pk", flat=True))
                 dispatched = [turn_id for turn_id in chosen if turn_id in found]
+            if dispatched:  # in the transaction: the rig's next dispatch, under the same lock, reads it
+                _served_now(rig.pk, {item.user_id for item in order if item.turn_id in dispatched}, now)
             moved = [item.session_id for item in order if item.placed and item.turn_id in dispatched]
             if moved:  # a placed chat follows its turn to this rig: the worker and the board read the chat's rig
                 ChatSession.objects.filter(pk__in=moved).exclude(rig_id=rig.pk).update(rig_id=rig.pk)
