@@ -31,15 +31,20 @@ KV_CACHE_TYPE_BYTES: dict[str, float] = {
 }
 
 
-# The KV cache types Ollama applies (OLLAMA_KV_CACHE_TYPE), and only with flash attention on; otherwise f16.
-OLLAMA_KV_CACHE_TYPES = ("f16", "q8_0", "q4_0")
 UBATCH = 512  # a sliding-window layer holds its window plus one batch (llama.cpp's -ub, Ollama's num_batch)
 KV_PAD = 256  # llama.cpp pads the context, each sequence's share and the sliding-window cache to 256 cells
 
 
-def ollama_kv_cache_type(requested: str, *, flash_attention: bool) -> str:
-    """What Ollama's cache really is for OLLAMA_KV_CACHE_TYPE=``requested`` (fs/ggml SupportsKVCacheType)."""
-    return requested if flash_attention and requested in OLLAMA_KV_CACHE_TYPES else "f16"
+def ollama_kv_cache_type(requested: str, *, flash_attention: bool | None = None) -> str:
+    """What Ollama's cache is for OLLAMA_KV_CACHE_TYPE=``requested`` (empty: f16). Since v0.30 Ollama passes it to
+    llama-server as is (llm/server.go, ``--cache-type-k/-v``) with ``--flash-attn auto``, or on/off where
+    OLLAMA_FLASH_ATTENTION says so or the GPU has none (``flash_attention`` True/False; None: auto). llama.cpp turns
+    flash attention on for a quantized V cache under auto; with it off, the model does not load."""
+    cache_type = (requested or "f16").lower()
+    _element_bytes(cache_type)  # a type llama.cpp does not know: ValueError, as llama-server refuses it
+    if flash_attention is False and cache_type not in ("f32", "f16", "bf16"):
+        raise ValueError(f"a {cache_type} V cache needs flash attention, which is off: Ollama cannot load the model")
+    return cache_type
 
 
 def _element_bytes(cache_type: str) -> float:

@@ -38,7 +38,7 @@ Differences from the real server (what the tests cannot rely on here):
   message), cut to the loaded context as Ollama cuts a chat's history, silently (``chat_prompt_tokens``).
 - No memory or GPU: ``size_vram`` is 0, loading never fails for memory unless told to (``fail_message``), and the
   context a model loads with is the request's ``num_ctx`` or 4096 (the real default depends on VRAM: 4k, 32k or
-  256k tokens, or OLLAMA_CONTEXT_LENGTH), never capped by the model's trained length.
+  256k tokens, or OLLAMA_CONTEXT_LENGTH), capped at the model's trained length as Ollama caps it.
 - One model runs at a time per request thread, with no queue: OLLAMA_NUM_PARALLEL and OLLAMA_MAX_QUEUE are not
   modelled (no 503 ``server busy`` unless ``fail_status`` says so); ``keep_alive`` is honoured only by ``/api/ps``.
 - ``/api/show`` has no ``tensors``, ``projector_info`` or ``template`` worth reading; ``/api/pull`` has no
@@ -451,6 +451,10 @@ class ReplayHandler(BaseHTTPRequestHandler):
         started = time.perf_counter_ns()
         keep_alive_s = self._keep_alive_s(body)
         context = int((body.get("options") or {}).get("num_ctx") or 4096)
+        arch = model.model_info.get("general.architecture")
+        trained = model.model_info.get(f"{arch}.context_length")
+        if trained and context > trained:  # llm/server.go NewLlamaServer: num_ctx no more than the trained length
+            context = int(trained)
         if keep_alive_s == 0:
             deadline = time.monotonic() + 60
             while self.state.running.get(model.name) and time.monotonic() < deadline:

@@ -110,10 +110,16 @@ def test_mamba_has_no_per_token_cache():
     assert decode.kv_bytes(arch, 100_000) == decode.kv_bytes(arch, 10) == 24 * (3 * 1536 + 16 * 1536) * 4
 
 
-def test_ollama_kv_cache_types_apply_only_with_flash_attention():
-    assert decode.ollama_kv_cache_type("q8_0", flash_attention=True) == "q8_0"
-    assert decode.ollama_kv_cache_type("q8_0", flash_attention=False) == "f16"
-    assert decode.ollama_kv_cache_type("q5_1", flash_attention=True) == "f16"  # not one Ollama applies
+def test_ollama_passes_its_kv_cache_type_to_llama_server():
+    # v0.30+: OLLAMA_KV_CACHE_TYPE goes to llama-server as is; flash attention "auto" is turned on for a quantized V.
+    assert decode.ollama_kv_cache_type("") == "f16"
+    assert decode.ollama_kv_cache_type("Q8_0") == "q8_0"
+    assert decode.ollama_kv_cache_type("q5_1", flash_attention=True) == "q5_1"
+    assert decode.ollama_kv_cache_type("f16", flash_attention=False) == "f16"
+    with pytest.raises(ValueError, match="needs flash attention"):
+        decode.ollama_kv_cache_type("q8_0", flash_attention=False)
+    with pytest.raises(ValueError, match="unknown KV cache type"):
+        decode.ollama_kv_cache_type("q3_k")
 
 
 def test_ollama_show_is_asked_again_verbose_when_lists_are_blanked(ollama):
