@@ -50,11 +50,11 @@ def serve(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
     monkeypatch.setenv("LLAMA_THREADS", "1")
     monkeypatch.setenv("LLAMA_THREADS_BATCH", "1")
 
-    def start(model: Path, *, ctx: int, slots: int) -> str:
+    def start(model: Path, *, ctx: int, slots: int, extra: tuple[str, ...] = ()) -> str:
         monkeypatch.setenv("LLAMA_MODEL_PATH", str(model))
         port, log = free_port(), tmp_path / f"{model.stem}-{ctx}-{slots}.log"
         # -lv 4: llama.cpp's own info lines, the cache's among them (Ollama starts it so too, for its accounting).
-        command = llama_server_command(port=port, slots=slots, ctx=ctx, extra=("-lv", "4"))
+        command = llama_server_command(port=port, slots=slots, ctx=ctx, extra=("-lv", "4", *extra))
         proc = stack.start("llama-server", command, log_path=log)
         try:
             wait_http(f"http://127.0.0.1:{port}/health", timeout_s=60, proc=proc)
@@ -79,7 +79,9 @@ def _logged(log: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     return kv, rs
 
 
-def _expected_lines(arch: ModelArchitecture, tokens: int, parallel: int) -> list[tuple[int, int, float]]:
+def _expected_lines(
+    arch: ModelArchitecture, tokens: int, parallel: int, cache_type: str = "f16"
+) -> list[tuple[int, int, float]]:
     """(cells per sequence, layers, bytes) for each KV cache llama.cpp makes: the full-attention one, then the
     sliding-window one (llama_kv_cache_iswa), for the layers that have attention."""
     lines = []
@@ -88,21 +90,23 @@ def _expected_lines(arch: ModelArchitecture, tokens: int, parallel: int) -> list
         if not layers:
             continue
         cells = decode.kv_cells(tokens, parallel=parallel, window=layers[0].window)
-        per_cell = sum(layer.kv_heads * (layer.key_dim + layer.value_dim) * 2 for layer in layers)
+        element = decode.KV_CACHE_TYPE_BYTES[cache_type]
+        per_cell = sum(layer.kv_heads * (layer.key_dim + layer.value_dim) * element for layer in layers)
         lines.append((cells, len(layers), float(cells * parallel * per_cell)))
     return lines
 
 
-def _check(model: Path, log: str, *, tokens: int, parallel: int) -> ModelArchitecture:
+def _check(model: Path, log: str, *, tokens: int, parallel: int, cache_type: str = "f16") -> ModelArchitecture:
     arch = architecture_from_metadata(read_metadata(model))
     kv, rs = _logged(log)
-    expected = _expected_lines(arch, tokens, parallel)
+    expected = _expected_lines(arch, tokens, parallel, cache_type)
     assert [(int(line["cells"]), int(line["layers"])) for line in kv] == [(c, n) for c, n, _ in expected]
     for line, (_, _, size) in zip(kv, expected, strict=True):
         assert (line["seqs"], line["streams"]) == (str(parallel), str(parallel))  # one stream per slot
         assert abs(float(line["mib"]) * MIB - size) <= PRINTED, (line, size / MIB)
     logged = sum(float(line["mib"]) for line in kv + rs) * MIB
-    allocated = decode.kv_allocated_bytes(arch, tokens, parallel=parallel)
+    assert {line["k_type"] for line in kv} <= {cache_type}
+    allocated = decode.kv_allocated_bytes(arch, tokens, cache_type, parallel=parallel)
     assert abs(allocated - logged) <= PRINTED * len(kv + rs), (allocated / MIB, logged / MIB)
     return arch
 
@@ -121,6 +125,13 @@ def test_qwen3_stated_head_size(tmp_path, serve):
     log = serve(model, ctx=4096, slots=2)
     arch = _check(model, log, tokens=2048, parallel=2)
     assert decode.kv_bytes_per_token(arch) == 3 * 2 * (48 + 48) * 2  # key_length, not 64 / 4
+
+
+def test_q8_0_cache_is_34_bytes_a_block_of_32(tmp_path, serve):
+    model = _model(tmp_path, "qwen3-q8", tiny_gguf.qwen3(layers=3, heads=4, kv_heads=2, head=64))
+    log = serve(model, ctx=8192, slots=1, extra=("-ctk", "q8_0", "-ctv", "q8_0"))
+    arch = _check(model, log, tokens=8192, parallel=1, cache_type="q8_0")
+    assert decode.kv_bytes_per_token(arch, "q8_0") == 3 * 2 * (64 + 64) * 34 / 32
 
 
 def test_gemma3_sliding_layers_hold_window_plus_batch_padded(tmp_path, serve):
