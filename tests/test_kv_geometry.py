@@ -53,6 +53,31 @@ def test_per_layer_head_count_kv_list_with_recurrent_layers():
     assert decode.kv_bytes_per_token(arch) == 2 * 8 * (128 + 128) * F16
 
 
+def test_recurrent_layers_as_llama_cpp_picks_them():
+    ssm = {"ssm.conv_kernel": 4, "ssm.inner_size": 256, "ssm.state_size": 16, "ssm.group_count": 1}
+    # nemotron-h: a block with neither KV heads nor a feed-forward is Mamba; one with a feed-forward only is an MLP.
+    arch = _arch("nemotron_h", block_count=4, embedding_length=128,
+                 **{"attention.head_count": 4, "attention.head_count_kv": [0, 2, 0, 0],
+                    "feed_forward_length": [0, 0, 512, 0], **ssm})  # fmt: skip
+    assert [(layer.kv_heads, bool(layer.state_bytes)) for layer in arch.layers] == [
+        (0, True),
+        (2, False),
+        (0, False),
+        (0, True),
+    ]
+    # qwen3.5 without full_attention_interval: llama.cpp's default of 4; attention.recurrent_layers overrides it.
+    qwen = {"attention.head_count": 4, "attention.head_count_kv": 2, **ssm}
+    assert [layer.kv_heads for layer in _arch("qwen35", block_count=4, embedding_length=128, **qwen).layers] == [
+        0,
+        0,
+        0,
+        2,
+    ]
+    listed = _arch("qwen35", block_count=4, embedding_length=128, **qwen,
+                   **{"attention.recurrent_layers": [True, False, True, False]})  # fmt: skip
+    assert [layer.kv_heads for layer in listed.layers] == [0, 2, 0, 2]
+
+
 def test_gemma3_slides_five_layers_of_six():
     arch = _arch("gemma3", block_count=26, embedding_length=1152, context_length=32768,
                  **{"attention.head_count": 4, "attention.head_count_kv": 1, "attention.key_length": 256,

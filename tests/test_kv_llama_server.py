@@ -167,3 +167,13 @@ def test_granite_hybrid_attention_layers_and_recurrent_state(tmp_path, serve):
     assert [int(line["cells"]) for line in rs] == [2]  # one state per slot (its "layers" counts every layer)
     state = sum(layer.state_bytes for layer in arch.layers) * 2
     assert abs(float(rs[0]["mib"]) * MIB - state) <= PRINTED
+
+
+def test_qwen35_attends_every_fourth_layer_by_default(tmp_path, serve):
+    model = _model(tmp_path, "qwen35", tiny_gguf.qwen35(layers=8))  # no full_attention_interval in the GGUF
+    log = serve(model, ctx=4096, slots=2)
+    arch = _check(model, log, tokens=2048, parallel=2)
+    assert [bool(layer.kv_heads) for layer in arch.layers] == [False, False, False, True] * 2
+    _, rs = _logged(log)
+    state = sum(layer.state_bytes for layer in arch.layers) * 2
+    assert [int(line["cells"]) for line in rs] == [2] and abs(float(rs[0]["mib"]) * MIB - state) <= PRINTED

@@ -223,3 +223,42 @@ def granitehybrid(kv_heads: list[int] | None = None, heads: int = 4) -> tuple[di
             }
         tensors |= _ffn(i)
     return meta, tensors
+
+
+def qwen35(layers: int = 8, heads: int = 4, kv_heads: int = 2, head: int = 32) -> tuple[dict, dict]:
+    """src/models/qwen35.cpp: Gated DeltaNet (recurrent) layers and, every fourth (llama.cpp's default when the GGUF
+    states no ``full_attention_interval``, as here), gated attention; dense feed-forward, post-attention norms."""
+    state, groups, v_heads, conv = 32, 2, 4, 4
+    key_dim, value_dim = state * groups, state * v_heads
+    meta = _base("qwen35", layers, **{
+        "attention.head_count": heads, "attention.head_count_kv": kv_heads, "attention.key_length": head,
+        "attention.value_length": head, "rope.dimension_count": 16, "rope.dimension_sections": [3, 3, 2, 0],
+        "ssm.conv_kernel": conv, "ssm.inner_size": value_dim, "ssm.state_size": state,
+        "ssm.time_step_rank": v_heads, "ssm.group_count": groups,
+    })  # fmt: skip
+    tensors = _top()
+    for i in range(layers):
+        tensors |= {f"blk.{i}.attn_norm.weight": (EMBD,), f"blk.{i}.post_attention_norm.weight": (EMBD,)}
+        if (i + 1) % 4 == 0:
+            tensors |= {
+                f"blk.{i}.attn_q.weight": (EMBD, heads * head * 2),  # the query and its gate
+                f"blk.{i}.attn_k.weight": (EMBD, kv_heads * head),
+                f"blk.{i}.attn_v.weight": (EMBD, kv_heads * head),
+                f"blk.{i}.attn_output.weight": (heads * head, EMBD),
+                f"blk.{i}.attn_q_norm.weight": (head,),
+                f"blk.{i}.attn_k_norm.weight": (head,),
+            }
+        else:
+            tensors |= {
+                f"blk.{i}.attn_qkv.weight": (EMBD, key_dim * 2 + value_dim),
+                f"blk.{i}.attn_gate.weight": (EMBD, value_dim),
+                f"blk.{i}.ssm_conv1d.weight": (conv, key_dim * 2 + value_dim),
+                f"blk.{i}.ssm_dt.bias": (v_heads,),
+                f"blk.{i}.ssm_a": (v_heads,),
+                f"blk.{i}.ssm_beta.weight": (EMBD, v_heads),
+                f"blk.{i}.ssm_alpha.weight": (EMBD, v_heads),
+                f"blk.{i}.ssm_norm.weight": (state,),
+                f"blk.{i}.ssm_out.weight": (value_dim, EMBD),
+            }
+        tensors |= {name: shape for name, shape in _ffn(i).items() if "ffn_norm" not in name}
+    return meta, tensors

@@ -10,8 +10,10 @@ The rules are llama.cpp's (``src/llama-model.cpp`` ``load_hparams``, ``src/llama
 - Head size: ``attention.key_length`` / ``value_length``, each by default ``embedding_length`` / the first layer's
   head count (the value size does not follow the key's); sliding-window layers take ``key_length_swa`` /
   ``value_length_swa`` where given.
-- ``full_attention_interval`` (qwen3next): only every n-th layer has attention; the rest are recurrent.
-- A recurrent-only architecture (mamba, rwkv) has no per-token cache at all.
+- Which layers are recurrent (no per-token cache; a state per sequence instead): those ``attention.recurrent_layers``
+  marks; else, where ``full_attention_interval`` is n (qwen3next and qwen3.5 say 4 when the GGUF does not), all
+  but every n-th; else, in nemotron-h, a layer with neither KV heads nor a feed-forward; else one with 0 KV heads.
+  A recurrent-only architecture (mamba, rwkv) has no per-token cache at all.
 - Sliding-window layers (``attention.sliding_window``) are chosen by ``attention.sliding_window_pattern`` (a list of
   booleans, or n: n-1 sliding then one full), else by the architecture's fixed pattern (gemma2 and gpt-oss every
   other layer, gemma3 five of six, cohere2 three of four). How many cells they hold: monitoring/decode.py.
@@ -28,6 +30,8 @@ from typing import Any
 from inference.backends.base import LayerKV
 
 RECURRENT_ONLY = frozenset({"mamba", "mamba2", "rwkv6", "rwkv6qwen2", "rwkv7", "arwkv7"})
+# llama.cpp's full_attention_interval where the GGUF states none: all layers but every n-th are recurrent.
+FULL_ATTENTION_INTERVAL = {"qwen3next": 4, "qwen35": 4, "qwen35moe": 4, "qwen4exp": 4}
 # n: in each run of n layers, the first n-1 slide and the last attends to everything.
 SLIDING_PATTERN = {"gemma2": 2, "gemma3": 6, "gpt-oss": 2, "gptoss": 2, "cohere2": 4}
 F32_BYTES = 4
@@ -51,6 +55,22 @@ def _sliding(meta: dict[str, Any], arch: str, layers: int) -> list[bool]:
     if not period:
         return [False] * layers
     return [i % period < period - 1 for i in range(layers)]
+
+
+def _recurrent(meta: dict[str, Any], arch: str, kv_heads: list[int]) -> list[bool]:
+    count = len(kv_heads)
+    listed = meta.get(f"{arch}.attention.recurrent_layers")
+    if isinstance(listed, list) and listed:
+        return [bool(listed[i]) if i < len(listed) else False for i in range(count)]
+    if arch in RECURRENT_ONLY:
+        return [True] * count
+    interval = int(meta.get(f"{arch}.full_attention_interval") or FULL_ATTENTION_INTERVAL.get(arch, 0))
+    if interval > 0:
+        return [(i + 1) % interval != 0 for i in range(count)]
+    if arch in ("nemotron_h", "nemotron_h_moe"):  # an MLP-only block has neither heads nor state
+        ff = _per_layer(meta.get(f"{arch}.feed_forward_length"), count, [0] * count)
+        return [n == 0 and ff[i] == 0 for i, n in enumerate(kv_heads)]
+    return [n == 0 for n in kv_heads]
 
 
 def _recurrent_state_bytes(meta: dict[str, Any], arch: str) -> int:
@@ -80,11 +100,8 @@ def layers_from_metadata(meta: dict[str, Any]) -> tuple[LayerKV, ...]:
     key_dim, value_dim = dim("attention.key_length", head_dim), dim("attention.value_length", head_dim)
     key_swa, value_swa = dim("attention.key_length_swa", key_dim), dim("attention.value_length_swa", value_dim)
     mla = bool(get("attention.key_length_mla"))
-    if arch in RECURRENT_ONLY:
-        kv_heads = [0] * count
-    interval = int(get("full_attention_interval") or 0)
-    if interval > 0:
-        kv_heads = [n if (i + 1) % interval == 0 else 0 for i, n in enumerate(kv_heads)]
+    recurrent = _recurrent(meta, arch, kv_heads)
+    kv_heads = [0 if recurrent[i] else n for i, n in enumerate(kv_heads)]
     window = int(get("attention.sliding_window") or 0)
     sliding = _sliding(meta, arch, count) if window else [False] * count
     state = _recurrent_state_bytes(meta, arch)
@@ -94,7 +111,7 @@ def layers_from_metadata(meta: dict[str, Any]) -> tuple[LayerKV, ...]:
             key_dim=key_swa if sliding[i] else key_dim,
             value_dim=0 if mla else (value_swa if sliding[i] else value_dim),
             window=window if sliding[i] else 0,
-            state_bytes=state if n == 0 else 0,
+            state_bytes=state if recurrent[i] else 0,
         )
         for i, n in enumerate(kv_heads)
     )
