@@ -143,6 +143,13 @@ def test_gemma3_sliding_layers_hold_window_plus_batch_padded(tmp_path, serve):
     assert decode.kv_cells(4096, parallel=2, window=128) == 768
 
 
+def test_gpt_oss_slides_every_other_layer(tmp_path, serve):
+    model = _model(tmp_path, "gpt-oss", tiny_gguf.gpt_oss(layers=4, window=128))
+    log = serve(model, ctx=8192, slots=2)
+    arch = _check(model, log, tokens=4096, parallel=2)
+    assert [layer.window for layer in arch.layers] == [128, 0, 128, 0]
+
+
 def test_deepseek2_mla_caches_k_only(tmp_path, serve):
     model = _model(tmp_path, "deepseek2-mla", tiny_gguf.deepseek2(layers=3, mla=True))
     log = serve(model, ctx=4096, slots=1)

@@ -262,3 +262,30 @@ def qwen35(layers: int = 8, heads: int = 4, kv_heads: int = 2, head: int = 32) -
             }
         tensors |= {name: shape for name, shape in _ffn(i).items() if "ffn_norm" not in name}
     return meta, tensors
+
+
+def gpt_oss(layers: int = 4, heads: int = 4, kv_heads: int = 2, head: int = 32, window: int = 128) -> tuple[dict, dict]:
+    """src/models/openai-moe.cpp (``gpt-oss``): every other layer slides, attention sinks, a mixture of experts (two
+    here, one used) with biases, and an output matrix of its own."""
+    experts = 2
+    meta = _base("gpt-oss", layers, **{
+        "attention.head_count": heads, "attention.head_count_kv": kv_heads, "attention.key_length": head,
+        "attention.value_length": head, "rope.dimension_count": head, "attention.sliding_window": window,
+        "expert_count": experts, "expert_used_count": 1, "expert_feed_forward_length": FF,
+    })  # fmt: skip
+    tensors = _top() | {"output.weight": (EMBD, VOCAB)}
+    for i in range(layers):
+        tensors |= _attention(i, heads, kv_heads, head, head) | {
+            f"blk.{i}.post_attention_norm.weight": (EMBD,),
+            f"blk.{i}.attn_output.bias": (EMBD,),
+            f"blk.{i}.attn_sinks.weight": (heads,),
+            f"blk.{i}.ffn_gate_inp.weight": (EMBD, experts),
+            f"blk.{i}.ffn_gate_inp.bias": (experts,),
+            f"blk.{i}.ffn_gate_exps.weight": (EMBD, FF, experts),
+            f"blk.{i}.ffn_gate_exps.bias": (FF, experts),
+            f"blk.{i}.ffn_down_exps.weight": (FF, EMBD, experts),
+            f"blk.{i}.ffn_down_exps.bias": (EMBD, experts),
+            f"blk.{i}.ffn_up_exps.weight": (EMBD, FF, experts),
+            f"blk.{i}.ffn_up_exps.bias": (FF, experts),
+        }
+    return meta, tensors
