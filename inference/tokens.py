@@ -14,3 +14,20 @@ def estimate_tokens(text: str) -> int:
 def estimate_prompt_tokens(messages: Iterable[Mapping[str, str]]) -> int:
     """Estimated prompt size: each message's text plus a few tokens of chat template around it."""
     return sum(estimate_tokens(m.get("content", "")) + 4 for m in messages) + 2
+
+
+# Ollama drops the oldest messages to fit its context window (num_ctx) and says nothing: all that shows is a prompt
+# count (prompt_eval_count) well under what was sent. The estimate is rough (about 4 characters a token; a real
+# tokenizer reads English at 4 to 5), so "clearly" leaves room for it.
+TRUNCATED_UNDER_WINDOW = 0.75  # the window is known and the estimate is over it: read under 3/4 of the estimate
+TRUNCATED_UNKNOWN_WINDOW = 0.5  # no window known: read under half the estimate
+
+
+def history_truncated(*, sent_estimate: int, read: int | None, window: int | None) -> bool:
+    """Whether the backend read clearly less of the prompt than was sent (its count ``read`` against the estimate of
+    what was sent); with the window known, only a prompt estimated over it can have been cut."""
+    if read is None:
+        return False
+    if window:
+        return sent_estimate > window and read < sent_estimate * TRUNCATED_UNDER_WINDOW
+    return read < sent_estimate * TRUNCATED_UNKNOWN_WINDOW

@@ -214,7 +214,7 @@ class RigSampler:
             # /api/ps's context_length is one sequence's (num_ctx); the runner holds it for each of
             # OLLAMA_NUM_PARALLEL sequences, which the rig's slots stand for.
             allocated = (
-                decode.kv_bytes(arch, model.context_length, self.kv_cache_type, parallel=self.rig.slots or 1)
+                decode.kv_allocated_bytes(arch, model.context_length, self.kv_cache_type, parallel=self.rig.slots or 1)
                 if arch and model.context_length
                 else None
             )
@@ -302,8 +302,11 @@ class RigSampler:
             slot["fill"] = slot["context_tokens"] / slot["n_ctx"] if slot["n_ctx"] else None
         series["kv_bytes_per_token"] = per_token
         series["kv_used_bytes"] = sum(slot["kv_bytes"] for slot in slots)
-        series["kv_allocated_bytes"] = sum(
-            decode.kv_bytes(self.arch, slot["n_ctx"], self.kv_cache_type) for slot in slots
+        # Each slot's n_ctx is its sequence's share of -c, already padded as llama.cpp allocates it.
+        series["kv_allocated_bytes"] = (
+            decode.kv_allocated_bytes(self.arch, slots[0]["n_ctx"], self.kv_cache_type, parallel=len(slots))
+            if slots
+            else 0.0
         )
         series["context_tokens"] = float(sum(slot["context_tokens"] for slot in slots))
         detail["kv"] = {"cache_type": self.kv_cache_type, "arch": _arch_summary(self.arch), "params": self.params}

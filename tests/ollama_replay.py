@@ -34,10 +34,11 @@ streamResponse sends a runner's failure). ``closed_early`` records each chat str
 end.
 
 Differences from the real server (what the tests cannot rely on here):
-- Replies are fixed words, not a model's; a token is one word, one line; the prompt's count is a word count.
+- Replies are fixed words, not a model's; a token is one word, one line; the prompt's count is a word count (+ 4 a
+  message), cut to the loaded context as Ollama cuts a chat's history, silently (``chat_prompt_tokens``).
 - No memory or GPU: ``size_vram`` is 0, loading never fails for memory unless told to (``fail_message``), and the
   context a model loads with is the request's ``num_ctx`` or 4096 (the real default depends on VRAM: 4k, 32k or
-  256k tokens, or OLLAMA_CONTEXT_LENGTH), never capped by the model's trained length.
+  256k tokens, or OLLAMA_CONTEXT_LENGTH), capped at the model's trained length as Ollama caps it.
 - One model runs at a time per request thread, with no queue: OLLAMA_NUM_PARALLEL and OLLAMA_MAX_QUEUE are not
   modelled (no 503 ``server busy`` unless ``fail_status`` says so); ``keep_alive`` is honoured only by ``/api/ps``.
 - ``/api/show`` has no ``tensors``, ``projector_info`` or ``template`` worth reading; ``/api/pull`` has no
@@ -147,6 +148,27 @@ def _blank_long_lists(info: dict[str, Any]) -> dict[str, Any]:
 
 def _now() -> str:
     return datetime.now(UTC).isoformat().replace("+00:00", "Z")
+
+
+NUM_KEEP = 4  # api.DefaultOptions NumKeep
+
+
+def chat_prompt_tokens(messages: list[dict[str, Any]], num_ctx: int, *, truncate: bool = True) -> int:
+    """The prompt's size as Ollama reads it (its prompt_eval_count), cut as server/prompt.go ``chatPrompt`` cuts it:
+    drop messages from the front, keeping the system messages among them, until the rest fits ``num_ctx``; the
+    last message always stays. If it alone is over, llama-server's context shift keeps ``num_keep`` and about half
+    of the rest (llm/llama_server.go ``contextShiftPromptLimit``). A message is its word count + 4 tokens here."""
+    sizes = [len(str(m.get("content", "")).split()) + 4 for m in messages]
+    total = sum(sizes)
+    if not truncate:
+        return total
+    for start in range(len(messages)):
+        kept_system = sum(size for size, m in zip(sizes[:start], messages, strict=False) if m.get("role") == "system")
+        total = kept_system + sum(sizes[start:])
+        if total <= num_ctx:
+            return total
+    keep = min(NUM_KEEP + 1, num_ctx - 1)  # num_keep and the BOS token
+    return min(total, num_ctx - max((num_ctx - keep) // 2, 1))
 
 
 @dataclass
@@ -429,6 +451,10 @@ class ReplayHandler(BaseHTTPRequestHandler):
         started = time.perf_counter_ns()
         keep_alive_s = self._keep_alive_s(body)
         context = int((body.get("options") or {}).get("num_ctx") or 4096)
+        arch = model.model_info.get("general.architecture")
+        trained = model.model_info.get(f"{arch}.context_length")
+        if trained and context > trained:  # llm/server.go NewLlamaServer: num_ctx no more than the trained length
+            context = int(trained)
         if keep_alive_s == 0:
             deadline = time.monotonic() + 60
             while self.state.running.get(model.name) and time.monotonic() < deadline:
@@ -479,6 +505,11 @@ class ReplayHandler(BaseHTTPRequestHandler):
             return []
         return [("" if i == 0 else " ") + WORDS[(i + 5) % len(WORDS)] for i in range(self.state.thinking_tokens)]
 
+    def _context(self, model: ReplayModel) -> int:
+        with self.state.lock:
+            loaded = self.state.loaded.get(model.name)
+        return loaded.context_length if loaded else 4096
+
     def _chat_stream(self, model: ReplayModel, body: dict[str, Any], messages: list[dict[str, Any]]) -> None:
         state = self.state
         started = time.perf_counter_ns()
@@ -491,7 +522,7 @@ class ReplayHandler(BaseHTTPRequestHandler):
             thoughts = thoughts[:limit]
         planned = max(0, (budget if limit < 0 else min(limit, budget)) - len(thoughts))
         reason = "length" if 0 <= limit <= budget else "stop"
-        prompt_tokens = sum(len(str(m.get("content", "")).split()) + 4 for m in messages)
+        prompt_tokens = chat_prompt_tokens(messages, self._context(model), truncate=body.get("truncate") is not False)
         prompt_started = time.perf_counter_ns()
         time.sleep(0.002)  # "prompt processing"
         prompt_ns = time.perf_counter_ns() - prompt_started

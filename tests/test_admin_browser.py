@@ -10,11 +10,13 @@ from typing import Any
 
 import pytest
 from django.db import connection
+from django.utils import timezone
 
-from inference.models import AuditLog, Turn
+from inference.models import AuditLog, Rig, Turn
 from inference.turns import submit
-from tests.adminkit import make_session
+from tests.adminkit import make_session, quiet
 from tests.conftest import wait_until
+from tests.ollama_replay import ollama_fixture  # noqa: F401  (the ``ollama`` fixture)
 from tests.test_browser import CHROMIUM, SHOT_DIR, login
 
 pytestmark = [pytest.mark.browser, pytest.mark.llama, pytest.mark.django_db(transaction=True)]
@@ -155,3 +157,26 @@ def test_usage_page_draws_plotly_charts_under_the_csp(chromium, web_url, owner, 
     # 'self' refuses (harmless: it only decides an image format for maps). Nothing else may be refused.
     refused = [e for e in page.console_errors if "Failed to load resource" not in e and "img-src" not in e]
     assert refused == [], refused
+
+
+def test_an_ollama_history_cut_reads_on_the_chat_and_the_board(chromium, web_url, owner, admin_user, ollama):
+    rig = quiet(Rig.objects.create(name="ollama-ui", kind=Rig.Kind.OLLAMA, base_url=ollama.url, queue="q4"))
+    session = make_session(owner, rig, "smollm2:135m")
+    now = timezone.now()
+    cut = {"sent_estimate": 612, "read": 22, "window": 256, "<img src=x onerror=alert(1)>": 1}
+    Turn.objects.create(session=session, user_text="And then?", reply_text="the keeper", status=Turn.Status.DONE,
+                        started_at=now, finished_at=now, output_tokens=2, prompt_tokens=22,
+                        stats={"history_truncated": cut, "context_limit": 256})  # fmt: skip
+    chat = _page(chromium)
+    login(chat, web_url, "owner")
+    chat.goto(f"{web_url}/sessions/{session.pk}/")
+    stats = chat.locator("[data-testid=stats]").last
+    stats.wait_for()
+    assert "⚠ history cut: the model read 22 of about 612 prompt tokens" in stats.inner_text()
+    board = _page(chromium)
+    login(board, web_url, "admin")
+    board.goto(f"{web_url}/board/")
+    warn = board.locator("[data-testid=history-cut]").first
+    warn.wait_for()
+    assert "history cut" in warn.inner_text() and "older messages were dropped" in warn.get_attribute("title")
+    assert not chat.errors and not board.errors and not chat.console_errors and not board.console_errors

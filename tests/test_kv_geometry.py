@@ -6,8 +6,6 @@ Ollama's /api/show runs against the replay (tests/ollama_replay.py), which blank
 from __future__ import annotations
 
 import asyncio
-import struct
-from pathlib import Path
 
 import pytest
 
@@ -15,6 +13,7 @@ from inference.backends.gguf import architecture_from_metadata, read_metadata
 from inference.backends.ollama import OllamaBackend
 from monitoring import decode
 from tests.ollama_replay import ReplayModel, ollama_fixture  # noqa: F401  (the ``ollama`` fixture)
+from tests.tiny_gguf import write_gguf
 
 F16 = 2
 
@@ -54,6 +53,31 @@ def test_per_layer_head_count_kv_list_with_recurrent_layers():
     assert decode.kv_bytes_per_token(arch) == 2 * 8 * (128 + 128) * F16
 
 
+def test_recurrent_layers_as_llama_cpp_picks_them():
+    ssm = {"ssm.conv_kernel": 4, "ssm.inner_size": 256, "ssm.state_size": 16, "ssm.group_count": 1}
+    # nemotron-h: a block with neither KV heads nor a feed-forward is Mamba; one with a feed-forward only is an MLP.
+    arch = _arch("nemotron_h", block_count=4, embedding_length=128,
+                 **{"attention.head_count": 4, "attention.head_count_kv": [0, 2, 0, 0],
+                    "feed_forward_length": [0, 0, 512, 0], **ssm})  # fmt: skip
+    assert [(layer.kv_heads, bool(layer.state_bytes)) for layer in arch.layers] == [
+        (0, True),
+        (2, False),
+        (0, False),
+        (0, True),
+    ]
+    # qwen3.5 without full_attention_interval: llama.cpp's default of 4; attention.recurrent_layers overrides it.
+    qwen = {"attention.head_count": 4, "attention.head_count_kv": 2, **ssm}
+    assert [layer.kv_heads for layer in _arch("qwen35", block_count=4, embedding_length=128, **qwen).layers] == [
+        0,
+        0,
+        0,
+        2,
+    ]
+    listed = _arch("qwen35", block_count=4, embedding_length=128, **qwen,
+                   **{"attention.recurrent_layers": [True, False, True, False]})  # fmt: skip
+    assert [layer.kv_heads for layer in listed.layers] == [0, 2, 0, 2]
+
+
 def test_gemma3_slides_five_layers_of_six():
     arch = _arch("gemma3", block_count=26, embedding_length=1152, context_length=32768,
                  **{"attention.head_count": 4, "attention.head_count_kv": 1, "attention.key_length": 256,
@@ -77,14 +101,31 @@ def test_gpt_oss_alternates_sliding_and_full_layers():
     assert decode.kv_bytes(arch, 8192, parallel=2) == 12 * layer * 8192 * 2 + 12 * layer * (128 * 2 + 512)
 
 
-def test_deepseek2_mla_caches_one_compressed_head():
-    # DeepSeek-V2-Lite: 27 layers, kv_lora_rank 512, rope 64; an older conversion states 16 KV heads of 192 + 128.
-    keys = {"attention.head_count": 16, "attention.head_count_kv": 16, "attention.key_length": 192,
-            "attention.value_length": 128, "attention.kv_lora_rank": 512, "rope.dimension_count": 64}  # fmt: skip
+def test_deepseek2_mla_caches_one_compressed_head_k_only():
+    # DeepSeek-V2-Lite as current conversions write it: one KV head of kv_lora_rank 512 + rope 64 (key_length), the
+    # decompressed head sizes under *_mla. llama.cpp caches K only; V is a view of it.
+    keys = {"attention.head_count": 16, "attention.head_count_kv": 1, "attention.key_length": 576,
+            "attention.value_length": 512, "attention.key_length_mla": 192, "attention.value_length_mla": 128,
+            "attention.kv_lora_rank": 512, "rope.dimension_count": 64}  # fmt: skip
     arch = _arch("deepseek2", block_count=27, embedding_length=2048, **keys)
-    assert decode.kv_bytes_per_token(arch) == 27 * 1 * ((512 + 64) + 512) * F16 == 58_752
-    naive = 27 * 16 * (192 + 128) * F16
-    assert naive / decode.kv_bytes_per_token(arch) > 4
+    assert decode.kv_bytes_per_token(arch) == 27 * 1 * (512 + 64) * F16 == 31_104
+    # An older conversion (no *_mla keys) states 16 heads of 192 + 128, and llama.cpp caches them as stated.
+    old = {"attention.head_count": 16, "attention.head_count_kv": 16, "attention.key_length": 192,
+           "attention.value_length": 128, "attention.kv_lora_rank": 512, "rope.dimension_count": 64}  # fmt: skip
+    naive = decode.kv_bytes_per_token(_arch("deepseek2", block_count=27, embedding_length=2048, **old))
+    assert naive == 27 * 16 * (192 + 128) * F16 and naive / decode.kv_bytes_per_token(arch) > 8
+
+
+def test_allocation_is_padded_as_llama_cpp_pads_it():
+    # gpt-oss-20b's geometry, num_ctx 8192 x 2 sequences (Ollama starts llama-server with -c 16384 -np 2).
+    arch = _arch("gpt-oss", block_count=24, embedding_length=2880,
+                 **{"attention.head_count": 64, "attention.head_count_kv": 8, "attention.key_length": 64,
+                    "attention.value_length": 64, "attention.sliding_window": 128})  # fmt: skip
+    layer = 8 * (64 + 64) * F16
+    assert decode.kv_cells(8192, parallel=2, window=128) == 768  # 128 + 512, padded to 256
+    assert decode.kv_allocated_bytes(arch, 8192, parallel=2) == 12 * layer * 8192 * 2 + 12 * layer * 768 * 2
+    assert decode.kv_cells(1000, parallel=3) == 1024  # -c 3000 -np 3: 3072 / 3
+    assert decode.kv_cells(100) == 256 and decode.kv_cells(100, window=128) == 256  # the batch is no larger than -c
 
 
 def test_mamba_has_no_per_token_cache():
@@ -94,10 +135,16 @@ def test_mamba_has_no_per_token_cache():
     assert decode.kv_bytes(arch, 100_000) == decode.kv_bytes(arch, 10) == 24 * (3 * 1536 + 16 * 1536) * 4
 
 
-def test_ollama_kv_cache_types_apply_only_with_flash_attention():
-    assert decode.ollama_kv_cache_type("q8_0", flash_attention=True) == "q8_0"
-    assert decode.ollama_kv_cache_type("q8_0", flash_attention=False) == "f16"
-    assert decode.ollama_kv_cache_type("q5_1", flash_attention=True) == "f16"  # not one Ollama applies
+def test_ollama_passes_its_kv_cache_type_to_llama_server():
+    # v0.30+: OLLAMA_KV_CACHE_TYPE goes to llama-server as is; flash attention "auto" is turned on for a quantized V.
+    assert decode.ollama_kv_cache_type("") == "f16"
+    assert decode.ollama_kv_cache_type("Q8_0") == "q8_0"
+    assert decode.ollama_kv_cache_type("q5_1", flash_attention=True) == "q5_1"
+    assert decode.ollama_kv_cache_type("f16", flash_attention=False) == "f16"
+    with pytest.raises(ValueError, match="needs flash attention"):
+        decode.ollama_kv_cache_type("q8_0", flash_attention=False)
+    with pytest.raises(ValueError, match="unknown KV cache type"):
+        decode.ollama_kv_cache_type("q3_k")
 
 
 def test_ollama_show_is_asked_again_verbose_when_lists_are_blanked(ollama):
@@ -113,27 +160,9 @@ def test_ollama_show_is_asked_again_verbose_when_lists_are_blanked(ollama):
     assert [bool(body.get("verbose")) for body in shows] == [False, True]
 
 
-def _gguf(path: Path, meta: dict[str, object]) -> None:
-    """A GGUF file with metadata and no tensors (the reader reads only the header)."""
-
-    def string(value: str) -> bytes:
-        return struct.pack("<Q", len(value.encode())) + value.encode()
-
-    out = b"GGUF" + struct.pack("<IQQ", 3, 0, len(meta))
-    for key, value in meta.items():
-        out += string(key)
-        if isinstance(value, str):
-            out += struct.pack("<I", 8) + string(value)
-        elif isinstance(value, list):
-            out += struct.pack("<IIQ", 9, 4, len(value)) + b"".join(struct.pack("<I", v) for v in value)
-        else:
-            out += struct.pack("<II", 4, value)
-    path.write_bytes(out)
-
-
 def test_gguf_per_layer_arrays_are_read(tmp_path):
     path = tmp_path / "hybrid.gguf"
-    _gguf(path, {"general.architecture": "jamba", "jamba.block_count": 4, "jamba.embedding_length": 256,
+    write_gguf(path, {"general.architecture": "jamba", "jamba.block_count": 4, "jamba.embedding_length": 256,
                  "jamba.attention.head_count": 4, "jamba.attention.head_count_kv": [0, 2, 0, 0],
                  "tokenizer.ggml.token_type": [1, 1, 1]})  # fmt: skip
     meta = read_metadata(path)

@@ -26,7 +26,7 @@ from django.utils import timezone
 
 from inference.db import lock_rows
 from inference.errors import QuotaExceeded
-from inference.models import ChatSession, Quota, Turn
+from inference.models import ChatSession, Quota, Rig, Turn
 from inference.tokens import estimate_prompt_tokens, estimate_tokens
 
 LIMIT_NAMES = {
@@ -131,9 +131,23 @@ def usage_today(user_id: int, *, now: datetime | None = None, exclude_turn: int 
     return DailyUsage(output_tokens=used, reserved_tokens=reserved, active_turns=active)
 
 
-def session_prompt_estimate(session: ChatSession, new_text: str) -> int:
-    """The next prompt's size: the last measured prompt plus what was said since, or an estimate of it all."""
+def ollama_window(session: ChatSession, turns: list[Turn], num_ctx: int | None) -> int | None:
+    """The context window an Ollama rig reads this chat's next prompt in, where known: the turn's ``num_ctx`` (Ollama
+    loads the model with it), else the one the chat's last turn ran with (its stats' ``context_limit``, from
+    /api/ps). None on llama-server, whose over-long prompt fails rather than being cut."""
+    if session.rig.kind != Rig.Kind.OLLAMA:
+        return None
+    if num_ctx:
+        return int(num_ctx)
+    return next((int(t.stats["context_limit"]) for t in reversed(turns) if (t.stats or {}).get("context_limit")), None)
+
+
+def session_prompt_estimate(session: ChatSession, new_text: str, *, num_ctx: int | None = None) -> int:
+    """The next prompt's size: the last measured prompt plus what was said since, or an estimate of it all. On an
+    Ollama rig with a known window, no more than the window: Ollama drops the oldest messages to fit it
+    (server/prompt.go chatPrompt), so that is all the model reads."""
     turns = list(session.turns.order_by("created_at", "id"))
+    window = ollama_window(session, turns, num_ctx)
     measured = [i for i, t in enumerate(turns) if t.prompt_tokens is not None]
     base, rest = 0, turns
     if measured:
@@ -142,7 +156,8 @@ def session_prompt_estimate(session: ChatSession, new_text: str) -> int:
         rest = turns[measured[-1] + 1 :]
     said = [m for t in rest for m in t.as_history_messages()] + [{"role": "user", "content": new_text}]
     messages = [*session.context_messages, *said] if not measured else said
-    return base + estimate_prompt_tokens(messages)
+    estimate = base + estimate_prompt_tokens(messages)
+    return min(estimate, window) if window else estimate
 
 
 # Checks ------------------------------------------------------------------------------------------------
@@ -191,7 +206,8 @@ def quota_check_submit(
         raise QuotaExceeded(
             "max_tokens_per_reply", f"max_tokens {params['max_tokens']} is over your limit of {per_reply} per reply."
         )
-    context_check(prompt_tokens=session_prompt_estimate(session, text), limit=limits.max_context_tokens, estimated=True)
+    estimate = session_prompt_estimate(session, text, num_ctx=params.get("num_ctx"))
+    context_check(prompt_tokens=estimate, limit=limits.max_context_tokens, estimated=True)
 
 
 @dataclass(frozen=True)

@@ -55,6 +55,7 @@ def board_row(turn: Turn, *, position: int | None, progress: Mapping[str, Any] |
         "decode_tps": decode_tps,
         "prompt_tokens": prompt_tokens,
         **live_progress.context_fill(prompt_tokens, tokens, n_ctx),
+        "history_truncated": stats.get("history_truncated"),  # the backend read less of the prompt than was sent
         "created_at": _iso(turn.created_at),
         "started_at": _iso(turn.started_at),
         "finished_at": _iso(turn.finished_at),

@@ -12,7 +12,7 @@ from django.db import IntegrityError, transaction
 from inference.errors import InvalidInput
 from inference.live import progress
 from inference.live import state as live
-from inference.models import ChatPreset, ChatSession, Turn
+from inference.models import ChatPreset, ChatSession, Rig, Turn
 from inference.queue import dispatch
 from inference.turns import params as chat_settings
 
@@ -63,7 +63,9 @@ def _forget_live(turn_ids: list[int], running: list[int]) -> None:
 
 def session_settings_save(*, session: ChatSession, values: Any) -> ChatSession:
     """Store a chat's settings (checked first; a refusal stores nothing). New turns use them."""
-    session.settings = chat_settings.params_validate(values)
+    clean = chat_settings.params_validate(values)
+    chat_settings.rig_settings_check(clean, ollama=session.rig.kind == Rig.Kind.OLLAMA)
+    session.settings = clean
     session.save(update_fields=["settings", "updated_at"])
     return session
 
@@ -82,7 +84,8 @@ def preset_save(*, owner: AbstractBaseUser | AnonymousUser, name: Any, values: A
 
 
 def preset_apply(*, session: ChatSession, preset: ChatPreset) -> ChatSession:
-    return session_settings_save(session=session, values=preset.settings)
+    ollama = session.rig.kind == Rig.Kind.OLLAMA
+    return session_settings_save(session=session, values=chat_settings.rig_settings(preset.settings, ollama=ollama))
 
 
 def preset_delete(*, preset: ChatPreset) -> None:

@@ -40,6 +40,7 @@ from inference.live.progress import ProgressReporter
 from inference.live.state import LiveList
 from inference.models import Turn
 from inference.queue import quotas
+from inference.tokens import estimate_prompt_tokens, history_truncated
 from inference.turns import lifecycle
 from inference.worker.loop import link_for_loop
 from inference.worker.pace import FlushPace, StreamMeter, pace_for_loop
@@ -378,10 +379,21 @@ async def stream_turn(
             **state.meter.final_stats(final.stats if final else None),
             "context_tokens": state.context_tokens,
             "context_limit": state.context_window,
+            **_history_cut(state, request),
             **({"error_detail": detail} if detail else {}),
         },
         error=error,
     )
+
+
+def _history_cut(state: TurnStream, request: ChatRequest) -> dict[str, Any]:
+    """``history_truncated`` when the backend read clearly less of the prompt than was sent: Ollama cuts the oldest
+    messages to fit its window without a word (server/prompt.go chatPrompt); the chat and the board show it."""
+    sent = estimate_prompt_tokens(request.messages)
+    read, window = state.backend_prompt_tokens, state.context_window
+    if not history_truncated(sent_estimate=sent, read=read, window=window):
+        return {}
+    return {"history_truncated": {"sent_estimate": sent, "read": read, "window": window}}
 
 
 async def _watch(state: TurnStream, reader: asyncio.Task[StreamChunk], conf: RigDashConfig) -> StreamChunk:

@@ -52,6 +52,15 @@
       bar.appendChild(inner);
       td.appendChild(bar);
     }
+    const cut = window.RigDashStats ? window.RigDashStats.truncationText(d.history_truncated) : "";
+    if (cut) {
+      const warn = document.createElement("span");
+      warn.className = "history-cut";
+      warn.dataset.testid = "history-cut";
+      warn.textContent = " ⚠ history cut";
+      warn.title = cut;
+      td.appendChild(warn);
+    }
   }
 
   function started(d) {

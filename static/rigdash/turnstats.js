@@ -7,6 +7,18 @@
     return value === null || value === undefined ? "–" : Number(value).toFixed(digits);
   }
 
+  // The backend read clearly less of the prompt than was sent: Ollama dropped the oldest messages to fit its
+  // context window, without saying so (stats.history_truncated, set by the worker).
+  function truncationText(cut) {
+    if (!cut || typeof cut !== "object") return "";
+    const read = Number(cut.read);
+    const sent = Number(cut.sent_estimate);
+    if (!Number.isFinite(read) || !Number.isFinite(sent)) return "";
+    const size = Number(cut.window);
+    const within = Number.isFinite(size) && size > 0 ? ` to fit its ${size}-token context` : "";
+    return `⚠ history cut: the model read ${read} of about ${sent} prompt tokens; older messages were dropped${within}`;
+  }
+
   function statsText(t) {
     const s = t.stats || {};
     const parts = [];
@@ -25,10 +37,12 @@
     if (window.RigDashThinking) parts.push(...window.RigDashThinking.statsParts(s));
     if (s.prompt_tokens !== undefined && s.prompt_tokens !== null) parts.push(`prompt ${s.prompt_tokens} tok in ${fmt(s.prompt_ms, 0)} ms`);
     if (s.context_tokens && s.context_limit) parts.push(`context ${s.context_tokens} / ${s.context_limit}`);
+    const cut = truncationText(s.history_truncated);
+    if (cut) parts.push(cut);
     const timings = s.backend_timings || {};
     if (timings.draft_n > 0) parts.push(`drafts ${fmt((100 * timings.draft_n_accepted) / timings.draft_n, 0)} % accepted (${timings.draft_n_accepted} / ${timings.draft_n})`);
     return parts.join(" · ");
   }
 
-  window.RigDashStats = { statsText };
+  window.RigDashStats = { statsText, truncationText };
 })();
