@@ -14,7 +14,7 @@ one write (an event loop cannot sleep the 0.5 ms between tokens of a 2,000 token
 arrive coalesced by TCP the same way). A stream more than ``CATCH_UP_S`` behind its schedule goes on from now
 rather than burst, so a starved source shows a lower rate of its own (its ``timings``: ``predicted_per_second``
 = (n - 1) / (t_last - t_first) at emission). ``GET /_synthetic/streams`` returns each stream's emission times
-on that port and forgets them.
+on that port and forgets them; ``GET /_synthetic/requests`` the requests it answered per path since the last ask.
 
 Run: ``python -m bench.synthetic --port P`` (``--ports N`` serves P..P+N-1, or ``--ports-file F`` free ports
 written one a line to F).
@@ -74,7 +74,7 @@ WORDS = [
     "midway",
 ]
 CATCH_UP_S = 0.02  # a stream further behind its schedule than this goes on from now (a starved source)
-N_CTX_PER_SLOT = 4096
+N_CTX_PER_SLOT = 32768
 MODEL = "synthetic"
 
 
@@ -123,6 +123,7 @@ class Server:
     tokens_predicted_total: int = 0
     requests_deferred: int = 0
     free: asyncio.Condition | None = None
+    requests: dict[str, int] = field(default_factory=dict)  # path -> how many since the last /_synthetic/requests
 
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
@@ -138,7 +139,13 @@ class Server:
 
     async def route(self, request: Request, writer: asyncio.StreamWriter) -> None:
         path = request.target.split("?", 1)[0]
-        if path == "/_synthetic/streams":
+        if not path.startswith("/_synthetic/"):
+            self.requests[path] = self.requests.get(path, 0) + 1
+        if path == "/_synthetic/requests":
+            counts = dict(self.requests)
+            self.requests.clear()
+            writer.write(json_response(200, counts))
+        elif path == "/_synthetic/streams":
             streams = list(self.streams)
             self.streams.clear()
             writer.write(json_response(200, streams))
@@ -151,11 +158,11 @@ class Server:
         elif path == "/slots":
             writer.write(json_response(200, self.slot_list()))
         elif path == "/metrics":
-            body = self.metrics().encode()
+            text = self.metrics().encode()
             writer.write(
                 b"HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\n"
-                + f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode()
-                + body
+                + f"Content-Length: {len(text)}\r\nConnection: close\r\n\r\n".encode()
+                + text
             )
         elif request.method == "POST" and path in ("/v1/chat/completions", "/chat/completions"):
             body = request.json() or {}
