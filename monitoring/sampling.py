@@ -6,6 +6,7 @@ and the others still count. Nothing here writes: ``monitoring.services`` stores 
 
 from __future__ import annotations
 
+import asyncio
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -15,6 +16,7 @@ from channels.db import database_sync_to_async
 
 from inference.backends import backend_for
 from inference.backends.base import BackendError, ModelArchitecture
+from inference.live import served
 from inference.live import state as live
 from inference.models import Rig
 from inference.turns import selectors as turn_selectors
@@ -62,6 +64,7 @@ class RigSampler:
     ollama_arch: dict[str, ModelArchitecture | None] = field(default_factory=dict)
     metrics: dict[str, float] = field(default_factory=dict)
     metrics_at: float = 0.0
+    served_at: float = 0.0
 
     def __post_init__(self) -> None:
         if self.local_host is None:
@@ -72,6 +75,20 @@ class RigSampler:
         sample = await self.read()
         await database_sync_to_async(self.complete)(sample)
         return sample
+
+    async def keep_served_models(self, sample: Sample) -> None:
+        """Every ``served.REFRESH_S``, while the backend answers, keep the rig's model list for the pages that list the
+        rigs (inference/live/served.py), so that they need not ask the backend."""
+        if sample.ts - self.served_at < served.REFRESH_S or not sample.detail.get("sources", {}).get("backend", {}).get(
+            "ok"
+        ):
+            return
+        self.served_at = sample.ts
+        try:
+            models = await backend_for(self.rig, timeout_s=0.8).list_models()
+        except BackendError:
+            return
+        await asyncio.to_thread(served.served_store, self.rig.pk, models)
 
     async def read(self) -> Sample:
         """What the backend and the host say: everything but RigDash's own queue and turns."""
