@@ -28,8 +28,9 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import psutil
 
-from bench import stats
+from bench import procstat, stats
 from bench.httpstream import chat_payload, direct_chat
 from bench.rigclient import Tab, TurnWatch, run_turn
 from bench.stack import BenchStack
@@ -228,9 +229,19 @@ class Pool:
         self.passive, self.tabs = [], []
 
 
-def cpu_of(stack: BenchStack, names: Sequence[str]) -> float:
-    cpu = stack.cpu()
-    return sum(cpu.get(name, 0.0) for name in names)
+def run_waits(stack: BenchStack) -> dict[str, float]:
+    """Seconds each RigDash process tree's threads have waited, runnable, for a core (bench/procstat.py): on this
+    shared machine, how much of a lag is other programs holding the cores."""
+    out: dict[str, float] = {}
+    for role, pid in stack.pids.items():
+        if role in ("redis", "synthetic"):
+            continue
+        try:
+            pids = [pid, *(child.pid for child in psutil.Process(pid).children(recursive=True))]
+        except psutil.Error:
+            continue
+        out[role] = sum(procstat.run_delay_s(p) for p in pids)
+    return out
 
 
 # --- part 3: many rigs ---------------------------------------------------------------------------------------
@@ -409,15 +420,19 @@ async def stream_turns(
     watching = [[await pool.tab(s) for _ in range(watchers)] for s in sessions]
     prompts = [f"[synthetic rate={rate} tokens={tokens} ttft=20] {tag}-{i}" for i in range(len(sessions))]
     emissions(stack.ports["synthetic"])  # forget earlier streams
-    cpu0, t0 = stack.cpu(), time.monotonic()
+    cpu0, wait0, steal0, t0 = stack.cpu(), run_waits(stack), procstat.steal_s(), time.monotonic()
     results = await asyncio.gather(
         *(run_turn(s, w, p, {"max_tokens": tokens}, timeout_s=120 + 3 * tokens / rate)
           for s, w, p in zip(senders, watching, prompts, strict=True))
     )  # fmt: skip
-    wall, cpu1 = time.monotonic() - t0, stack.cpu()
+    wall, cpu1, wait1, steal1 = time.monotonic() - t0, stack.cpu(), run_waits(stack), procstat.steal_s()
     sources = emissions(stack.ports["synthetic"])
     seen = Seen()
-    counts = {"frames": 0, "batches": 0}
+    counts: dict[str, Any] = {"frames": 0, "batches": 0}
+    counts["waited_for_a_core_ms_per_s"] = {
+        role: round(1000 * (wait1[role] - wait0.get(role, 0.0)) / wall, 1) for role in wait1
+    }
+    counts["steal_share"] = stats.steal_share(steal1 - steal0, wall, os.cpu_count() or 1)
     for prompt, (mine, others) in zip(prompts, results, strict=True):
         counts["batches"] += len(mine.batches)
         for watch in [mine, *others]:
@@ -482,6 +497,8 @@ async def part_viewers(stack: BenchStack, prepared: dict[str, Any], size: Size) 
             "web_cpu_pct_of_a_core": round(100 * web_s / wall, 1),
             "web_cpu_us_per_frame": round(1e6 * web_s / frames, 1) if frames else None,
             "worker_cpu_pct_of_a_core": round(100 * cpu.get("worker", 0.0) / wall, 1),
+            "waited_for_a_core_ms_per_s": counts["waited_for_a_core_ms_per_s"],
+            "steal_share": counts["steal_share"],
             "passive_errors": errors,
             "loadavg": [load0, loadavg()],
         })  # fmt: skip
@@ -539,13 +556,16 @@ async def part_rate(stack: BenchStack, prepared: dict[str, Any], size: Size) -> 
             "token_batches": batches,
             "worker_cpu_us_per_batch": round(1e6 * cpu.get("worker", 0.0) / batches, 1) if batches else None,
             "worker_cpu_us_per_token": round(1e6 * cpu.get("worker", 0.0) / (streams * size.rate_tokens), 2),
+            "waited_for_a_core_ms_per_s": counts["waited_for_a_core_ms_per_s"],
+            "steal_share": counts["steal_share"],
             "loadavg": [load0, loadavg()],
         })  # fmt: skip
         r = rounds[-1]
         log(f"rate {streams} x {size.rate}: in order {r['every_token_in_order']} rate seen/source "
             f"{r['rate_seen_over_source']} lag p99 {r['display_lag_ms'].get('p99')} ms (floor "
             f"{floor['display_lag_ms'].get('p99')}), worker {r['worker_cpu_pct_of_a_core']} % web "
-            f"{r['web_cpu_pct_of_a_core']} % of a core, load {loadavg()}")  # fmt: skip
+            f"{r['web_cpu_pct_of_a_core']} % of a core, waited for a core (ms/s) {r['waited_for_a_core_ms_per_s']}, "
+            f"load {loadavg()}")  # fmt: skip
     return {"rounds": rounds}
 
 
