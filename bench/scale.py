@@ -421,6 +421,7 @@ async def stream_turns(
     prompts = [f"[synthetic rate={rate} tokens={tokens} ttft=20] {tag}-{i}" for i in range(len(sessions))]
     emissions(stack.ports["synthetic"])  # forget earlier streams
     cpu0, wait0, steal0, t0 = stack.cpu(), run_waits(stack), procstat.steal_s(), time.monotonic()
+    own0, own_wait0 = _own_cpu(), procstat.run_delay_s(os.getpid())
     results = await asyncio.gather(
         *(run_turn(s, w, p, {"max_tokens": tokens}, timeout_s=120 + 3 * tokens / rate)
           for s, w, p in zip(senders, watching, prompts, strict=True))
@@ -433,6 +434,10 @@ async def stream_turns(
         role: round(1000 * (wait1[role] - wait0.get(role, 0.0)) / wall, 1) for role in wait1
     }
     counts["steal_share"] = stats.steal_share(steal1 - steal0, wall, os.cpu_count() or 1)
+    counts["client"] = {  # this process: every socket's reader, whose arrival times the lags are
+        "cpu_pct_of_a_core": round(100 * (_own_cpu() - own0) / wall, 1),
+        "waited_for_a_core_ms_per_s": round(1000 * (procstat.run_delay_s(os.getpid()) - own_wait0) / wall, 1),
+    }
     for prompt, (mine, others) in zip(prompts, results, strict=True):
         counts["batches"] += len(mine.batches)
         for watch in [mine, *others]:
@@ -499,6 +504,7 @@ async def part_viewers(stack: BenchStack, prepared: dict[str, Any], size: Size) 
             "worker_cpu_pct_of_a_core": round(100 * cpu.get("worker", 0.0) / wall, 1),
             "waited_for_a_core_ms_per_s": counts["waited_for_a_core_ms_per_s"],
             "steal_share": counts["steal_share"],
+            "client": counts["client"],
             "passive_errors": errors,
             "loadavg": [load0, loadavg()],
         })  # fmt: skip
@@ -558,6 +564,7 @@ async def part_rate(stack: BenchStack, prepared: dict[str, Any], size: Size) -> 
             "worker_cpu_us_per_token": round(1e6 * cpu.get("worker", 0.0) / (streams * size.rate_tokens), 2),
             "waited_for_a_core_ms_per_s": counts["waited_for_a_core_ms_per_s"],
             "steal_share": counts["steal_share"],
+            "client": counts["client"],
             "loadavg": [load0, loadavg()],
         })  # fmt: skip
         r = rounds[-1]
