@@ -107,9 +107,13 @@ class Seen:
                 f"dups={delivery.duplicates} seqs={delivery.last_seq}/{len(emitted)} text_ok={delivery.text == texts}"
             )
             return
+        self.matched(delivery.arrivals, emitted)
+
+    def matched(self, arrivals: list[float], emitted: list[float]) -> None:
+        """A client that got every token, in order: each token's lag, and its rate against the source's."""
         self.complete += 1
-        self.lags_ms += [(a - e) * 1000 for a, e in zip(delivery.arrivals, emitted, strict=True)]
-        ratio = stats.ratio(stats.decode_rate(delivery.arrivals), stats.decode_rate(emitted))
+        self.lags_ms += [(a - e) * 1000 for a, e in zip(arrivals, emitted, strict=True)]
+        ratio = stats.ratio(stats.decode_rate(arrivals), stats.decode_rate(emitted))
         if ratio is not None:
             self.rate_ratios.append(ratio)
 
@@ -150,11 +154,7 @@ async def direct_floor(port: int, prompts: list[str], max_tokens: int) -> dict[s
         ):
             seen.failures.append(f"direct {marker(prompt)}: error={record.error} tokens={len(record.times)}")
             continue
-        seen.complete += 1
-        seen.lags_ms += [(a - e) * 1000 for a, e in zip(record.times, emitted, strict=True)]
-        ratio = stats.ratio(stats.decode_rate(record.times), stats.decode_rate(emitted))
-        if ratio is not None:
-            seen.rate_ratios.append(ratio)
+        seen.matched(record.times, emitted)
     return {**seen.summary(), "client_cpu_pct_of_a_core": round(100 * cpu / wall, 1), "loadavg": loadavg()}
 
 
@@ -412,7 +412,7 @@ async def part_rigs(stack: BenchStack, prepared: dict[str, Any], size: Size) -> 
 
 async def stream_turns(
     stack: BenchStack, pool: Pool, sessions: list[int], watchers: int, *, rate: int, tokens: int, tag: str
-) -> tuple[Seen, float, dict[str, float], dict[str, int]]:
+) -> tuple[Seen, float, dict[str, float], dict[str, Any]]:
     """One turn per session, all at once, each sent from one tab and followed by ``watchers`` more (spread over
     the web processes). Returns what every tab saw, the wall time, each process's CPU seconds meanwhile, and the
     frames the tabs got (``frames``: every frame of the turns; ``batches``: the senders' token frames)."""
@@ -421,7 +421,7 @@ async def stream_turns(
     prompts = [f"[synthetic rate={rate} tokens={tokens} ttft=20] {tag}-{i}" for i in range(len(sessions))]
     emissions(stack.ports["synthetic"])  # forget earlier streams
     cpu0, wait0, steal0, t0 = stack.cpu(), run_waits(stack), procstat.steal_s(), time.monotonic()
-    own0, own_wait0 = _own_cpu(), procstat.run_delay_s(os.getpid())
+    own0, own_wait0, load0 = _own_cpu(), procstat.run_delay_s(os.getpid()), loadavg()
     results = await asyncio.gather(
         *(run_turn(s, w, p, {"max_tokens": tokens}, timeout_s=120 + 3 * tokens / rate)
           for s, w, p in zip(senders, watching, prompts, strict=True))
@@ -430,13 +430,16 @@ async def stream_turns(
     sources = emissions(stack.ports["synthetic"])
     seen = Seen()
     counts: dict[str, Any] = {"frames": 0, "batches": 0}
-    counts["waited_for_a_core_ms_per_s"] = {
-        role: round(1000 * (wait1[role] - wait0.get(role, 0.0)) / wall, 1) for role in wait1
-    }
-    counts["steal_share"] = stats.steal_share(steal1 - steal0, wall, os.cpu_count() or 1)
-    counts["client"] = {  # this process: every socket's reader, whose arrival times the lags are
-        "cpu_pct_of_a_core": round(100 * (_own_cpu() - own0) / wall, 1),
-        "waited_for_a_core_ms_per_s": round(1000 * (procstat.run_delay_s(os.getpid()) - own_wait0) / wall, 1),
+    counts["machine"] = {  # what else held the cores meanwhile
+        "loadavg": [load0, loadavg()],
+        "waited_for_a_core_ms_per_s": {
+            role: round(1000 * (wait1[role] - wait0.get(role, 0.0)) / wall, 1) for role in wait1
+        },
+        "steal_share": stats.steal_share(steal1 - steal0, wall, os.cpu_count() or 1),
+        "client": {  # this process: every socket's reader, whose arrival times the lags are
+            "cpu_pct_of_a_core": round(100 * (_own_cpu() - own0) / wall, 1),
+            "waited_for_a_core_ms_per_s": round(1000 * (procstat.run_delay_s(os.getpid()) - own_wait0) / wall, 1),
+        },
     }
     for prompt, (mine, others) in zip(prompts, results, strict=True):
         counts["batches"] += len(mine.batches)
@@ -478,7 +481,6 @@ async def part_viewers(stack: BenchStack, prepared: dict[str, Any], size: Size) 
             await pool.open_passive("/ws/board/")
         await asyncio.sleep(1)
         pool.reset_counts()
-        load0 = loadavg()
         seen, wall, cpu, counts = await stream_turns(stack, pool, sessions, watchers, rate=rate, tokens=tokens,
                                              tag=f"viewers{sockets}")  # fmt: skip
         passive_frames = sum(p.frames for _, p, _ in pool.passive)
@@ -502,11 +504,8 @@ async def part_viewers(stack: BenchStack, prepared: dict[str, Any], size: Size) 
             "web_cpu_pct_of_a_core": round(100 * web_s / wall, 1),
             "web_cpu_us_per_frame": round(1e6 * web_s / frames, 1) if frames else None,
             "worker_cpu_pct_of_a_core": round(100 * cpu.get("worker", 0.0) / wall, 1),
-            "waited_for_a_core_ms_per_s": counts["waited_for_a_core_ms_per_s"],
-            "steal_share": counts["steal_share"],
-            "client": counts["client"],
+            **counts["machine"],
             "passive_errors": errors,
-            "loadavg": [load0, loadavg()],
         })  # fmt: skip
         r = rounds[-1]
         log(f"viewers {r['sockets']} sockets: in order {r['every_token_in_order']} "
@@ -542,7 +541,6 @@ async def part_rate(stack: BenchStack, prepared: dict[str, Any], size: Size) -> 
             size.rate_tokens,
         )
         pool = Pool(ports, prepared["cookie"])
-        load0 = loadavg()
         seen, wall, cpu, counts = await stream_turns(stack, pool, sessions, 0, rate=size.rate, tokens=size.rate_tokens,
                                              tag=f"rate{streams}")  # fmt: skip
         await pool.close()
@@ -562,10 +560,7 @@ async def part_rate(stack: BenchStack, prepared: dict[str, Any], size: Size) -> 
             "token_batches": batches,
             "worker_cpu_us_per_batch": round(1e6 * cpu.get("worker", 0.0) / batches, 1) if batches else None,
             "worker_cpu_us_per_token": round(1e6 * cpu.get("worker", 0.0) / (streams * size.rate_tokens), 2),
-            "waited_for_a_core_ms_per_s": counts["waited_for_a_core_ms_per_s"],
-            "steal_share": counts["steal_share"],
-            "client": counts["client"],
-            "loadavg": [load0, loadavg()],
+            **counts["machine"],
         })  # fmt: skip
         r = rounds[-1]
         log(f"rate {streams} x {size.rate}: in order {r['every_token_in_order']} rate seen/source "
