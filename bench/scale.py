@@ -593,6 +593,10 @@ async def run_part(part: str, size: Size, args: argparse.Namespace) -> dict[str,
     stack.start(log=log)
     try:
         stack.django_setup()
+        from django.contrib.auth import get_user_model
+
+        if get_user_model().objects.exists():  # a database given again: its rows would be counted as this run's
+            raise SystemExit(f"{args.database_url} already holds users: give the benchmark a fresh database")
         prepared = stack.prepare()
         result = await PARTS[part](stack, prepared, size)
     finally:
