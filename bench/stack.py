@@ -59,6 +59,12 @@ class BenchStack:
     slots: int = SLOTS
     ctx_per_slot: int = CTX_PER_SLOT
     worker_concurrency: int = 16
+    llama: bool = True  # False: no llama-server and no tap (the synthetic source alone: bench/scale.py)
+    web_processes: int = 1  # web servers sharing the channel layer, on ports web, web2, ...
+    synthetic_rigs: int = 1  # ports the synthetic source serves, one rig each (``synthetic``, ``synthetic2``, ...)
+    synthetic_busy_rate: float = 0.0  # bench.synthetic --busy-rate: each port's extra slot always decoding
+    sampler: bool = True
+    extra_env: dict[str, str] = field(default_factory=dict)
     stack: Stack = field(default_factory=Stack)
     env: dict[str, str] = field(default_factory=dict)
     ports: dict[str, int] = field(default_factory=dict)
@@ -91,6 +97,7 @@ class BenchStack:
             # One bench user drives every tab: the per-user frame rate limit is for people, not the swarm.
             "RIGDASH_WS_FRAMES_PER_S": "100000",
         }
+        self.env.update(self.extra_env)
         if self.flush_ms is not None:
             self.env["RIGDASH_FLUSH_INTERVAL_MS"] = str(self.flush_ms)
         if self.flush_min_ms is not None:
@@ -102,24 +109,33 @@ class BenchStack:
             env={**os.environ, **self.env},
             check=True,
         )
-        for name in ("llama", "tap", "synthetic", "web"):
+        for name in ("llama", "tap", "web") if self.llama else ("web",):
             self.ports[name] = free_port()
-        llama = self.stack.start(
-            "llama-server",
-            bench_llama_command(self.ports["llama"], self.slots, self.ctx_per_slot),
-            log_path=self.log_dir / "llama-server.log",
-        )
-        self.pids["llama"] = llama.pid
-        self.pids["tap"] = self.stack.start(
-            "tap",
-            [PYTHON, "-m", "bench.tap", "--port", str(self.ports["tap"]), "--upstream", str(self.ports["llama"])],
-            log_path=self.log_dir / "tap.log",
-        ).pid
+        for i in range(2, self.web_processes + 1):
+            self.ports[f"web{i}"] = free_port()
+        for i in range(1, self.synthetic_rigs + 1):
+            self.ports["synthetic" if i == 1 else f"synthetic{i}"] = free_port()
+        llama = None
+        if self.llama:
+            llama = self.stack.start(
+                "llama-server",
+                bench_llama_command(self.ports["llama"], self.slots, self.ctx_per_slot),
+                log_path=self.log_dir / "llama-server.log",
+            )
+            self.pids["llama"] = llama.pid
+            self.pids["tap"] = self.stack.start(
+                "tap",
+                [PYTHON, "-m", "bench.tap", "--port", str(self.ports["tap"]), "--upstream", str(self.ports["llama"])],
+                log_path=self.log_dir / "tap.log",
+            ).pid
+        ports_file = self.var_dir / "synthetic-ports"
+        ports_file.write_text("\n".join(str(port) for port in self.synthetic_ports()))
         self.pids["synthetic"] = self.stack.start(
             "synthetic",
-            [PYTHON, "-m", "bench.synthetic", "--port", str(self.ports["synthetic"])],
+            [PYTHON, "-m", "bench.synthetic", "--ports-file", str(ports_file),
+             "--slots", str(max(16, self.worker_concurrency)), "--busy-rate", str(self.synthetic_busy_rate)],
             log_path=self.log_dir / "synthetic.log",
-        ).pid
+        ).pid  # fmt: skip
         # Under the split, RigDash's processes (and the benchmark's stand-ins on the backend's side: the tap, the
         # synthetic source) use every CPU while several replies stream, as the launcher's do (rigdash/cpushare.py).
         split = cpu_split()
@@ -137,29 +153,41 @@ class BenchStack:
             pass_fds=share.pass_fds if share else (),
         )
         self.pids["worker"] = worker.pid
-        web = self.stack.start(
-            "web",
-            web_command(host="127.0.0.1", port=self.web_port),
-            env=self.env,
-            log_path=self.log_dir / "web.log",
-        )
-        self.pids["web"] = web.pid
-        # The monitoring sampler, as scripts/run starts it: it feeds the dashboard viewers of level 2, and its CPU
-        # counts as RigDash's.
-        sampler = self.stack.start(
-            "sampler", [PYTHON, "manage.py", "rigdash_sampler"], env=self.env, log_path=self.log_dir / "sampler.log"
-        )
-        self.pids["sampler"] = sampler.pid
-        wait_http(f"http://127.0.0.1:{self.ports['llama']}/health", timeout_s=180, proc=llama)
-        if split:
+        webs = []
+        for name in self.web_names():
+            web = self.stack.start(
+                name,
+                web_command(host="127.0.0.1", port=self.ports[name]),
+                env=self.env,
+                log_path=self.log_dir / f"{name}.log",
+            )
+            self.pids[name] = web.pid
+            webs.append((name, web))
+        if self.sampler:
+            # The monitoring sampler, as scripts/run starts it: it feeds the dashboard viewers of level 2, and its
+            # CPU counts as RigDash's.
+            sampler = self.stack.start(
+                "sampler", [PYTHON, "manage.py", "rigdash_sampler"], env=self.env, log_path=self.log_dir / "sampler.log"
+            )
+            self.pids["sampler"] = sampler.pid
+        if llama is not None:
+            wait_http(f"http://127.0.0.1:{self.ports['llama']}/health", timeout_s=180, proc=llama)
+        if split and llama is not None:
             self.llama_cpus = describe_llama_cpus(llama.pid, split)
             log(self.llama_cpus)
         if share:
             share.watch([pid for name, pid in self.pids.items() if name != "llama"])
-        wait_http(f"http://127.0.0.1:{self.web_port}/static/rigdash/app.css", timeout_s=120, proc=web)
-        for name in ("tap", "synthetic"):
-            _wait_port(self.ports[name], 30)
+        for name, web in webs:
+            wait_http(f"http://127.0.0.1:{self.ports[name]}/static/rigdash/app.css", timeout_s=120, proc=web)
+        for port in ([self.ports["tap"]] if self.llama else []) + self.synthetic_ports():
+            _wait_port(port, 30)
         self._wait_worker(worker, timeout_s=180)
+
+    def web_names(self) -> list[str]:
+        return ["web"] + [f"web{i}" for i in range(2, self.web_processes + 1)]
+
+    def synthetic_ports(self) -> list[int]:
+        return [self.ports["synthetic" if i == 1 else f"synthetic{i}"] for i in range(1, self.synthetic_rigs + 1)]
 
     def _private_redis(self) -> str:
         url, proc = start_private_redis(self.stack, self.var_dir, self.log_dir / "redis.log")
@@ -197,23 +225,25 @@ class BenchStack:
         from inference.models import Rig
 
         user = get_user_model().objects.create_user(username="bench", password=secrets.token_urlsafe(16))
-        llama_model = httpx.get(f"http://127.0.0.1:{self.ports['llama']}/v1/models", timeout=10).json()["data"][0]["id"]
-        rigs = {
-            "llama": Rig.objects.create(
+        rigs: dict[str, Rig] = {}
+        llama_model = ""
+        if self.llama:
+            models = httpx.get(f"http://127.0.0.1:{self.ports['llama']}/v1/models", timeout=10).json()
+            llama_model = models["data"][0]["id"]
+            rigs["llama"] = Rig.objects.create(
                 name="bench-llama",
                 kind=Rig.Kind.LLAMACPP,
                 base_url=f"http://127.0.0.1:{self.ports['tap']}",
                 queue=LLAMA_QUEUE,
                 slots=self.slots,  # RigDash's fair queue hands llama-server as many turns as it has slots
-            ),
-            "synthetic": Rig.objects.create(
-                name="bench-synthetic",
-                kind=Rig.Kind.LLAMACPP,
-                base_url=f"http://127.0.0.1:{self.ports['synthetic']}",
-                queue=SYNTH_QUEUE,
-                slots=self.worker_concurrency,  # the synthetic source serves any number of streams at once
-            ),
-        }
+            )
+        rigs["synthetic"] = Rig.objects.create(
+            name="bench-synthetic",
+            kind=Rig.Kind.LLAMACPP,
+            base_url=f"http://127.0.0.1:{self.ports['synthetic']}",
+            queue=SYNTH_QUEUE,
+            slots=self.worker_concurrency,  # the synthetic source has at least as many slots
+        )
         client = Client()
         client.force_login(user)
         cookie = f"{settings.SESSION_COOKIE_NAME}={client.cookies[settings.SESSION_COOKIE_NAME].value}"

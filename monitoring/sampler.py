@@ -40,6 +40,14 @@ MAINTENANCE_EVERY_S = 60.0
 # How soon a rig changed without a signal (a queryset update, another database client) is noticed. A rig saved or
 # deleted through the ORM is noticed at once (inference.events.rigs_changed_sync), so the list is read rarely.
 RIG_REFRESH_S = 30.0
+GOLDEN = 0.6180339887498949
+
+
+def phase_s(rig_id: int, interval_s: float) -> float:
+    """Where in each interval a rig's ticks fall, spread by its id in golden-ratio steps: many rigs' ticks do not all
+    queue for the one database thread at the same moment (which delayed the last rig's sample by every other rig's
+    store and publication)."""
+    return (rig_id * GOLDEN) % 1.0 * interval_s
 
 
 def _rig_setup(rig_id: int) -> RigSampler | None:
@@ -74,14 +82,10 @@ async def read(sampler: RigSampler) -> Sample:
     return sample
 
 
-def _complete_store_publish(
-    sampler: RigSampler, rig_id: int, sample: Sample, models: list[str] | None = None
-) -> Sample:
-    """The blocking part of a tick, in one hop to the database's thread: the models the rig now serves (when
-    asked this tick), the rig's queue and turns, the store, then the publication to its dashboards (after the
-    store, so that a dashboard that opens in between finds the sample in the database or gets it live)."""
-    if models is not None:
-        sampler.rig.record_models(models)
+def _complete_store_publish(sampler: RigSampler, rig_id: int, sample: Sample) -> Sample:
+    """The blocking part of a tick, in one hop to the database's thread: the rig's queue and turns, the store,
+    then the publication to its dashboards (after the store, so that a dashboard that opens in between finds the
+    sample in the database or gets it live)."""
     sampler.complete(sample)
     services.sample_store(rig_id=rig_id, sample=sample)
     services.sample_publish(rig_id=rig_id, sample=sample)
@@ -95,19 +99,22 @@ async def rig_loop(
     *,
     idle_interval_s: float | None = None,
     wake: asyncio.Event | None = None,
+    phase: float = 0.0,
 ) -> None:
-    """Sample a rig every ``interval_s``; while it is idle, every ``idle_interval_s`` (None: never slower), or at
-    once when ``wake`` is set."""
+    """Sample a rig every ``interval_s``, the first after ``phase`` seconds; while it is idle, every
+    ``idle_interval_s`` (None: never slower), or at once when ``wake`` is set."""
     sampler = await database_sync_to_async(_rig_setup)(rig_id)
     if sampler is None:
         return
+    if phase > 0:
+        await asyncio.sleep(phase)
     done = 0
     next_at = time.monotonic()
     while ticks is None or done < ticks:
         if wake is not None:
             wake.clear()  # a wake-up from here on is about this sample or later: it is not lost
-        reading, models = await asyncio.gather(read(sampler), sampler.models_listed())
-        sample = await database_sync_to_async(_complete_store_publish)(sampler, rig_id, reading, models)
+        sample = await database_sync_to_async(_complete_store_publish)(sampler, rig_id, await read(sampler))
+        await sampler.keep_served_models(sample)
         done += 1
         step = interval_s
         if idle_interval_s is not None and idle_interval_s > interval_s and is_idle(sample):
@@ -130,10 +137,11 @@ async def supervise(
     *,
     idle_interval_s: float | None = None,
     wake: asyncio.Event | None = None,
+    phase: float = 0.0,
 ) -> None:
     while True:
         try:
-            await rig_loop(rig_id, interval_s, idle_interval_s=idle_interval_s, wake=wake)
+            await rig_loop(rig_id, interval_s, idle_interval_s=idle_interval_s, wake=wake, phase=phase)
             return
         except asyncio.CancelledError:
             raise
@@ -215,6 +223,7 @@ async def run(*, stop: asyncio.Event | None = None) -> None:
                         conf.sample_interval_s,
                         idle_interval_s=conf.sample_idle_interval_s,
                         wake=wakes.setdefault(rig_id, asyncio.Event()),
+                        phase=phase_s(rig_id, conf.sample_interval_s),
                     )
                 )
             for rig_id in set(loops) - wanted.keys():

@@ -6,6 +6,7 @@ and the others still count. Nothing here writes: ``monitoring.services`` stores 
 
 from __future__ import annotations
 
+import asyncio
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -15,6 +16,7 @@ from channels.db import database_sync_to_async
 
 from inference.backends import backend_for
 from inference.backends.base import BackendError, ModelArchitecture
+from inference.live import served
 from inference.live import state as live
 from inference.models import Rig
 from inference.turns import selectors as turn_selectors
@@ -30,9 +32,6 @@ def is_local(rig: Rig) -> bool:
     """Whether this process is on the rig's host: its backend answers on loopback and no agent reports for it (with
     an agent, the rig's host figures are the agent's, wherever this process runs)."""
     return not rig.agent_key and urlparse(rig.base_url).hostname in LOOPBACK
-
-
-MODELS_REFRESH_S = 30.0  # how often each rig is asked which models it serves
 
 
 @dataclass
@@ -65,19 +64,7 @@ class RigSampler:
     ollama_arch: dict[str, ModelArchitecture | None] = field(default_factory=dict)
     metrics: dict[str, float] = field(default_factory=dict)
     metrics_at: float = 0.0
-    models_listed_at: float = float("-inf")  # monotonic time of the last model list (``models_listed``)
-
-    async def models_listed(self) -> list[str] | None:
-        """The names the backend serves, asked every MODELS_REFRESH_S (None in between, or when it cannot say):
-        placement sends a chat that targets a model to the rigs that list it (inference/queue/placement.py)."""
-        now = time.monotonic()
-        if now - self.models_listed_at < MODELS_REFRESH_S:
-            return None
-        self.models_listed_at = now
-        try:
-            return [model.name for model in await backend_for(self.rig, timeout_s=1.0).list_models()]
-        except BackendError:
-            return None
+    served_at: float = 0.0
 
     def __post_init__(self) -> None:
         if self.local_host is None:
@@ -88,6 +75,22 @@ class RigSampler:
         sample = await self.read()
         await database_sync_to_async(self.complete)(sample)
         return sample
+
+    async def keep_served_models(self, sample: Sample) -> None:
+        """Every ``served.REFRESH_S``, while the backend answers, keep the rig's model list for the pages that list the
+        rigs (inference/live/served.py), so that they need not ask the backend."""
+        if sample.ts - self.served_at < served.REFRESH_S or not sample.detail.get("sources", {}).get("backend", {}).get(
+            "ok"
+        ):
+            return
+        self.served_at = sample.ts
+        try:
+            models = await backend_for(self.rig, timeout_s=0.8).list_models()
+        except BackendError:
+            return
+        await asyncio.to_thread(served.served_store, self.rig.pk, models)
+        # The names, in the database, for placement (inference/queue/placement.py): one UPDATE when they changed.
+        await database_sync_to_async(self.rig.record_models)(model.name for model in models)
 
     async def read(self) -> Sample:
         """What the backend and the host say: everything but RigDash's own queue and turns."""

@@ -303,3 +303,23 @@ def silent_server() -> Iterator[str]:
     for conn in held:
         conn.close()
     server.close()
+
+
+@pytest.fixture
+def synthetic_llama(tmp_path: Path) -> Iterator[list[str]]:
+    """Two synthetic llama-servers (bench/synthetic.py: llama.cpp's wire format, one process), one slot each and one
+    more always decoding; their base URLs. ``GET <url>/_synthetic/requests`` counts what each was asked."""
+    ports = [free_port(), free_port()]
+    ports_file = tmp_path / "synthetic-ports"
+    ports_file.write_text("\n".join(map(str, ports)))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "bench.synthetic", "--ports-file", str(ports_file), "--slots", "1", "--busy-rate", "50"],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+    )
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == b"READY"
+        yield [f"http://127.0.0.1:{port}" for port in ports]
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)

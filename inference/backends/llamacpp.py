@@ -206,11 +206,14 @@ class LlamaCppBackend(Backend):
             finished = done = False
             async for batch in response.event_batches():
                 text_seen = False
-                for data in batch:
+                # The running timings of the last event a read brought are the ones read: the events before it in
+                # the same read are parsed for their text, their timings only type-checked (_chunk's ``timings``).
+                last = len(batch) - (2 if batch[-1] == "[DONE]" else 1)
+                for index, data in enumerate(batch):
                     if data == "[DONE]":
                         done = True
                         break
-                    chunk = _chunk(data)
+                    chunk = _chunk(data, timings=index >= last)
                     finished = finished or bool(chunk.finish_reason)
                     text_seen = text_seen or bool(chunk.text or chunk.thinking)
                     yield chunk
@@ -229,9 +232,14 @@ class LlamaCppBackend(Backend):
             await response.aclose()
 
 
-def _chunk(data: str) -> StreamChunk:
+def _chunk(data: str, *, timings: bool = True) -> StreamChunk:
     """One SSE event of llama-server's chat stream. Anything but the shape llama-server sends raises
-    BackendBadEvent: an event that cannot be read ends the reply at once."""
+    BackendBadEvent: an event that cannot be read ends the reply at once.
+
+    With ``timings_per_token`` every event carries the running timings. Without ``timings`` (an event followed by
+    another in the same read) they are only checked to be an object and not read: reading, checking and copying
+    them was half of the worker's cost per token, and the next event's supersede them. The final event's (with a
+    finish reason) are always read."""
     try:
         event = json.loads(data)
     except ValueError as exc:
@@ -249,14 +257,17 @@ def _chunk(data: str) -> StreamChunk:
     text = delta.get("content") or "" if isinstance(delta, dict) else None
     thinking = delta.get("reasoning_content") or "" if isinstance(delta, dict) else None
     finish = choice.get("finish_reason") if isinstance(choice, dict) else None
-    timings = event.get("timings")
+    times = event.get("timings")
     if (
         not isinstance(text, str)
         or not isinstance(thinking, str)
         or not (finish is None or isinstance(finish, str))
-        or not (timings is None or isinstance(timings, dict))
-        or (timings is not None and not _timings_ok(timings))
+        or not (times is None or isinstance(times, dict))
     ):
+        raise BackendBadEvent(f"fields of unexpected types: {data[:200]!r}")
+    if times is None or not (timings or finish):
+        return StreamChunk(text=text, thinking=thinking, finish_reason=finish)
+    if not _timings_ok(times):
         raise BackendBadEvent(f"fields of unexpected types: {data[:200]!r}")
     # With timings_per_token every chunk carries the running timings; the first one already holds prompt_n
     # (the prompt's real size), which the quota check reads before decode goes on.
@@ -264,8 +275,8 @@ def _chunk(data: str) -> StreamChunk:
         text=text,
         thinking=thinking,
         finish_reason=finish,
-        stats=stats_from_timings(timings) if timings else None,
-        context_tokens=context_tokens(timings) if timings else None,
+        stats=stats_from_timings(times) if times else None,
+        context_tokens=context_tokens(times) if times else None,
     )
 
 

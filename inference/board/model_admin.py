@@ -26,6 +26,7 @@ from inference.audit import audit_record
 from inference.backends import backend_for, backend_supports
 from inference.backends.base import BackendError, PullProgress
 from inference.errors import InvalidInput, NotFound
+from inference.live import served
 from inference.models import Rig, Turn
 from inference.worker import loop
 from rigdash.access import is_staff
@@ -143,6 +144,7 @@ def model_delete(*, actor: AbstractBaseUser | AnonymousUser, rig: Rig, model: An
         await backend.delete_model(name)
 
     asyncio.run(unload_then_delete())
+    served.served_forget(rig.pk)
     audit_record(actor=actor, action="model.delete", target=f"rig:{rig.pk}", detail={"model": name})
     events.models_changed_sync(rig_id=rig.pk, action="deleted", model=name)
     return name
@@ -190,5 +192,6 @@ async def _pull(rig: Rig, model: str, pull_id: str) -> str:
         error = {"code": exc.code, "message": str(exc)}
         await events.models_pull_end(rig_id=rig.pk, pull_id=pull_id, model=model, ok=False, error=error)
         return "failed"
+    await asyncio.to_thread(served.served_forget, rig.pk)
     await events.models_pull_end(rig_id=rig.pk, pull_id=pull_id, model=model, ok=True)
     return "done"

@@ -11,17 +11,38 @@ from django.contrib.auth.models import User
 from inference.backends import backend_for
 from inference.backends.base import BackendError, ModelInfo, user_message
 from inference.errors import InvalidInput
+from inference.live import served
 from inference.models import ChatSession, Rig
 
 log = logging.getLogger(__name__)
 
 
-def rig_models(rig: Rig) -> list[ModelInfo]:
-    """The models the rig's backend serves now (raises BackendError when it cannot say); remembered on the rig for
-    placement (inference/queue/placement.py)."""
+def rig_models(rig: Rig, *, fresh: bool = False) -> list[ModelInfo]:
+    """The models the rig serves: the list kept from the last minute (inference/live/served.py), else (or when
+    ``fresh``) its backend's answer now, which is kept for the next ones. Raises BackendError when it cannot say."""
+    if not fresh and (kept := served.served_get(rig.pk)) is not None:
+        return kept
+    return _read_models(rig)
+
+
+def rigs_models(rigs: list[Rig]) -> dict[int, list[ModelInfo] | None]:
+    """The kept lists of several rigs in one round trip, None where none is kept (``rig_models`` asks the backend)."""
+    return served.served_get_many([rig.pk for rig in rigs])
+
+
+def rig_serves(rig: Rig, model_name: str) -> bool:
+    """Whether the rig serves ``model_name``: by the kept list, and by its backend now when that list lacks it (a model
+    pulled a moment ago). Raises BackendError when the backend cannot say."""
+    return any(m.name == model_name for m in rig_models(rig)) or any(
+        m.name == model_name for m in rig_models(rig, fresh=True)
+    )
+
+
+def _read_models(rig: Rig) -> list[ModelInfo]:
     backend = backend_for(rig, timeout_s=settings.RIGDASH.backend_health_timeout_s)
     models = asyncio.run(backend.list_models())
-    rig.record_models(model.name for model in models)
+    served.served_store(rig.pk, models)
+    rig.record_models(model.name for model in models)  # what placement reads (inference/queue/placement.py)
     return models
 
 
@@ -52,10 +73,10 @@ def session_create(*, owner: User, rig: Rig, model_name: str) -> ChatSession:
     if not rig.enabled:
         raise InvalidInput("rig_disabled", f"rig {rig.name} is disabled")
     try:
-        served = {model.name for model in rig_models(rig)}
+        known = rig_serves(rig, model_name)
     except BackendError as exc:
         log.warning("rig %s: listing models failed: %s", rig.name, exc)  # the detail, for staff, in the log
         raise InvalidInput("backend_unavailable", user_message(rig.name, exc)) from exc
-    if model_name not in served:
+    if not known:
         raise InvalidInput("unknown_model", f"rig {rig.name} does not serve a model named {model_name!r}")
     return ChatSession.objects.create(owner=owner, rig=rig, model_name=model_name)

@@ -128,7 +128,7 @@ def _rig_serving(model: Any, rig_name: Any) -> Rig:
     rigs = sorted(selectors.rig_list_enabled(), key=lambda rig: rig.name != rig_name)
     for rig in rigs:
         try:
-            if model in {served.name for served in sessions.rig_models(rig)}:
+            if sessions.rig_serves(rig, model):
                 return rig
         except BackendError:
             continue

@@ -24,16 +24,26 @@ def _backend_error(request: HttpRequest, rig: Rig, exc: BackendError) -> str:
 
 
 def _rig_choices(request: HttpRequest) -> list[dict[str, Any]]:
-    """Each enabled rig with the models it serves now, or why it cannot say (asked in parallel)."""
+    """Each enabled rig with the models it serves, or why it cannot say. The lists the sampler keeps are read in one
+    round trip; only a rig with none kept is asked (those in parallel), so a view does not fan out to the backends."""
     rigs = list(selectors.rig_list_enabled())
+    kept = sessions.rigs_models(rigs)
 
     def describe(rig: Rig) -> dict[str, Any]:
         try:
-            return {"rig": rig, "models": [m.name for m in sessions.rig_models(rig)], "error": ""}
+            models = kept.get(rig.pk)
+            return {
+                "rig": rig,
+                "models": [m.name for m in (sessions.rig_models(rig) if models is None else models)],
+                "error": "",
+            }
         except BackendError as exc:
             return {"rig": rig, "models": [], "error": _backend_error(request, rig, exc)}
 
-    with ThreadPoolExecutor(max_workers=max(1, min(8, len(rigs)))) as pool:
+    missing = [rig for rig in rigs if kept.get(rig.pk) is None]
+    if len(missing) <= 1:
+        return [describe(rig) for rig in rigs]
+    with ThreadPoolExecutor(max_workers=min(8, len(missing))) as pool:
         return list(pool.map(describe, rigs))
 
 
