@@ -14,6 +14,7 @@ from typing import Any
 import httpx
 import pytest
 from django.test import Client
+from django.utils import timezone
 
 from inference import events
 from inference.errors import InvalidInput
@@ -47,7 +48,7 @@ def _placed_chat(user: Any, model: str = MODEL) -> ChatSession:
 def _end(turn: Turn) -> None:
     """The turn's worker finished it: its slot goes to the next waiting turn."""
     turn.refresh_from_db()
-    Turn.objects.filter(pk=turn.pk).update(status=Turn.Status.DONE)
+    Turn.objects.filter(pk=turn.pk).update(status=Turn.Status.DONE, finished_at=timezone.now())
     lifecycle.turn_released(turn_id=turn.pk, rig_id=turn.rig_id)
 
 
@@ -123,6 +124,8 @@ def test_the_fair_queue_spans_the_rigs_a_placed_turn_may_go_to(sent: list[Any]) 
     rows = {row["id"]: row for row in board_rows.board_rows()}
     assert rows[pinned.pk]["queue_position"] == 0 and rows[burst[0].pk]["queue_position"] == 1
     assert rows[burst[0].pk]["placed"] and not rows[pinned.pk]["placed"]
+    labels = [rows[turn.pk]["rig"] for turn in (burst[0], pinned, running)]
+    assert labels == ["any rig", "shared", "shared"]  # waiting for any rig; the rig that runs it; the one that ran it
 
 
 @pytest.mark.django_db(transaction=True)

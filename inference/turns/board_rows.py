@@ -27,6 +27,7 @@ def board_row(turn: Turn, *, position: int | None, progress: Mapping[str, Any] |
     """A turn as the board shows it; ``turn`` needs session, its owner and rig loaded."""
     stats = turn.stats or {}
     progress = progress or {}
+    placed = turn.session.placement == ChatSession.Placement.MODEL
     if turn.is_active:
         tokens = progress.get("tokens", 0)
         decode_tps = progress.get("decode_tps")
@@ -43,10 +44,10 @@ def board_row(turn: Turn, *, position: int | None, progress: Mapping[str, Any] |
         "user": turn.session.owner.get_username(),
         "user_id": turn.session.owner_id,
         "via_api": turn.session.api_key_id is not None,  # a request of the OpenAI-compatible API
-        # The rig that runs or ran it; a placed chat's waiting turn shows its chat's last rig until one takes it.
-        "rig": (turn.rig or turn.session.rig).name,
-        "rig_id": turn.rig_id or turn.session.rig_id,
-        "placed": turn.session.placement == ChatSession.Placement.MODEL,
+        # The rig that runs or ran it; a placed chat's turn that waits for one may go to any rig serving its model.
+        "rig": turn.rig.name if turn.rig is not None else "any rig" if placed else turn.session.rig.name,
+        "rig_id": turn.rig_id if turn.rig_id is not None or placed else turn.session.rig_id,
+        "placed": placed,
         "model": turn.session.model_name,
         "status": turn.status,
         "finish_reason": turn.finish_reason,
