@@ -4,7 +4,7 @@ step's decode tokens/s is stored beside the calculator's prediction (docs/calcul
 Each step is ordinary turns of the staff member who started the sweep, submitted together through the submit service
 (N sessions: N turns in one burst), so the fair queue, the slots, quotas, the board, usage and cancel treat them as
 any user's turns: a sweep's turn waits its round like everyone's and never starves a user. The driver,
-``sweep_advance``, is a short Celery task on the default queue that re-queues itself every ``ADVANCE_S`` while a
+``sweep_advance``, is a short Celery task on the default queue that re-queues itself (``_look_after``) while a
 step's turns run (it holds no worker thread meanwhile): submit a step, wait for its turns to end, record what their
 stats measured, go on.
 """
@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -43,7 +42,9 @@ from inference.turns.submit import SubmitRequest, turn_submit_many
 log = logging.getLogger(__name__)
 
 ADVANCE_TASK = "inference.sweep_advance"
-ADVANCE_S = 0.5  # how often the driver looks at a running step's turns
+# How often the driver looks at a running step's turns: a tenth of the time the step has run, from 0.25 s to 2 s, so a
+# short step ends promptly and a long one is not disturbed by looks (each costs the worker some 50-100 ms of CPU).
+LOOK_MIN_S, LOOK_MAX_S, LOOK_FRACTION = 0.25, 2.0, 0.1
 MAX_RUNGS = 12  # entries per ladder
 MIN_CONTEXT = 64  # the chat template and the instruction alone take a few dozen tokens
 MIN_TOKENS, MAX_TOKENS = 8, 4096
@@ -51,7 +52,7 @@ MIN_TOKENS, MAX_TOKENS = 8, 4096
 INSTRUCTION = "Ignore the text above. Count from 1 to 2000, one number per line."
 FILLER = "The quick brown fox jumps over the lazy dog while the river runs past the old mill. "
 COUNT_TIMEOUT_S = 30.0  # tokenizing a long prompt takes a while on a busy CPU rig
-PROMPT_TOLERANCE = 0.02  # a step's prompt is built to within 2 % (or 2 tokens) of the length asked for
+PROMPT_COUNTS = 8  # counts to bring a step's prompt to the length asked for (it is usually there in two or three)
 
 
 @dataclass(frozen=True)
@@ -234,7 +235,7 @@ def sweep_advance(*, sweep_id: int) -> str:
     seen = Sweep.objects.select_related("rig", "owner").filter(pk=sweep_id).first()
     if seen is None or seen.status != Sweep.Status.RUNNING:
         return "ended"
-    filler = None
+    filler, look_s = None, LOOK_MIN_S
     if not seen.points.filter(step=seen.step).exists():
         # Counted before the transaction: the backend's answers are not worth holding the sweep's row (or, on
         # SQLite, the database's write lock) for.
@@ -242,7 +243,7 @@ def sweep_advance(*, sweep_id: int) -> str:
             filler = prompt_filler(seen.rig, seen.model_name, seen.steps[seen.step][0])
         except BackendError as exc:
             outcome = _fail(seen, f"Rig {seen.rig.name} could not count the prompt's tokens: {exc}")
-            return _looked(seen, outcome, [])
+            return _looked(seen, outcome, [], look_s)
     try:
         with transaction.atomic():
             sweep = locking(Sweep.objects.select_related("rig", "owner").filter(pk=sweep_id)).first()
@@ -252,19 +253,25 @@ def sweep_advance(*, sweep_id: int) -> str:
             if not points:
                 outcome = _step_submit(sweep, filler) if filler is not None else "waiting"
             elif any(p.turn is not None and p.turn.status in Turn.ACTIVE for p in points):
-                outcome = "waiting"
+                outcome, look_s = "waiting", _look_after(points)
             else:
                 outcome = _step_record(sweep, points)
     except QueueUnavailable:  # the step's turns are stored and wait for the task queue (dispatch sends them later)
         outcome = "submitted"
         sweep, points = seen, []
-    return _looked(sweep, outcome, points if outcome in ("recorded", "done", "failed") else [])
+    return _looked(sweep, outcome, points if outcome in ("recorded", "done", "failed") else [], look_s)
 
 
-def _looked(sweep: Sweep, outcome: str, recorded: Sequence[SweepPoint]) -> str:
+def _look_after(points: Sequence[SweepPoint]) -> float:
+    submitted = min((p.turn.created_at for p in points if p.turn is not None), default=timezone.now())
+    elapsed_s = (timezone.now() - submitted).total_seconds()
+    return min(LOOK_MAX_S, max(LOOK_MIN_S, elapsed_s * LOOK_FRACTION))
+
+
+def _looked(sweep: Sweep, outcome: str, recorded: Sequence[SweepPoint], look_s: float) -> str:
     """After a look: queue the next one while the sweep runs; tell the pages and the board of any change."""
     if outcome in ("submitted", "waiting", "recorded"):
-        _advance_later(sweep.pk, countdown=0 if outcome == "recorded" else ADVANCE_S)
+        _advance_later(sweep.pk, countdown=0 if outcome == "recorded" else look_s)
     if outcome != "waiting":
         sweep.refresh_from_db()
         _publish(sweep, points=[sweep_rows.point_row(p) for p in recorded])
@@ -376,13 +383,16 @@ def prompt_filler(rig: Rig, model: str, tokens: int) -> str:
     sample = FILLER * 16
     per_char = (asyncio.run(count(sample)) - base) / len(sample)
     chars = max(0, round((tokens - base) / per_char))
-    # Refine: a few counts bring it to the length asked for (each miss is mostly a word cut at the end).
-    for _ in range(6):
+    best = (tokens, chars)  # (miss in tokens, characters)
+    # Refine: a few counts bring it to the length asked for (a miss is mostly a word cut at the end).
+    for _ in range(PROMPT_COUNTS):
         got = asyncio.run(count(_cut(FILLER, chars)))
-        if abs(got - tokens) <= max(2, math.floor(tokens * PROMPT_TOLERANCE / 4)):
+        best = min(best, (abs(got - tokens), chars))
+        if got == tokens:
             break
-        chars = max(0, chars + round((tokens - got) / per_char))
-    return _cut(FILLER, chars)
+        step = round((tokens - got) / per_char)
+        chars = max(0, chars + (step or (1 if got < tokens else -1)))
+    return _cut(FILLER, best[1])
 
 
 def _cut(unit: str, chars: int) -> str:
