@@ -6,6 +6,7 @@ from __future__ import annotations
 import statistics
 import time
 from concurrent.futures import ThreadPoolExecutor
+from datetime import timedelta
 
 import httpx
 import pytest
@@ -147,3 +148,28 @@ def test_a_model_the_rig_does_not_serve_or_a_ladder_past_its_context_is_refused(
     assert past.status_code == 400 and error["code"] == "ladder_past_context"
     assert "2048 tokens of context" in error["message"] and "2064" in error["message"]
     assert not Sweep.objects.exists()
+
+
+@pytest.mark.timeout(300)
+def test_a_users_turn_during_a_sweep_waits_only_for_the_running_step(
+    celery_worker, admin_user, rig, model_name, chat_session
+):
+    """The sweep's turns go through the fair queue: a user's turn sent while a step fills both slots starts when the
+    first of them ends, ahead of the next step's turns."""
+    rig.slots = 2
+    rig.save(update_fields=["slots"])
+    answer = _start(admin_user, rig, model=model_name, contexts="64, 128", sessions="2", max_tokens=24)
+    assert answer.status_code == 201, answer.content
+    sweep = Sweep.objects.get(pk=answer.json()["sweep"]["id"])
+    first = lambda: Turn.objects.filter(sweep_point__sweep=sweep, sweep_point__step=0)  # noqa: E731
+    wait_until(lambda: first().filter(status=Turn.Status.DECODING).count() == 2, timeout_s=90, what="step 1 decoding")
+    users = turn_submit(session=chat_session, text="Count to five.", params={"max_tokens": 48})
+    wait_until(lambda: Sweep.objects.get(pk=sweep.pk).status != Sweep.Status.RUNNING, timeout_s=240, what="the sweep")
+    sweep.refresh_from_db()
+    users.refresh_from_db()
+    assert sweep.status == Sweep.Status.DONE, sweep.error
+    assert users.status == Turn.Status.DONE
+    step_one_end = max(t.finished_at for t in first())
+    step_two = Turn.objects.filter(sweep_point__sweep=sweep, sweep_point__step=1)
+    assert users.started_at <= step_one_end + timedelta(seconds=1)  # a slot of the first step, as soon as it freed
+    assert users.started_at < min(t.started_at for t in step_two)
