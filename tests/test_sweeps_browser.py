@@ -4,11 +4,12 @@ chart beside the prediction."""
 
 from __future__ import annotations
 
+import os
 import re
 
 import pytest
 
-from tests.test_browser import browser, login, page  # noqa: F401 (fixtures)
+from tests.test_browser import SHOT_DIR, browser, login, page  # noqa: F401 (fixtures)
 
 pytestmark = [pytest.mark.browser, pytest.mark.llama, pytest.mark.django_db(transaction=True)]
 
@@ -53,4 +54,6 @@ def test_a_sweep_started_from_the_form_shows_its_progress_and_points_live(
     assert page.locator("[data-testid=sweep-points] tbody tr").count() == 3
     page.wait_for_function(f"() => ({SWEEP_X})() === 3")
     assert page.get_by_test_id("sweep-cancel").is_hidden()
+    if SHOT_DIR:
+        page.screenshot(path=os.path.join(SHOT_DIR, "sweep.png"), full_page=True)
     assert page.errors == []
