@@ -14,6 +14,8 @@ from django.views.decorators.http import require_GET
 
 from inference.models import Sweep
 from inference.turns import sweep_rows
+from monitoring import calculator as calc
+from monitoring import calculator_forms as forms
 from monitoring import calculator_plots as plots
 from monitoring import calculator_selectors
 from monitoring.calculator_selectors import TurnPoint
@@ -65,6 +67,27 @@ def prediction_query(sweep: Sweep, overrides: Any) -> dict[str, Any]:
     return query
 
 
+def step_predictions(sweep: Sweep, form: forms.CalculatorForm) -> list[float | None]:
+    """The predicted tokens/s per session of each step as planned (its sessions, its prompt plus half the reply in
+    use, the form's context allocated), for the page's measured-over-predicted column; None where it does not fit."""
+    model, hw, work, _ = forms.inputs(form)
+    per_token = calc.kv_bytes_per_token(model.arch, work.kv_type)
+    predicted: list[float | None] = []
+    for context, sessions in sweep.steps:
+        in_use = context + sweep.max_tokens // 2
+        rate = calc.decode_rate(
+            weight_bytes=model.weight_bytes,
+            kv_per_token=per_token,
+            hw=hw,
+            context_tokens=max(work.context_tokens, in_use),
+            sessions=sessions,
+            context_in_use=in_use,
+            params=model.params,
+        )
+        predicted.append(None if rate is None else round(rate.per_session_tps, 3))
+    return predicted
+
+
 @login_required
 @require_GET
 def sweep_page(request: HttpRequest, sweep_id: int) -> HttpResponse:
@@ -82,6 +105,7 @@ def sweep_page(request: HttpRequest, sweep_id: int) -> HttpResponse:
         "ws": f"/ws/monitoring/sweeps/{sweep.pk}/",
         "cancel": reverse("board:api_sweep_cancel", args=[sweep.pk]),
         "figures": answer["figures"] if answer else None,
+        "predicted": step_predictions(sweep, form) if answer else None,
         "trace": SWEEP_TRACE,
     }
     context = {

@@ -220,6 +220,8 @@ def test_the_sweep_page_plots_its_points_beside_the_prediction(admin_user, finis
     config = page.context["page_config"]
     (trace,) = [t for t in config["figures"]["context"]["data"] if t["name"] == config["trace"]]
     assert trace["x"] == [260, 516] and trace["y"] == [90.5, 80.25]
+    first, second = config["predicted"]  # each step's own prediction: the longer prompt reads more KV cache
+    assert first > second > 0
     # The rig's own figures: no bandwidth known yet, so the page says why there is no prediction.
     bare = _client(admin_user).get(f"/monitoring/sweeps/{finished_sweep.pk}/")
     assert bare.context["page_config"]["figures"] is None and "No prediction" in bare.content.decode()

@@ -52,6 +52,8 @@ def test_a_sweep_started_from_the_form_shows_its_progress_and_points_live(
     assert progress.evaluate("el => [el.value, el.max]") == [2, 2]
     assert first < 2  # the bar moved while the page was open: the socket's progress frames
     assert page.locator("[data-testid=sweep-points] tbody tr").count() == 3
+    ratio = page.locator("[data-testid=sweep-points] tbody tr td").last.inner_text()
+    assert re.fullmatch(r"\d+(\.\d)? %", ratio), ratio  # measured over the step's prediction
     page.wait_for_function(f"() => ({SWEEP_X})() === 3")
     assert page.get_by_test_id("sweep-cancel").is_hidden()
     if SHOT_DIR:

@@ -92,8 +92,11 @@
       points.push(p);
       const tr = document.createElement("tr");
       tr.dataset.turn = p.turn;
+      const predicted = cfg.predicted ? cfg.predicted[p.step] : null;
+      const pct = predicted && p.decode_tps !== null ? (100 * p.decode_tps) / predicted : null;
+      const ratio = pct === null ? null : `${pct >= 10 ? Math.round(pct) : pct.toFixed(1)} %`;
       for (const value of [p.step + 1, p.context_target, p.sessions, p.turn, p.prompt_tokens, p.output_tokens,
-        p.decoding_together, fmt(p.decode_tps, 1)]) {
+        p.decoding_together, fmt(p.decode_tps, 1), fmt(predicted, 1), ratio]) {
         const td = document.createElement("td");
         td.textContent = fmt(value);
         tr.appendChild(td);
