@@ -348,6 +348,7 @@ class Sweep(models.Model):
     step = models.PositiveIntegerField(default=0)  # steps finished; the step running is this one
     error = models.TextField(blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
+    looked_at = models.DateTimeField(null=True, blank=True)  # the driver's last look (a lost look is re-sent)
     finished_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
@@ -367,13 +368,15 @@ class Sweep(models.Model):
 
 
 class SweepPoint(models.Model):
-    """One turn of a sweep's step, and what it measured once it ended (from the turn's stats)."""
+    """One turn of a sweep's step, and what it measured once it ended (from the turn's stats); or a warm-up turn."""
 
     sweep = models.ForeignKey(Sweep, on_delete=models.CASCADE, related_name="points")
     step = models.PositiveIntegerField()
     context_target = models.PositiveIntegerField()  # the prompt tokens the step asked for
     sessions = models.PositiveIntegerField()  # the turns the step submitted together
     turn = models.OneToOneField(Turn, null=True, on_delete=models.SET_NULL, related_name="sweep_point")
+    # A warm-up turn reads the step's prompt into the backend's cache (one token of reply) and is not measured.
+    warmup = models.BooleanField(default=False)
     status = models.CharField(max_length=16, blank=True)  # the turn's end status, once it ended
     prompt_tokens = models.PositiveIntegerField(null=True)
     output_tokens = models.PositiveIntegerField(null=True)

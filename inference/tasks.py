@@ -41,3 +41,8 @@ def dispatch_all_task(resend_after_s: float = 120.0) -> dict[str, list[int]]:
 @shared_task(name="inference.sweep_advance")
 def sweep_advance_task(sweep_id: int) -> str:
     return sweeps.sweep_advance(sweep_id=sweep_id)
+
+
+@shared_task(name="inference.sweeps_resume")
+def sweeps_resume_task(silent_s: float = 60.0) -> list[int]:
+    return sweeps.sweeps_resume(silent_s=silent_s)

@@ -47,7 +47,7 @@ def sweeps_page(request: HttpRequest) -> HttpResponse:
 def _points(sweep: Sweep) -> list[TurnPoint]:
     return [
         TurnPoint(p.turn_id or 0, p.decode_tps, p.context_mean, p.decoding_together or p.sessions, sweep.model_name)
-        for p in sweep.points.exclude(status="").order_by("step", "id")
+        for p in sweep.points.filter(warmup=False).exclude(status="").order_by("step", "id")
         if p.decode_tps is not None and p.context_mean is not None
     ]
 

@@ -277,3 +277,25 @@ def test_a_demoted_admin_can_neither_start_nor_cancel(dead_rig, finished_sweep):
     with pytest.raises(InvalidInput) as refused:
         sweeps.sweep_cancel(actor=demoted, sweep_id=finished_sweep.pk)
     assert refused.value.code == "forbidden"
+
+
+@pytest.mark.django_db
+def test_beat_resumes_a_sweep_whose_driver_went_silent(admin_user, dead_rig):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    silent = Sweep.objects.create(
+        rig=dead_rig, owner=admin_user, model_name="m", contexts=[256], sessions=[1], max_tokens=8
+    )
+    Sweep.objects.filter(pk=silent.pk).update(looked_at=timezone.now() - timedelta(seconds=90))
+    other = Rig.objects.create(name="other", kind=Rig.Kind.LLAMACPP, base_url=DEAD_URL, queue="rig.other")
+    fresh = Sweep.objects.create(
+        rig=other, owner=admin_user, model_name="m", contexts=[256], sessions=[1], max_tokens=8
+    )
+    assert sweeps.sweeps_resume(silent_s=60) == [silent.pk]  # the one just created is not silent yet
+    silent.refresh_from_db()
+    assert silent.looked_at > timezone.now() - timedelta(seconds=5)
+    assert sweeps.sweeps_resume(silent_s=60) == []  # resumed once, not again while its look is due
+    Sweep.objects.filter(pk=fresh.pk).update(status=Sweep.Status.DONE, looked_at=None)
+    assert sweeps.sweeps_resume(silent_s=0) == [silent.pk]  # an ended sweep is never resumed

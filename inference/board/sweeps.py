@@ -5,8 +5,8 @@ Each step is ordinary turns of the staff member who started the sweep, submitted
 (N sessions: N turns in one burst), so the fair queue, the slots, quotas, the board, usage and cancel treat them as
 any user's turns: a sweep's turn waits its round like everyone's and never starves a user. The driver,
 ``sweep_advance``, is a short Celery task on the default queue that re-queues itself (``_look_after``) while a
-step's turns run (it holds no worker thread meanwhile): submit a step, wait for its turns to end, record what their
-stats measured, go on.
+step's turns run (it holds no worker thread meanwhile): submit a step's warm-up turns (they read its prompt into
+the backend's cache), then its measured turns, wait for them to end, record what their stats measured, go on.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import logging
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 from celery import current_app
@@ -45,6 +46,7 @@ ADVANCE_TASK = "inference.sweep_advance"
 # How often the driver looks at a running step's turns: a tenth of the time the step has run, from 0.25 s to 2 s, so a
 # short step ends promptly and a long one is not disturbed by looks (each costs the worker some 50-100 ms of CPU).
 LOOK_MIN_S, LOOK_MAX_S, LOOK_FRACTION = 0.25, 2.0, 0.1
+RESUME_AFTER_S = 60.0  # a running sweep with no look for this long lost its driver's message (sweeps_resume)
 MAX_RUNGS = 12  # entries per ladder
 MIN_CONTEXT = 64  # the chat template and the instruction alone take a few dozen tokens
 MIN_TOKENS, MAX_TOKENS = 8, 4096
@@ -249,12 +251,16 @@ def sweep_advance(*, sweep_id: int) -> str:
             sweep = locking(Sweep.objects.select_related("rig", "owner").filter(pk=sweep_id)).first()
             if sweep is None or sweep.status != Sweep.Status.RUNNING or sweep.step != seen.step:
                 return "ended" if sweep is None or sweep.status != Sweep.Status.RUNNING else "moved"
-            points = list(sweep.points.filter(step=sweep.step).select_related("turn"))
+            points = list(sweep.points.filter(step=sweep.step).select_related("turn", "turn__session"))
+            measured = [p for p in points if not p.warmup]
             if not points:
-                outcome = _step_submit(sweep, filler) if filler is not None else "waiting"
+                outcome = _step_submit(sweep, filler, warmup=True) if filler is not None else "waiting"
             elif any(p.turn is not None and p.turn.status in Turn.ACTIVE for p in points):
                 outcome, look_s = "waiting", _look_after(points)
+            elif not measured:
+                outcome = _step_warmed(sweep, points)
             else:
+                points = measured
                 outcome = _step_record(sweep, points)
     except QueueUnavailable:  # the step's turns are stored and wait for the task queue (dispatch sends them later)
         outcome = "submitted"
@@ -270,11 +276,12 @@ def _look_after(points: Sequence[SweepPoint]) -> float:
 
 def _looked(sweep: Sweep, outcome: str, recorded: Sequence[SweepPoint], look_s: float) -> str:
     """After a look: queue the next one while the sweep runs; tell the pages and the board of any change."""
+    Sweep.objects.filter(pk=sweep.pk).update(looked_at=timezone.now())
     if outcome in ("submitted", "waiting", "recorded"):
         _advance_later(sweep.pk, countdown=0 if outcome == "recorded" else look_s)
     if outcome != "waiting":
         sweep.refresh_from_db()
-        _publish(sweep, points=[sweep_rows.point_row(p) for p in recorded])
+        _publish(sweep, points=[sweep_rows.point_row(p) for p in recorded if not p.warmup])
     return outcome
 
 
@@ -282,10 +289,12 @@ class _StepRefused(Exception):
     pass
 
 
-def _step_submit(sweep: Sweep, filler: str) -> str:
-    """Submit the step's N turns in one burst, each in a session of its own holding the step's filler."""
+def _step_submit(sweep: Sweep, filler: str, *, warmup: bool) -> str:
+    """Submit N turns of the step in one burst, each in a session of its own holding the step's filler: first the
+    warm-up turns (one token of reply), then, in new sessions, the measured ones."""
     context, count = sweep.steps[sweep.step]
-    params = {"max_tokens": sweep.max_tokens, "temperature": 0.0, "seed": 1}
+    params = {"max_tokens": 1 if warmup else sweep.max_tokens, "temperature": 0.0, "seed": 1}
+    what = "warm-up" if warmup else "at once"
     try:
         with transaction.atomic():  # a refused step leaves no sessions behind
             sessions = [
@@ -293,7 +302,7 @@ def _step_submit(sweep: Sweep, filler: str) -> str:
                     owner=sweep.owner,
                     rig=sweep.rig,
                     model_name=sweep.model_name,
-                    title=f"Sweep {sweep.pk}: {context} tokens, {count} at once ({i + 1}/{count})",
+                    title=f"Sweep {sweep.pk}: {context} tokens, {count} {what} ({i + 1}/{count})",
                     context_messages=[{"role": "system", "content": filler}],
                 )
                 for i in range(count)
@@ -305,12 +314,29 @@ def _step_submit(sweep: Sweep, filler: str) -> str:
             # A turn stored while the task queue is down waits in the fair queue and starts when it is back.
             turns = Turn.objects.filter(session__in=sessions).order_by("id")
             SweepPoint.objects.bulk_create(
-                SweepPoint(sweep=sweep, step=sweep.step, context_target=context, sessions=count, turn=turn)
+                SweepPoint(
+                    sweep=sweep, step=sweep.step, context_target=context, sessions=count, turn=turn, warmup=warmup
+                )
                 for turn in turns
             )
     except _StepRefused as exc:
         return _fail(sweep, f"Step {sweep.step + 1}: {exc}")
     return "submitted"
+
+
+def _step_warmed(sweep: Sweep, warmups: Sequence[SweepPoint]) -> str:
+    """The warm-up turns ended: the backend holds the step's prompt in each slot they used, so the measured turns,
+    the same prompt, start decoding together instead of one decoding while another's prompt is read (which a
+    decode rate of the first would count as its own time)."""
+    for point in warmups:
+        point.status = point.turn.status if point.turn is not None else "deleted"
+        point.save(update_fields=["status"])
+    bad = next((p for p in warmups if p.status != Turn.Status.DONE), None)
+    if bad is not None or warmups[0].turn is None:
+        why = bad.turn.error if bad is not None and bad.turn is not None and bad.turn.error else "a warm-up turn failed"
+        return _fail(sweep, f"Step {sweep.step + 1}: {why}")
+    filler = warmups[0].turn.session.context_messages[0]["content"]
+    return _step_submit(sweep, filler, warmup=False)
 
 
 def _step_record(sweep: Sweep, points: Sequence[SweepPoint]) -> str:
@@ -332,8 +358,9 @@ def _step_record(sweep: Sweep, points: Sequence[SweepPoint]) -> str:
 
 
 def _point_measure(rig_id: int, point: SweepPoint) -> None:
-    """A point's figures from its turn's stats: decode tokens/s, the mean context while decoding (prompt plus half
-    the reply, as the calculator's measured points) and how many of the rig's turns were running at its midpoint."""
+    """A point's figures from its turn's stats: decode tokens/s (the backend's), the mean context while decoding
+    (prompt plus half the reply, as the calculator's measured points) and how many of the rig's turns were running at
+    its midpoint."""
     turn = point.turn
     if turn is None:
         point.status = "deleted"
@@ -343,7 +370,9 @@ def _point_measure(rig_id: int, point: SweepPoint) -> None:
     output = stats.get("output_tokens") or turn.output_tokens
     context = stats.get("context_tokens")
     point.output_tokens = output
-    point.decode_tps = stats.get("decode_tps")
+    # The backend's own rate (llama-server's predicted_per_second, its clock): a short reply's rate from arrival
+    # times at the worker moves with how late its first token was read. RigDash's figure where there is no other.
+    point.decode_tps = stats.get("backend_decode_tps") or stats.get("decode_tps")
     if context and output is not None:
         point.prompt_tokens = context - output
         point.context_mean = context - output / 2
@@ -398,6 +427,22 @@ def prompt_filler(rig: Rig, model: str, tokens: int) -> str:
 def _cut(unit: str, chars: int) -> str:
     """``unit`` repeated to ``chars`` characters."""
     return (unit * (chars // len(unit) + 1))[:chars]
+
+
+def sweeps_resume(*, silent_s: float = RESUME_AFTER_S) -> list[int]:
+    """Beat's safety net: queue a look for each running sweep whose driver has not looked for ``silent_s`` (its
+    Celery message was lost, e.g. with the worker that held it); the sweeps resumed. A look never waits longer than
+    ``LOOK_MAX_S``, so a live driver is never doubled."""
+    quiet_since = timezone.now() - timedelta(seconds=silent_s)
+    stalled = Sweep.objects.filter(status=Sweep.Status.RUNNING).filter(
+        Q(looked_at__lt=quiet_since) | Q(looked_at__isnull=True, created_at__lt=quiet_since)
+    )
+    resumed = list(stalled.values_list("pk", flat=True))
+    for sweep_id in resumed:
+        log.warning("sweep %s: no look for %g s; its driver is queued again", sweep_id, silent_s)
+        Sweep.objects.filter(pk=sweep_id).update(looked_at=timezone.now())
+        _advance_later(sweep_id, countdown=0)
+    return resumed
 
 
 def _advance_later(sweep_id: int, *, countdown: float) -> None:

@@ -63,7 +63,7 @@ def sweep_snapshot(sweep: Sweep, *, points: bool = True) -> dict[str, Any]:
         "finished_at": sweep.finished_at.isoformat() if sweep.finished_at else None,
     }
     if points:
-        measured = sweep.points.exclude(status="").order_by("step", "id")
+        measured = sweep.points.filter(warmup=False).exclude(status="").order_by("step", "id")
         snapshot["points"] = [point_row(point) for point in measured]
     return snapshot
 
@@ -85,7 +85,7 @@ def sweeps_running() -> list[dict[str, Any]]:
 
 
 def sweep_csv_chunks(sweep: Sweep, *, rows: int = 500) -> Iterator[str]:
-    """The sweep's CSV: the header, then its points (ended or not) ``rows`` at a time, each chunk one query.
+    """The sweep's CSV: the header, then its measured points (ended or not) ``rows`` at a time, each chunk one query.
     Points are stored step by step, so their ids run in step order."""
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
@@ -93,7 +93,7 @@ def sweep_csv_chunks(sweep: Sweep, *, rows: int = 500) -> Iterator[str]:
     yield out.getvalue()
     after = 0
     while True:
-        chunk = list(sweep.points.filter(pk__gt=after).order_by("pk")[:rows])
+        chunk = list(sweep.points.filter(warmup=False, pk__gt=after).order_by("pk")[:rows])
         if not chunk:
             return
         after = chunk[-1].pk
