@@ -17,6 +17,10 @@ The admin board (group ``board``, staff sockets only; inference/consumers/board.
 - ``board.turn``      one turn's board row (user, rig, model, state, tokens...) when it is queued, starts or ends.
 - ``board.progress``  a running turn's tokens so far, tokens/s and context fill, at most ~2 per second.
 - ``board.queue``     a rig's waiting turns and their queue positions, after each dispatch.
+- ``board.sweep``     a decode sweep's state (inference/turns/sweep_rows.py), when it starts, a step starts or ends.
+
+A decode sweep's page (group ``sweep.<id>``, staff sockets only; monitoring/consumers.py): ``sweep.progress``, the
+sweep's state and the points its last step measured, when it starts, a step starts or ends, and when it ends.
 
 Per user (group ``user.<id>``, every socket of that user): ``user.revoked``: the user was deactivated or
 their rights changed; sockets re-check and close what they may no longer see.
@@ -231,3 +235,13 @@ async def board_progress(*, progress: dict[str, Any]) -> None:
 
 def user_revoked_sync(*, user_id: int) -> None:
     send_sync((user_group(user_id), {"type": "user.revoked", "user": user_id}))
+
+
+def sweep_group(sweep_id: int) -> str:
+    return f"sweep.{sweep_id}"
+
+
+def sweep_progress_sync(*, sweep: dict[str, Any], points: list[dict[str, Any]] | None = None) -> None:
+    """A sweep's state to its page (with the points its last step measured) and to the board, in one round trip."""
+    page = {"type": "sweep.progress", "sweep": sweep, "points": points or []}
+    send_sync((sweep_group(sweep["id"]), page), (BOARD_GROUP, {"type": "board.sweep", "sweep": sweep}))

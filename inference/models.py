@@ -368,3 +368,67 @@ class LastServed(models.Model):
 
     def __str__(self) -> str:
         return f"user {self.user_id} last served on rig {self.rig_id} at {self.at}"
+
+
+class Sweep(models.Model):
+    """A staff member's decode sweep of one rig: a ladder of prompt lengths times a ladder of parallel sessions, each
+    step run as ordinary turns of its owner through the fair queue (inference/board/sweeps.py, docs/calculator.md)."""
+
+    class Status(models.TextChoices):
+        RUNNING = "running"
+        DONE = "done"
+        FAILED = "failed"
+        CANCELLED = "cancelled"
+
+    rig = models.ForeignKey(Rig, on_delete=models.CASCADE, related_name="sweeps")
+    owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="sweeps")
+    model_name = models.CharField(max_length=200)
+    contexts = models.JSONField(default=list)  # prompt tokens per step, ascending
+    sessions = models.JSONField(default=list)  # sessions decoding together per step, ascending
+    max_tokens = models.PositiveIntegerField()
+    forced = models.BooleanField(default=False)  # started while the rig had other turns
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.RUNNING)
+    step = models.PositiveIntegerField(default=0)  # steps finished; the step running is this one
+    error = models.TextField(blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    looked_at = models.DateTimeField(null=True, blank=True)  # the driver's last look (a lost look is re-sent)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        constraints = [
+            # One sweep at a time per rig, whatever races two starts.
+            models.UniqueConstraint(fields=["rig"], condition=models.Q(status="running"), name="sweep_one_running")
+        ]
+
+    def __str__(self) -> str:
+        return f"sweep {self.pk} of {self.rig_id} ({self.status})"
+
+    @property
+    def steps(self) -> list[tuple[int, int]]:
+        """(prompt tokens, sessions) of every step, in the order they run: each context, every session count."""
+        return [(context, sessions) for context in self.contexts for sessions in self.sessions]
+
+
+class SweepPoint(models.Model):
+    """One turn of a sweep's step, and what it measured once it ended (from the turn's stats); or a warm-up turn."""
+
+    sweep = models.ForeignKey(Sweep, on_delete=models.CASCADE, related_name="points")
+    step = models.PositiveIntegerField()
+    context_target = models.PositiveIntegerField()  # the prompt tokens the step asked for
+    sessions = models.PositiveIntegerField()  # the turns the step submitted together
+    turn = models.OneToOneField(Turn, null=True, on_delete=models.SET_NULL, related_name="sweep_point")
+    # A warm-up turn reads the step's prompt into the backend's cache (one token of reply) and is not measured.
+    warmup = models.BooleanField(default=False)
+    status = models.CharField(max_length=16, blank=True)  # the turn's end status, once it ended
+    prompt_tokens = models.PositiveIntegerField(null=True)
+    output_tokens = models.PositiveIntegerField(null=True)
+    decode_tps = models.FloatField(null=True)
+    context_mean = models.FloatField(null=True)  # prompt plus half the reply: the mean context while decoding
+    decoding_together = models.PositiveIntegerField(null=True)  # the rig's turns decoding at this turn's midpoint
+
+    class Meta:
+        ordering = ["step", "id"]
+
+    def __str__(self) -> str:
+        return f"point {self.pk} of sweep {self.sweep_id}, step {self.step}"

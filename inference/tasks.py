@@ -7,7 +7,7 @@ from typing import Any
 
 from celery import shared_task
 
-from inference.board import model_admin
+from inference.board import model_admin, sweeps
 from inference.queue import dispatch
 from inference.turns import lifecycle
 from inference.worker import start
@@ -36,3 +36,13 @@ def model_pull_task(rig_id: int, model: str, pull_id: str) -> str:
 @shared_task(name="inference.dispatch_all")
 def dispatch_all_task(resend_after_s: float = 120.0) -> dict[str, list[int]]:
     return {**dispatch.dispatch_all(resend_after_s=resend_after_s), "failed": lifecycle.turns_fail_where_agent_down()}
+
+
+@shared_task(name="inference.sweep_advance")
+def sweep_advance_task(sweep_id: int) -> str:
+    return sweeps.sweep_advance(sweep_id=sweep_id)
+
+
+@shared_task(name="inference.sweeps_resume")
+def sweeps_resume_task(silent_s: float = 60.0) -> list[int]:
+    return sweeps.sweeps_resume(silent_s=silent_s)

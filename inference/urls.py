@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from django.urls import path
 
-from inference.views import board, chat, chats, keys, models, openai, openai_chat, rigs, usage
+from inference.views import board, chat, chats, keys, models, openai, openai_chat, rigs, sweeps, usage
 
 app_name = "inference"
 
@@ -60,6 +60,9 @@ board_urlpatterns = (
         path("board/rigs/<int:rig_id>/", rigs.rig_edit, name="rig_edit"),
         path("board/rigs/<int:rig_id>/delete", rigs.rig_delete, name="rig_delete"),
         path("board/rigs/<int:rig_id>/agent-key", rigs.rig_agent_key, name="rig_agent_key"),
+        path("board/api/sweeps", sweeps.api_sweep_start, name="api_sweep_start"),
+        path("board/api/sweeps/<int:sweep_id>/cancel", sweeps.api_sweep_cancel, name="api_sweep_cancel"),
+        path("board/sweeps/<int:sweep_id>.csv", sweeps.sweep_csv, name="sweep_csv"),
         path("usage/", usage.usage_page, name="usage"),
         path("usage.csv", usage.usage_csv, name="usage_csv"),
     ],

@@ -52,11 +52,14 @@ def _top(values: Sequence[float | None]) -> float:
     return max((v for v in values if v is not None), default=0.0)
 
 
-def _measured(points: Sequence[TurnPoint], x: str) -> dict[str, Any]:
+MEASURED_NAME = "measured turns (tokens/s per session)"
+
+
+def _measured(points: Sequence[TurnPoint], x: str, name: str) -> dict[str, Any]:
     return {
         "type": "scatter",
         "mode": "markers",
-        "name": "measured turns (tokens/s per session)",
+        "name": name,
         "x": [p.context_tokens if x == "context" else p.sessions for p in points],
         "y": [p.decode_tps for p in points],
         "text": [f"turn {p.turn_id}: {p.model}, {p.sessions} decoding, context {p.context_tokens:.0f}" for p in points],
@@ -74,6 +77,8 @@ def context_figure(
     work: calc.Workload,
     prediction: calc.Prediction,
     points: Sequence[TurnPoint] = (),
+    *,
+    measured_name: str = MEASURED_NAME,
 ) -> dict[str, Any]:
     no_fit = (
         calc.max_context(
@@ -109,7 +114,7 @@ def context_figure(
             }
         )
     if points:
-        data.append(_measured(points, "context"))
+        data.append(_measured(points, "context", measured_name))
     data += _marks(prediction.spill_context, no_fit, ladder, _top(per_session))
     return {
         "data": data,
@@ -129,6 +134,8 @@ def sessions_figure(
     work: calc.Workload,
     prediction: calc.Prediction,
     points: Sequence[TurnPoint] = (),
+    *,
+    measured_name: str = MEASURED_NAME,
 ) -> dict[str, Any]:
     no_fit = prediction.max_sessions_total + 1
     ladder = calc.sessions_ladder(work.sessions, marks=(prediction.spill_sessions, no_fit))
@@ -154,7 +161,7 @@ def sessions_figure(
         },
     ]
     if points:
-        data.append(_measured(points, "sessions"))
+        data.append(_measured(points, "sessions", measured_name))
     data += _marks(prediction.spill_sessions, no_fit, ladder, _top(per_session))
     return {
         "data": data,
@@ -170,3 +177,10 @@ def sessions_figure(
         },
         "meta": {"spill_at": prediction.spill_sessions, "no_fit_at": no_fit},
     }
+
+
+def with_measured(figure: dict[str, Any], name: str) -> dict[str, Any]:
+    """The figure with a measured trace named ``name``, empty if it had none, for a page that adds points live."""
+    if not any(trace.get("name") == name for trace in figure["data"]):
+        figure["data"].append(_measured((), "context", name))
+    return figure

@@ -1,4 +1,5 @@
-"""Dashboard websockets: a rig's samples (``/ws/monitoring/rigs/<id>/``) or every rig's (``/ws/monitoring/``)."""
+"""Dashboard websockets: a rig's samples (``/ws/monitoring/rigs/<id>/``) or every rig's (``/ws/monitoring/``), and a
+decode sweep's progress (``/ws/monitoring/sweeps/<id>/``, staff only)."""
 
 from __future__ import annotations
 
@@ -7,10 +8,12 @@ from typing import Any
 
 from channels.db import database_sync_to_async
 
+from inference import events as inference_events
 from inference.models import Rig
+from inference.turns import sweep_rows
 from monitoring import events
 from monitoring.selectors import redact_users
-from rigdash.ws import CLOSE_NOT_FOUND, GroupJsonConsumer
+from rigdash.ws import CLOSE_NOT_FOUND, GroupJsonConsumer, StaffConsumer
 
 
 class RigMonitorConsumer(GroupJsonConsumer):
@@ -58,3 +61,27 @@ def sample_frame(event: dict[str, Any], *, viewer: str, is_staff: bool) -> str:
             _frames.clear()  # samples come once a second: nothing older than the last few is asked for again
         _frames[key] = frame
     return frame
+
+
+class SweepConsumer(StaffConsumer):
+    """A sweep's page: ``sweep.snapshot`` (its state and every point so far) once joined, then ``progress`` frames
+    (inference/events.py, ``sweep.progress``). Staff only: anyone else is refused (4403), a missing sweep 4404."""
+
+    async def connect(self) -> None:
+        if await self.staff_user_or_close() is None:
+            return
+        sweep_id = int(self.scope["url_route"]["kwargs"]["sweep_id"])
+        if await database_sync_to_async(sweep_rows.sweep_get)(sweep_id) is None:
+            await self.close(code=CLOSE_NOT_FOUND)
+            return
+        await self.join(inference_events.sweep_group(sweep_id))  # before the snapshot: nothing falls between
+        await self.accept()
+        sweep = await database_sync_to_async(sweep_rows.sweep_get)(sweep_id)
+        snapshot = await database_sync_to_async(sweep_rows.sweep_snapshot)(sweep)
+        await self.send_json({"type": "sweep.snapshot", "sweep": snapshot})
+
+    async def receive_json(self, content: Any, **kwargs: Any) -> None:
+        await self.send_json({"type": "error", "code": "read_only", "message": "This socket only sends progress."})
+
+    async def sweep_progress(self, event: dict[str, Any]) -> None:
+        await self.send_json({"type": "progress", "sweep": event["sweep"], "points": event["points"]})

@@ -44,8 +44,11 @@ def _result(prediction: calc.Prediction) -> dict[str, Any]:
     return out
 
 
-def compute(query: Any) -> tuple[forms.CalculatorForm, dict[str, Any] | None]:
-    """The bound form and, when it is valid, the whole answer: result, figures, the query that restores it."""
+def compute(
+    query: Any, *, points: list[selectors.TurnPoint] | None = None, measured_name: str = plots.MEASURED_NAME
+) -> tuple[forms.CalculatorForm, dict[str, Any] | None]:
+    """The bound form and, when it is valid, the whole answer: result, figures, the query that restores it.
+    ``points``: the measured points to draw (by default the rig's latest finished turns)."""
     rig, rig_error = _rig(query)
     facts = selectors.rig_facts(rig) if rig else None
     form = forms.bind(query, facts)
@@ -59,7 +62,8 @@ def compute(query: Any) -> tuple[forms.CalculatorForm, dict[str, Any] | None]:
     except ValueError as exc:  # what the form's own checks let through
         form.add_error(None, str(exc))
         return form, None
-    points = selectors.turn_points(rig) if rig else []
+    if points is None:
+        points = selectors.turn_points(rig) if rig else []
     query_string = urlencode(forms.query_of(form))
     return form, {
         "inputs": forms.query_of(form),
@@ -67,8 +71,8 @@ def compute(query: Any) -> tuple[forms.CalculatorForm, dict[str, Any] | None]:
         "url": f"{reverse('monitoring:calculator')}?{query_string}",
         "result": _result(prediction),
         "figures": {
-            "context": plots.context_figure(model, hw, work, prediction, points),
-            "sessions": plots.sessions_figure(model, hw, work, prediction, points),
+            "context": plots.context_figure(model, hw, work, prediction, points, measured_name=measured_name),
+            "sessions": plots.sessions_figure(model, hw, work, prediction, points, measured_name=measured_name),
         },
         "measured": {"rig": rig.pk if rig else None, "points": len(points)},
     }

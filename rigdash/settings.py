@@ -249,4 +249,6 @@ CELERY_BEAT_SCHEDULE = {
     # The fair queue's safety net: dispatch waiting turns to free slots (also done on submit and at every
     # turn end) and resend tasks dispatched but never started (a lost message).
     "dispatch-waiting-turns": {"task": "inference.dispatch_all", "schedule": 5.0, "kwargs": {"resend_after_s": 120.0}},
+    # A decode sweep whose driver's message was lost (its worker died holding it) is looked at again.
+    "resume-sweeps": {"task": "inference.sweeps_resume", "schedule": 30.0, "kwargs": {"silent_s": 60.0}},
 }

@@ -32,6 +32,8 @@ def _routes(world, owner) -> list[str]:
         f"/api/rigs/{world['rig'].pk}/models/delete",
         f"/api/rigs/{world['rig'].pk}/models/unload",
         f"/board/api/turns/{world['turn'].pk}/cancel",
+        "/board/api/sweeps",
+        "/board/api/sweeps/1/cancel",  # refused before the view looks the sweep up
         "/board/users/",
         f"/board/users/{owner.pk}/",
         "/board/quotas/",

@@ -257,6 +257,10 @@ class Backend(ABC):
         """Tokens of context one sequence of ``model`` gets on this server (a llama.cpp slot's n_ctx)."""
         return None
 
+    async def prompt_tokens(self, model: str, messages: list[dict[str, str]]) -> int:
+        """Tokens ``messages`` make as ``model``'s prompt: its chat template applied, then its tokenizer."""
+        raise BackendNotSupported(f"{self.kind} cannot count a prompt's tokens")
+
     async def loaded_models(self) -> list[LoadedModel]:
         raise BackendNotSupported(f"{self.kind} cannot list loaded models")
 

@@ -146,6 +146,34 @@ class LlamaCppBackend(Backend):
         n_ctx = (await self.props()).get("default_generation_settings", {}).get("n_ctx")
         return int(n_ctx) if n_ctx else None
 
+    async def _post_json(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        try:
+            async with self._client(read_timeout=self.timeout_s) as client:
+                response = await client.post(path, json=body)
+        except httpx.HTTPError as exc:
+            raise BackendUnavailable(f"llama-server at {self.base_url} is unreachable: {exc!r}") from exc
+        if response.status_code >= 400:
+            raise _error(response.status_code, _error_message(response.content))
+        try:
+            payload = response.json()
+        except ValueError as exc:
+            raise BackendProtocolError(f"llama-server sent non-JSON for {path}") from exc
+        if not isinstance(payload, dict):
+            raise BackendProtocolError(f"llama-server's {path} answer is not an object")
+        return payload
+
+    async def prompt_tokens(self, model: str, messages: list[dict[str, str]]) -> int:
+        """``/apply-template`` then ``/tokenize`` with the special tokens the template writes parsed as such: the
+        count llama-server's ``prompt_n`` gives the same messages with nothing cached."""
+        prompt = (await self._post_json("/apply-template", {"messages": messages})).get("prompt")
+        if not isinstance(prompt, str):
+            raise BackendProtocolError("llama-server's /apply-template answer has no prompt")
+        body = {"content": prompt, "add_special": True, "parse_special": True}
+        tokens = (await self._post_json("/tokenize", body)).get("tokens")
+        if not isinstance(tokens, list):
+            raise BackendProtocolError("llama-server's /tokenize answer has no tokens")
+        return len(tokens)
+
     async def model_architecture(self, model: str) -> ModelArchitecture:
         """From the GGUF file itself, when llama-server's model file is readable on RigDash's host."""
         from inference.backends.gguf import architecture_from_metadata, read_metadata

@@ -1,7 +1,8 @@
 """The admin board's websocket (staff only; refused before accept otherwise).
 
-``/ws/board/``: a ``board.snapshot`` frame with every active and recent turn, then ``turn`` (a row), ``progress``
-(a running turn's tokens, tokens/s, context) and ``queue`` (queue positions) frames. Browser -> server:
+``/ws/board/``: a ``board.snapshot`` frame with every active and recent turn and the running sweeps, then ``turn``
+(a row), ``progress`` (a running turn's tokens, tokens/s, context), ``queue`` (queue positions) and ``sweep`` (a
+decode sweep's state) frames. Browser -> server:
 ``turn.cancel {turn}``, ``board.resync``. Errors: ``error {code, message}``.
 """
 
@@ -14,7 +15,7 @@ from channels.db import database_sync_to_async
 from inference import events
 from inference.board import actions
 from inference.errors import InvalidInput
-from inference.turns import board_rows
+from inference.turns import board_rows, sweep_rows
 from rigdash.ws import StaffConsumer, parse_frame
 
 
@@ -29,7 +30,8 @@ class BoardConsumer(StaffConsumer):
     async def _send_snapshot(self) -> None:
         rows = await database_sync_to_async(board_rows.board_rows)()
         rigs = await database_sync_to_async(board_rows.rigs_summary)()
-        await self.send_json({"type": "board.snapshot", "turns": rows, "rigs": rigs})
+        sweeps = await database_sync_to_async(sweep_rows.sweeps_running)()
+        await self.send_json({"type": "board.snapshot", "turns": rows, "rigs": rigs, "sweeps": sweeps})
 
     async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None, **kwargs: Any) -> None:
         content = parse_frame(text_data)
@@ -64,3 +66,6 @@ class BoardConsumer(StaffConsumer):
 
     async def board_queue(self, event: dict[str, Any]) -> None:
         await self.send_json({"type": "queue", "rig": event["rig"], "positions": event["positions"]})
+
+    async def board_sweep(self, event: dict[str, Any]) -> None:
+        await self.send_json({"type": "sweep", "sweep": event["sweep"]})

@@ -2,8 +2,8 @@
  *
  * Frames: board.snapshot {turns, rigs} replaces everything; turn {turn: row} upserts a row; progress
  * {turn, status, tokens, decode_tps, context_used, n_ctx, context_ratio} updates a running row (the
- * worker sends it at most ~2/s per turn); queue {rig, positions} updates queue positions. Stop sends
- * turn.cancel. Everything from the server is shown with textContent, never parsed as HTML.
+ * worker sends it at most ~2/s per turn); queue {rig, positions} updates queue positions; sweep {sweep}
+ * shows a decode sweep's step (a running sweep's turns are rows like any other). Stop sends turn.cancel. Everything from the server is shown with textContent, never parsed as HTML.
  */
 (function () {
   "use strict";
@@ -15,6 +15,32 @@
   const rigsLabel = document.querySelector("[data-testid=rigs]");
   const ACTIVE = new Set(["queued", "prompt", "decoding"]);
   const rows = new Map(); // id -> {data, el}
+  const sweepsList = document.querySelector("[data-testid=board-sweeps]");
+  const sweeps = new Map(); // id -> li
+
+  function showSweep(sw) {
+    let li = sweeps.get(sw.id);
+    if (sw.status !== "running") {
+      if (li) li.remove();
+      sweeps.delete(sw.id);
+      sweepsList.hidden = sweeps.size === 0;
+      return;
+    }
+    if (!li) {
+      li = document.createElement("li");
+      li.dataset.sweep = sw.id;
+      sweepsList.appendChild(li);
+      sweeps.set(sw.id, li);
+    }
+    const link = document.createElement("a");
+    link.href = `/monitoring/sweeps/${sw.id}/`;
+    link.textContent = `sweep ${sw.id}`;
+    const step = sw.running_step ? `: ${sw.running_step.context} tokens, ${sw.running_step.sessions} at once` : "";
+    const text = document.createTextNode(
+      ` of ${sw.rig_name} by ${sw.owner} (${sw.model}), step ${Math.min(sw.step + 1, sw.steps)} of ${sw.steps}${step}`);
+    li.replaceChildren(link, text);
+    sweepsList.hidden = false;
+  }
 
   function showError(message) {
     banner.textContent = message;
@@ -135,9 +161,14 @@
       rows.clear();
       tbody.replaceChildren();
       msg.turns.forEach(render);
+      sweeps.forEach((li) => li.remove());
+      sweeps.clear();
+      (msg.sweeps || []).forEach(showSweep);
+      sweepsList.hidden = sweeps.size === 0;
       rigsLabel.textContent = msg.rigs.map((r) => `${r.name}: ${r.slots} slots${r.enabled ? "" : " (disabled)"}`).join(" · ");
     },
     turn: (msg) => render(msg.turn),
+    sweep: (msg) => showSweep(msg.sweep),
     progress: (msg) => {
       const entry = rows.get(msg.turn);
       if (!entry || !ACTIVE.has(entry.data.status)) return;
