@@ -7,6 +7,7 @@ from __future__ import annotations
 import httpx
 import openai
 import pytest
+from django.contrib.sessions.models import Session
 from django.test import Client
 from django.utils import timezone
 
@@ -43,6 +44,7 @@ def test_a_completion_is_a_turn_with_the_requests_messages(web_url, celery_worke
     assert answer.usage.completion_tokens == turn.output_tokens > 0
     assert answer.usage.prompt_tokens == turn.prompt_tokens > 60  # the system message reached the model
     assert board_row_for(turn.pk)["via_api"] is True  # the admin board marks it
+    assert not Session.objects.exists()  # an API request never makes a Django session (nor sets a cookie, below)
     # The other user sees nothing of it.
     other = Client()
     other.force_login(other_user)
@@ -108,6 +110,7 @@ def test_quota_errors_and_bad_requests_in_openais_shape(web_url, rig, model_name
     response = httpx.post(f"{web_url}/v1/chat/completions", headers={"Authorization": f"Bearer {key.secret}"},
                           json={"model": model_name, "messages": [{"role": "user", "content": "hi"}]})  # fmt: skip
     assert response.status_code == 429 and response.json()["error"]["code"] == "rate_limit_exceeded"
+    assert "set-cookie" not in response.headers
     assert 0 < int(response.headers["Retry-After"]) <= 86400
     with pytest.raises(openai.RateLimitError):
         client.chat.completions.create(model=model_name, messages=[{"role": "user", "content": "hi"}])

@@ -175,7 +175,7 @@ def _params(body: dict[str, Any]) -> dict[str, Any]:
     response_format = body.get("response_format")
     if response_format is not None and response_format != {"type": "text"}:
         kind = response_format.get("type") if isinstance(response_format, dict) else None
-        raise _unsupported_value(f"Only the text response format is supported, not {kind!r}.", "response_format")
+        raise _unsupported_value(f"response_format: only type 'text' is supported, not {kind!r}.", "response_format")
     try:
         return params_validate(raw)
     except InvalidInput as exc:
