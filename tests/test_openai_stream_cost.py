@@ -1,11 +1,19 @@
 """What streaming through /v1/chat/completions adds to reading llama-server directly, beside what the chat's websocket
 adds (a measurement, not a timed test: ``RIGDASH_BENCH_OPENAI=1 ./scripts/test tests/test_openai_stream_cost.py -s``;
 figures in docs/benchmarks.md). Same definitions as the benchmark (/work/shared/reference/performance.md): TTFT =
-request sent -> first text; decode rate = (n - 1) / (t_last - t_first) over the pieces with text.
+request sent -> first text; decode rate = (n - 1) / (t_last - t_first), n counted in the backend's chunks with text
+(a token each) on every path: RigDash sends them coalesced, several to a batch, so its n is the turn's seq count
+(``output_events``: a chat frame's ``seq_to``; for /v1/, whose chunks carry no seq, the stored turn's), and the first
+batch is one chunk (the worker publishes the first token at once).
 
 Each round reads the same seeded 96-token reply four ways, in a rotating order so that drift on a shared machine hits
 all alike: llama-server directly (twice: the second read against the first is the floor, what this machine's noise
-alone "adds" without RigDash), through RigDash's /v1/, and through the chat's websocket."""
+alone "adds" without RigDash), through RigDash's /v1/, and through the chat's websocket.
+
+Every way sends over a connection it opened before its clock starts, as the chat's page does (its socket is open) and
+as the official ``openai`` client does (one keep-alive pool per client). ``RIGDASH_BENCH_FRESH_CONNECTIONS=1`` gives
+the HTTP ways a new client and connection per reply instead: building an ``httpx`` client (its TLS context) then
+falls inside the HTTP ways' TTFT, direct and /v1/ alike, but never the chat's, which skews the comparison."""
 
 from __future__ import annotations
 
@@ -13,13 +21,14 @@ import json
 import os
 import statistics
 import time
+from typing import Any
 
 import httpx
 import pytest
 from django.conf import settings
 
 from inference.board import apikeys
-from inference.models import ChatSession
+from inference.models import ChatSession, Turn
 from tests.conftest import session_cookie_for
 
 pytestmark = [
@@ -28,18 +37,23 @@ pytestmark = [
     pytest.mark.django_db(transaction=True),
 ]
 ROUNDS, TOKENS = int(os.environ.get("RIGDASH_BENCH_ROUNDS", "12")), 96
+FRESH = bool(os.environ.get("RIGDASH_BENCH_FRESH_CONNECTIONS"))
 Reading = tuple[float, float, float]  # TTFT ms, decode tokens/s, first byte of the answer ms (submit done)
 
 
-def _rate(arrivals: list[float]) -> float:
+def _rate(arrivals: list[float], chunks: int | None = None) -> float:
+    """Decode rate from the arrivals of the pieces with text, which hold ``chunks`` backend chunks in all (one each
+    when None)."""
     assert len(arrivals) > 10
-    return (len(arrivals) - 1) / (arrivals[-1] - arrivals[0])
+    return ((chunks or len(arrivals)) - 1) / (arrivals[-1] - arrivals[0])
 
 
-def _read(url: str, body: dict, headers: dict) -> Reading:
-    """One streamed reply over a fresh HTTP connection, counting chunks with text."""
+def _read(client: httpx.Client | None, url: str, body: dict, headers: dict, chunks: Any = None) -> Reading:
+    """One streamed reply over ``client``'s open connection, or a new client's; ``chunks()``: how many backend chunks
+    its pieces held (one each when None)."""
     started, arrivals, first_byte = time.perf_counter(), [], 0.0
-    with httpx.stream("POST", url, json=body, headers=headers, timeout=120) as response:
+    streaming = httpx.stream if client is None else client.stream
+    with streaming("POST", url, json=body, headers=headers, timeout=120) as response:
         assert response.status_code == 200
         for line in response.iter_lines():
             first_byte = first_byte or time.perf_counter()
@@ -48,7 +62,7 @@ def _read(url: str, body: dict, headers: dict) -> Reading:
             event = json.loads(line[6:])
             if event.get("choices") and (event["choices"][0].get("delta") or {}).get("content"):
                 arrivals.append(time.perf_counter())
-    return (arrivals[0] - started) * 1000, _rate(arrivals), (first_byte - started) * 1000
+    return (arrivals[0] - started) * 1000, _rate(arrivals, chunks and chunks()), (first_byte - started) * 1000
 
 
 def _chat(web_url: str, cookie: str, session_id: int, body: dict) -> Reading:
@@ -57,7 +71,7 @@ def _chat(web_url: str, cookie: str, session_id: int, body: dict) -> Reading:
     from websockets.sync.client import connect
 
     url = web_url.replace("http://", "ws://") + f"/ws/chat/{session_id}/"
-    arrivals, queued = [], 0.0
+    arrivals, queued, seq, first = [], 0.0, 0, 0
     with connect(url, additional_headers={"Cookie": f"{settings.SESSION_COOKIE_NAME}={cookie}",
                                          "Origin": web_url}) as sock:  # fmt: skip
         json.loads(sock.recv(timeout=30))  # the session's snapshot
@@ -69,7 +83,9 @@ def _chat(web_url: str, cookie: str, session_id: int, body: dict) -> Reading:
                 queued = queued or time.perf_counter()
             if frame["type"] == "token" and frame.get("text"):
                 arrivals.append(time.perf_counter())
-    return (arrivals[0] - started) * 1000, _rate(arrivals), (queued - started) * 1000
+                seq, first = frame["seq_to"], first if arrivals[1:] else frame["seq_to"]
+    # The first frame's chunks arrived at t_first: (n - 1) counts the chunks after the first one's.
+    return (arrivals[0] - started) * 1000, _rate(arrivals, seq - first + 1), (queued - started) * 1000
 
 
 def _p(values: list[float], q: float) -> float:
@@ -87,10 +103,16 @@ def test_streaming_through_v1_against_direct(web_url, celery_worker, rig, model_
         session = ChatSession.objects.create(owner=owner, rig=rig, model_name=model_name)
         return _chat(web_url, cookie, session.pk, body)
 
+    bearer = {"Authorization": f"Bearer {key.secret}"}
+
+    def api_chunks() -> int:
+        return int(Turn.objects.filter(session__api_key=key.key).latest("id").stats["output_events"])
+
+    clients = {name: None if FRESH else httpx.Client() for name in ("direct", "direct again", "/v1")}
     ways = {
-        "direct": lambda: _read(f"{llama_url}/v1/chat/completions", body, {}),
-        "direct again": lambda: _read(f"{llama_url}/v1/chat/completions", body, {}),
-        "/v1": lambda: _read(f"{web_url}/v1/chat/completions", body, {"Authorization": f"Bearer {key.secret}"}),
+        "direct": lambda: _read(clients["direct"], f"{llama_url}/v1/chat/completions", body, {}),
+        "direct again": lambda: _read(clients["direct again"], f"{llama_url}/v1/chat/completions", body, {}),
+        "/v1": lambda: _read(clients["/v1"], f"{web_url}/v1/chat/completions", body, bearer, api_chunks),
         "chat": chat,
     }
     names = list(ways)
@@ -102,7 +124,11 @@ def test_streaming_through_v1_against_direct(web_url, celery_worker, rig, model_
             runs[name].append(ways[name]())
     direct = runs["direct"]
     ttft, rate = statistics.median(d[0] for d in direct), statistics.median(d[1] for d in direct)
-    print(f"\nOPENAI {ROUNDS} rounds x {TOKENS} tokens, rotated; direct TTFT p50 {ttft:.1f} ms, {rate:.0f} tok/s")
+    how = "a new HTTP connection per reply" if FRESH else "open connections"
+    print(f"\nOPENAI {ROUNDS} rounds x {TOKENS} tokens, {how}; direct TTFT p50 {ttft:.1f} ms, {rate:.0f} tok/s")
+    for client in clients.values():
+        if client is not None:
+            client.close()
     for name in ("direct again", "/v1", "chat"):
         added = [r[0] - d[0] for d, r in zip(direct, runs[name], strict=True)]
         ratio = [r[1] / d[1] for d, r in zip(direct, runs[name], strict=True)]

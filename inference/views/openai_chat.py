@@ -13,7 +13,6 @@ import math
 from collections.abc import AsyncIterator
 from typing import Any
 
-from asgiref.sync import sync_to_async
 from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
 from django.utils import timezone
 
@@ -24,7 +23,7 @@ from inference.turns.api import api_turn_submit
 from inference.turns.lifecycle import turn_cancel
 from inference.views.openai import BadRequest, chat_request_parse, model_catalogue, model_resolve
 from inference.views.openai import openai_error as error
-from inference.views.turn_listener import TurnListener, reply_pieces
+from inference.views.turn_listener import TurnListener, on_db_thread, reply_pieces
 
 ENDED_STATUSES: dict[str, int] = {"failed": 502, "interrupted": 502, "cancelled": 409}
 
@@ -73,7 +72,7 @@ async def _cancel_if_running(turn_id: int) -> None:
             with contextlib.suppress(InvalidInput):  # it ended meanwhile
                 turn_cancel(turn=latest)
 
-    await sync_to_async(cancel)()
+    await on_db_thread(cancel)()
 
 
 async def _wait_for_end(turn: Turn) -> Turn:
@@ -99,10 +98,11 @@ async def _finish(listener: TurnListener, cancel: bool) -> None:
 
 async def chat_completions(request: HttpRequest) -> HttpResponse | StreamingHttpResponse:
     """Async, so that waiting for a reply holds no thread; the key check, the parsing and the submit run in one
-    thread hop (``_authenticated_submit``), the reply is pushed by the channel layer (``TurnListener``)."""
+    hop to a database thread that keeps its connection (``on_db_thread``), and the reply is pushed by the channel
+    layer (``TurnListener``)."""
     if request.method != "POST":
         return error(405, "Use POST.", code="method_not_allowed")
-    submitted = await sync_to_async(_authenticated_submit)(request)
+    submitted = await on_db_thread(_authenticated_submit)(request)
     if isinstance(submitted, HttpResponse):
         return submitted
     turn, model_id, stream, include_usage = submitted

@@ -18,10 +18,12 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import AsyncIterator
-from typing import Any
+from collections.abc import AsyncIterator, Callable, Coroutine
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, ParamSpec, TypeVar
 
 from asgiref.sync import sync_to_async
+from channels.db import DatabaseSyncToAsync
 from channels.layers import get_channel_layer
 from django.conf import settings
 
@@ -33,6 +35,21 @@ log = logging.getLogger(__name__)
 
 CHECK_S = 1.0  # with no event for this long, the turn's row is read: has it ended?
 EVENT_TYPES = frozenset({"chat.token", "chat.turn_end"})
+
+# The API views' database work runs on these threads. Django's ASGI handler gives each request a new thread, and a
+# database connection opened there would be opened per request and never reused; these threads keep theirs for
+# CONN_MAX_AGE, as Channels' database thread does for the chat sockets, and close a connection past its age or
+# broken before and after each call (``channels.db.DatabaseSyncToAsync``).
+_DB_THREADS = ThreadPoolExecutor(max_workers=4, thread_name_prefix="rigdash-api-db")
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def on_db_thread(func: Callable[P, R]) -> Callable[P, Coroutine[Any, Any, R]]:
+    """``func`` as a coroutine run on one of the API's database threads."""
+    wrapped: Callable[P, Coroutine[Any, Any, R]] = DatabaseSyncToAsync(func, thread_sensitive=False,
+                                                                       executor=_DB_THREADS)  # fmt: skip
+    return wrapped
 
 
 class TurnListener:
@@ -97,10 +114,12 @@ class TurnListener:
             return None
 
 
-async def ended_turn(turn_id: int) -> Turn | None:
-    """The turn's row once it has ended; None while it is waiting or running."""
-    turn = await Turn.objects.filter(pk=turn_id).afirst()
+def _ended_turn(turn_id: int) -> Turn | None:
+    turn = Turn.objects.filter(pk=turn_id).first()
     return turn if turn is None or turn.status not in Turn.ACTIVE else None
+
+
+ended_turn = on_db_thread(_ended_turn)  # the turn's row once it has ended; None while it is waiting or running
 
 
 _snapshot = sync_to_async(state.snapshot, thread_sensitive=False)
