@@ -21,6 +21,7 @@ tests/test_channel_layer.py pins the behaviour against the installed channels_re
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from typing import Any, Protocol
 
@@ -87,8 +88,19 @@ class FanoutLoopLayer(RedisPubSubLoopLayer):  # type: ignore[misc]
 class FanoutShardConnection(RedisSingleShardConnection):  # type: ignore[misc]
     channel_layer: FanoutLoopLayer
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._subscribed = asyncio.Event()  # set by each subscribe: the reader waits for it while nothing is
+
+    async def subscribe(self, channel: str) -> None:
+        await super().subscribe(channel)
+        self._subscribed.set()
+
     async def _do_receiving(self) -> None:
-        # channels_redis 4.3's loop, with the delivery awaited in it (see _deliver), and a longer wait per read.
+        # channels_redis 4.3's loop, with the delivery awaited in it (see _deliver), and a longer wait per read. With
+        # no subscription it waits for the next subscribe, where channels_redis sleeps 0.1 s and looks again: the
+        # first message after a subscribe to an idle connection (a /v1/ request's turn on a web process with no
+        # socket open) could wait up to that sleep.
         while True:
             try:
                 if self._pubsub and self._pubsub.subscribed:
@@ -96,7 +108,11 @@ class FanoutShardConnection(RedisSingleShardConnection):  # type: ignore[misc]
                     if message is not None:
                         await self._deliver(message)
                 else:
-                    await asyncio.sleep(0.1)
+                    self._subscribed.clear()
+                    if not (self._pubsub and self._pubsub.subscribed):  # still nothing: wait for a subscribe
+                        with contextlib.suppress(TimeoutError):
+                            async with asyncio.timeout(RECEIVE_WAIT_S):
+                                await self._subscribed.wait()
             except (TimeoutError, asyncio.CancelledError, GeneratorExit):
                 raise
             except BaseException:

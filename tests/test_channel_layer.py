@@ -181,3 +181,32 @@ async def test_a_chat_socket_takes_tokens_directly_once_connected(owner: Any, ch
     finally:
         await sock.close()
     await _until(lambda: not layer._get_layer().direct, "the closed socket left the layer")
+
+
+async def test_a_subscribe_wakes_an_idle_reader_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With nothing subscribed the reader waits for the next subscribe; channels_redis' own loop sleeps 0.1 s and looks
+    again, so a /v1/ request's first token on a web process with no socket open could wait up to that long. (A
+    sleeping reader may wake during a subscribe by chance: five rounds in a row leave that little chance.)"""
+    layer = FanoutPubSubChannelLayer(hosts=[settings.REDIS_URL], prefix=f"wake{os.getpid()}x{next(_prefixes)}")
+    try:
+        channel = await layer.new_channel()
+        shard = layer._get_layer()._shards[0]  # channels_redis internals: the one shard's connection
+        reads: list[float] = []
+        get_message = shard._pubsub.get_message
+
+        async def counted(*args: Any, **kwargs: Any) -> Any:
+            reads.append(time.monotonic())
+            return await get_message(*args, **kwargs)
+
+        monkeypatch.setattr(shard._pubsub, "get_message", counted)
+        for _ in range(5):
+            await shard.unsubscribe(channel)
+            await _until(lambda: not shard._pubsub.subscribed, "the reader read the unsubscribe's reply")
+            await asyncio.sleep(0.05)  # the reader found nothing subscribed: it waits
+            reads.clear()
+            await shard.subscribe(channel)
+            for _ in range(20):  # a few turns of the event loop, no time: a sleeping reader would not read yet
+                await asyncio.sleep(0)
+            assert reads, "the reader did not start reading when a channel was subscribed"
+    finally:
+        await layer.flush()

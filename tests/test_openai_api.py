@@ -109,10 +109,13 @@ BAD = [
         "only text parts",
         "messages",
     ),
-    (json.dumps({"model": "m", "messages": MESSAGES, "tools": []}).encode(), "Unsupported parameter: tools", "tools"),
-    (json.dumps({"model": "m", "messages": MESSAGES, "n": 2}).encode(), "n=1", "n"),
-    (json.dumps({"model": "m", "messages": MESSAGES, "temperature": 3}).encode(), "between 0 and 2", None),
-    (json.dumps({"model": "m", "messages": MESSAGES, "max_tokens": 10**6}).encode(), "max_tokens", None),
+    (json.dumps({"model": "m", "messages": MESSAGES, "temperature": 3}).encode(), "between 0 and 2", "temperature"),
+    (json.dumps({"model": "m", "messages": MESSAGES, "max_tokens": 10**6}).encode(), "max_tokens", "max_tokens"),
+    (
+        json.dumps({"model": "m", "messages": MESSAGES, "max_completion_tokens": 0}).encode(),
+        "max_tokens",
+        "max_completion_tokens",
+    ),
     (json.dumps({"model": "m", "messages": MESSAGES, "stream": "yes"}).encode(), "boolean", "stream"),
     (
         json.dumps({"model": "m", "messages": MESSAGES, "stream": True, "stream_options": 1}).encode(),
@@ -127,6 +130,36 @@ def test_bad_chat_requests_are_refused_with_a_reason(body, message, param):
     with pytest.raises(BadRequest, match=message) as refused:
         chat_request_parse(body)
     assert refused.value.status == 400 and refused.value.param == param
+
+
+# What RigDash cannot honour is refused by name, never silently dropped: (field, value, OpenAI's code).
+UNSUPPORTED = [
+    ("tools", [{"type": "function", "function": {"name": "f", "parameters": {}}}], "unsupported_parameter"),
+    ("tools", [], "unsupported_parameter"),
+    ("tool_choice", "auto", "unsupported_parameter"),
+    ("tool_choice", "none", "unsupported_parameter"),
+    ("top_logprobs", 2, "unsupported_parameter"),
+    ("logprobs", True, "unsupported_value"),
+    ("response_format", {"type": "json_object"}, "unsupported_value"),
+    ("response_format", {"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}, "unsupported_value"),
+    ("response_format", "text", "unsupported_value"),
+    ("n", 2, "unsupported_value"),
+    ("stop", ["\n"], "unsupported_parameter"),
+]
+
+
+@pytest.mark.parametrize(("field", "value", "code"), UNSUPPORTED)
+def test_parameters_rigdash_cannot_honour_are_refused_by_name(field, value, code):
+    with pytest.raises(BadRequest) as refused:
+        chat_request_parse(json.dumps({"model": "m", "messages": MESSAGES, field: value}).encode())
+    assert refused.value.status == 400 and refused.value.param == field and refused.value.error_code == code
+    assert field in refused.value.message
+
+
+def test_values_that_change_nothing_and_nulls_are_accepted():
+    body = {"model": "m", "messages": MESSAGES, "n": 1, "logprobs": False, "response_format": {"type": "text"},
+            "tools": None, "tool_choice": None, "top_logprobs": None, "stop": None}  # fmt: skip
+    assert chat_request_parse(json.dumps(body).encode()).params == {}
 
 
 def test_oversized_bodies_and_messages():

@@ -7,6 +7,7 @@ from __future__ import annotations
 import httpx
 import openai
 import pytest
+from django.contrib.sessions.models import Session
 from django.test import Client
 from django.utils import timezone
 
@@ -43,6 +44,7 @@ def test_a_completion_is_a_turn_with_the_requests_messages(web_url, celery_worke
     assert answer.usage.completion_tokens == turn.output_tokens > 0
     assert answer.usage.prompt_tokens == turn.prompt_tokens > 60  # the system message reached the model
     assert board_row_for(turn.pk)["via_api"] is True  # the admin board marks it
+    assert not Session.objects.exists()  # an API request never makes a Django session (nor sets a cookie, below)
     # The other user sees nothing of it.
     other = Client()
     other.force_login(other_user)
@@ -92,7 +94,15 @@ def test_quota_errors_and_bad_requests_in_openais_shape(web_url, rig, model_name
     assert missing.value.body["code"] == "model_not_found"
     with pytest.raises(openai.BadRequestError) as bad:
         client.chat.completions.create(model=model_name, messages=[{"role": "user", "content": "hi"}], temperature=5)
-    assert "between 0 and 2" in bad.value.message
+    assert "between 0 and 2" in bad.value.message and bad.value.body["param"] == "temperature"
+    tool = {"type": "function", "function": {"name": "f", "parameters": {}}}
+    for unsupported, param in (({"tools": [tool]}, "tools"), ({"response_format": {"type": "json_object"}},
+                               "response_format"), ({"logprobs": True}, "logprobs")):  # fmt: skip
+        with pytest.raises(openai.BadRequestError) as refused:
+            client.chat.completions.create(model=model_name, messages=[{"role": "user", "content": "hi"}],
+                                           **unsupported)  # fmt: skip
+        assert refused.value.status_code == 400 and refused.value.body["param"] == param
+        assert refused.value.body["code"] in ("unsupported_parameter", "unsupported_value")
     Quota.objects.create(user=owner, max_output_tokens_per_day=5)
     spent = ChatSession.objects.create(owner=owner, rig=rig, model_name=model_name)
     Turn.objects.create(session=spent, user_text="x", status="done", output_tokens=5, started_at=timezone.now(),
@@ -100,6 +110,7 @@ def test_quota_errors_and_bad_requests_in_openais_shape(web_url, rig, model_name
     response = httpx.post(f"{web_url}/v1/chat/completions", headers={"Authorization": f"Bearer {key.secret}"},
                           json={"model": model_name, "messages": [{"role": "user", "content": "hi"}]})  # fmt: skip
     assert response.status_code == 429 and response.json()["error"]["code"] == "rate_limit_exceeded"
+    assert "set-cookie" not in response.headers
     assert 0 < int(response.headers["Retry-After"]) <= 86400
     with pytest.raises(openai.RateLimitError):
         client.chat.completions.create(model=model_name, messages=[{"role": "user", "content": "hi"}])

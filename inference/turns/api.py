@@ -21,4 +21,4 @@ def api_turn_submit(*, key: ApiKey, rig: Rig, model: str, history: list[dict[str
             owner_id=key.owner_id, rig=rig, model_name=model, api_key=key, context_messages=history,
             title=f"API ({key.name}): {text.strip()[:TITLE_CHARS]}",
         )  # fmt: skip
-        return turn_submit(session=session, text=text, params=params)
+        return turn_submit(session=session, text=text, params=params, new_session=True)

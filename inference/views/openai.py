@@ -30,8 +30,15 @@ from inference.turns.sessions import rig_models
 MAX_BODY_BYTES = 1_048_576
 ROLES = ("system", "user", "assistant")
 # Accepted and ignored: they change nothing RigDash sends (``user`` is OpenAI's end-user tag).
-IGNORED_FIELDS = {"user", "stream_options", "n", "frequency_penalty", "presence_penalty", "store", "metadata"}
+IGNORED_FIELDS = {"user", "frequency_penalty", "presence_penalty", "store", "metadata"}
 PARAMS = ("temperature", "top_p", "seed")
+# Read here: the messages and what shapes the answer.
+FIELDS = {"model", "messages", "stream", "stream_options", "max_tokens", "max_completion_tokens", "n", "logprobs",
+          "response_format", *PARAMS, *IGNORED_FIELDS}  # fmt: skip
+# Any other field with a value (``tools``, ``tool_choice``, ``top_logprobs``, ``stop``, ...) is refused by name with
+# ``unsupported_parameter``, and a supported one's value RigDash cannot honour (``n`` > 1, ``logprobs`` true, a
+# ``response_format`` other than text) with ``unsupported_value``: never silently ignored. A null is a field left out,
+# as OpenAI reads it.
 
 
 def openai_error(status: int, message: str, *, code: str | None = None, param: str | None = None,
@@ -122,10 +129,15 @@ class ChatCompletionRequest:
 
 
 class BadRequest(InvalidInput):
-    def __init__(self, message: str, param: str | None = None, status: int = 400) -> None:
+    def __init__(self, message: str, param: str | None = None, status: int = 400, code: str | None = None) -> None:
         super().__init__("invalid_request_error", message)
         self.param = param
         self.status = status
+        self.error_code = code  # OpenAI's ``code``: None, or e.g. unsupported_parameter, unsupported_value
+
+
+def _unsupported_value(message: str, param: str) -> BadRequest:
+    return BadRequest(message, param, code="unsupported_value")
 
 
 def _content(message: Any, index: int) -> tuple[str, str]:
@@ -153,15 +165,23 @@ def _stream_flags(body: dict[str, Any]) -> tuple[bool, bool]:
 
 def _params(body: dict[str, Any]) -> dict[str, Any]:
     raw = {name: body[name] for name in PARAMS if body.get(name) is not None}
-    max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
-    if max_tokens is not None:
-        raw["max_tokens"] = max_tokens
+    max_tokens_field = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
+    if body.get(max_tokens_field) is not None:
+        raw["max_tokens"] = body[max_tokens_field]
     if body.get("n") not in (None, 1):
-        raise BadRequest("only n=1 is supported", "n")
+        raise _unsupported_value("Only n=1 is supported: ask again for another choice.", "n")
+    if body.get("logprobs") not in (None, False):
+        raise _unsupported_value("logprobs are not supported.", "logprobs")
+    response_format = body.get("response_format")
+    if response_format is not None and response_format != {"type": "text"}:
+        kind = response_format.get("type") if isinstance(response_format, dict) else None
+        raise _unsupported_value(f"response_format: only type 'text' is supported, not {kind!r}.", "response_format")
     try:
         return params_validate(raw)
     except InvalidInput as exc:
-        raise BadRequest(exc.message) from exc
+        named = next((name for name in raw if exc.message.startswith(name)), None)
+        param = max_tokens_field if named == "max_tokens" else named
+        raise BadRequest(exc.message, param) from exc
 
 
 def chat_request_parse(raw_body: bytes) -> ChatCompletionRequest:
@@ -174,10 +194,10 @@ def chat_request_parse(raw_body: bytes) -> ChatCompletionRequest:
         raise BadRequest("The body is not valid JSON.") from exc
     if not isinstance(body, dict):
         raise BadRequest("The body must be a JSON object.")
-    unknown = sorted(set(body) - {"model", "messages", "stream", "max_tokens", "max_completion_tokens", *PARAMS,
-                                  *IGNORED_FIELDS})  # fmt: skip
+    unknown = sorted(name for name, value in body.items() if name not in FIELDS and value is not None)
     if unknown:
-        raise BadRequest(f"Unsupported parameter: {unknown[0]}", unknown[0])
+        raise BadRequest(f"Unsupported parameter: '{unknown[0]}' is not supported by RigDash.", unknown[0],
+                         code="unsupported_parameter")  # fmt: skip
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise BadRequest("model must be a non-empty string", "model")

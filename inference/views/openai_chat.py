@@ -1,5 +1,5 @@
 """``POST /v1/chat/completions``: one request is one turn (inference/turns/api.py), answered whole or streamed as
-OpenAI's server-sent events read from the turn's live list.
+OpenAI's server-sent events as the channel layer brings the turn's text (inference/views/turn_listener.py).
 
 https://platform.openai.com/docs/api-reference/chat (``chat.completion``, ``chat.completion.chunk``, ``usage``).
 """
@@ -10,25 +10,21 @@ import asyncio
 import contextlib
 import json
 import math
-import time
 from collections.abc import AsyncIterator
 from typing import Any
 
-from asgiref.sync import sync_to_async
 from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
 from django.utils import timezone
 
 from inference.board import apikeys
 from inference.errors import InvalidInput, QueueUnavailable, QuotaExceeded
-from inference.live import state
 from inference.models import ApiKey, Turn
 from inference.turns.api import api_turn_submit
 from inference.turns.lifecycle import turn_cancel
 from inference.views.openai import BadRequest, chat_request_parse, model_catalogue, model_resolve
 from inference.views.openai import openai_error as error
+from inference.views.turn_listener import TurnListener, on_db_thread, reply_pieces
 
-POLL_S = 0.01  # how often a streaming answer reads the live list (a batch waits at most this long here)
-STATUS_EVERY_S = 0.25  # how often it reads the turn's state from the database
 ENDED_STATUSES: dict[str, int] = {"failed": 502, "interrupted": 502, "cancelled": 409}
 
 
@@ -46,7 +42,7 @@ def _submit(request: HttpRequest) -> tuple[Turn, str, bool, bool] | HttpResponse
     try:
         parsed = chat_request_parse(request.body)
     except BadRequest as exc:
-        return error(exc.status, exc.message, param=exc.param)
+        return error(exc.status, exc.message, param=exc.param, code=exc.error_code)
     entry = model_resolve(parsed.model, model_catalogue())
     if entry is None:
         return error(404, f"The model '{parsed.model}' does not exist", code="model_not_found", param="model")
@@ -76,29 +72,37 @@ async def _cancel_if_running(turn_id: int) -> None:
             with contextlib.suppress(InvalidInput):  # it ended meanwhile
                 turn_cancel(turn=latest)
 
-    await sync_to_async(cancel)()
+    await on_db_thread(cancel)()
 
 
-async def _ended(turn_id: int) -> Turn | None:
-    turn = await Turn.objects.filter(pk=turn_id).afirst()
-    return turn if turn is None or turn.status not in Turn.ACTIVE else None
-
-
-async def _wait_for_end(turn_id: int) -> Turn:
+async def _wait_for_end(turn: Turn) -> Turn:
+    """The turn's ended row, told by its end event (``TurnListener``); a client that goes away cancels the turn."""
+    listener = TurnListener(session_id=turn.session_id, turn_id=turn.pk)
+    ended: Turn | None = None
     try:
-        while (turn := await _ended(turn_id)) is None:
-            await asyncio.sleep(STATUS_EVERY_S)
-    except asyncio.CancelledError:  # Django cancels an async view when its client disconnects
-        await asyncio.shield(_cancel_if_running(turn_id))
-        raise
-    return turn
+        await listener.join()
+        async for piece in reply_pieces(listener):
+            if isinstance(piece, Turn):
+                ended = piece
+        assert ended is not None
+        return ended
+    finally:
+        await asyncio.shield(_finish(listener, ended is None))
+
+
+async def _finish(listener: TurnListener, cancel: bool) -> None:
+    await listener.leave()
+    if cancel:
+        await _cancel_if_running(listener.turn_id)
 
 
 async def chat_completions(request: HttpRequest) -> HttpResponse | StreamingHttpResponse:
-    """Async, so that waiting for a reply holds no thread; the key check and the submit run in one."""
+    """Async, so that waiting for a reply holds no thread; the key check, the parsing and the submit run in one
+    hop to a database thread that keeps its connection (``on_db_thread``), and the reply is pushed by the channel
+    layer (``TurnListener``)."""
     if request.method != "POST":
         return error(405, "Use POST.", code="method_not_allowed")
-    submitted = await sync_to_async(_authenticated_submit)(request)
+    submitted = await on_db_thread(_authenticated_submit)(request)
     if isinstance(submitted, HttpResponse):
         return submitted
     turn, model_id, stream, include_usage = submitted
@@ -106,7 +110,7 @@ async def chat_completions(request: HttpRequest) -> HttpResponse | StreamingHttp
         response = StreamingHttpResponse(_stream(turn, model_id, include_usage), content_type="text/event-stream")
         response["Cache-Control"] = "no-cache"
         return response
-    turn = await _wait_for_end(turn.pk)
+    turn = await _wait_for_end(turn)
     if turn.status in ENDED_STATUSES:
         return error(ENDED_STATUSES[turn.status], turn.error or f"The reply was {turn.status}.", code=turn.status,
                      kind="server_error")  # fmt: skip
@@ -138,47 +142,36 @@ def _sse(payload: dict[str, Any] | str) -> bytes:
 
 
 async def _stream(turn: Turn, model_id: str, include_usage: bool) -> AsyncIterator[bytes]:
-    """The turn's text as ``chat.completion.chunk`` events, as the worker appends it to the live list. Closing the
-    iterator before the end (the client went away) cancels the turn."""
+    """The turn's text as ``chat.completion.chunk`` events, as the channel layer brings it. Closing the iterator
+    before the end (the client went away) cancels the turn."""
     base = {"id": f"chatcmpl-rd{turn.pk}", "object": "chat.completion.chunk",
             "created": int(turn.created_at.timestamp()), "model": model_id}  # fmt: skip
+    # A text chunk's JSON around its text, serialised once here rather than once per chunk.
+    head = "data: " + json.dumps(base, ensure_ascii=False, separators=(",", ":"))[:-1]
+    head += ',"choices":[{"index":0,"delta":{"content":'
+    tail = '},"finish_reason":null}]}\n\n'
 
     def chunk(delta: dict[str, str], finish: str | None = None) -> bytes:
         return _sse({**base, "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]})
 
-    redis, key = state.sync_client(), state.live_key(turn.pk)
-
-    def batches_from(start: int) -> list[Any]:
-        found: list[Any] = redis.lrange(key, start, -1)  # type: ignore[assignment]
-        return found
-
-    read_batches = sync_to_async(batches_from, thread_sensitive=False)
-    sent, read, checked = "", 0, 0.0
+    listener = TurnListener(session_id=turn.session_id, turn_id=turn.pk)
     ended: Turn | None = None
     try:
+        await listener.join()
         yield chunk({"role": "assistant", "content": ""})
-        while ended is None:
-            for raw in await read_batches(read):
-                read += 1
-                text = json.loads(raw)["x"]
-                sent += text
-                if text:
-                    yield chunk({"content": text})
-            if time.monotonic() - checked >= STATUS_EVERY_S:
-                checked = time.monotonic()
-                ended = await _ended(turn.pk)
-            if ended is None:
-                await asyncio.sleep(POLL_S)
+        async for piece in reply_pieces(listener):
+            if isinstance(piece, Turn):
+                ended = piece
+            else:
+                yield (head + json.dumps(piece, ensure_ascii=False) + tail).encode()
+        assert ended is not None
         if ended.status in ENDED_STATUSES:
             yield _sse({"error": {"message": ended.error or f"The reply was {ended.status}.",
                                   "type": "server_error", "param": None, "code": ended.status}})  # fmt: skip
         else:
-            if ended.reply_text.startswith(sent) and len(ended.reply_text) > len(sent):
-                yield chunk({"content": ended.reply_text[len(sent) :]})  # what the live list no longer held
             yield chunk({}, _finish_reason(ended))
             if include_usage:
                 yield _sse({**base, "choices": [], "usage": _usage(ended)})
         yield _sse("[DONE]")
     finally:
-        if ended is None:
-            await asyncio.shield(_cancel_if_running(turn.pk))
+        await asyncio.shield(_finish(listener, ended is None))

@@ -1,0 +1,156 @@
+"""One turn's reply as a chat socket receives it, for a view: pushed through the channel layer, in seq order, each
+piece once, with the same resync as the browser's (docs/streaming.md).
+
+The listener joins the turn's session group (``events.session_group``) on a channel of its own. With RigDash's layer
+(rigdash/channel_layer.py) the layer's reader hands it each event directly, as it does an idle chat socket
+(``direct_ready`` / ``direct_deliver``); with any other layer the events come through the channel's queue. Pub/sub
+may drop a message (a reconnect, a full outbox), so nothing is trusted to arrive:
+
+- a ``chat.token`` batch whose ``seq_from`` is not the next seq (one was missed) is answered by one read of the
+  turn's live list (``state.snapshot``), which holds seq 1..n; a batch already held is dropped;
+- the end is ``chat.turn_end``, or, when no event came for ``CHECK_S``, the turn's row says it ended (its end
+  message was lost, or the turn ended before the listener joined); the row's ``reply_text`` then gives any text
+  not yet sent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import AsyncIterator, Callable, Coroutine
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, ParamSpec, TypeVar
+
+from asgiref.sync import sync_to_async
+from channels.db import DatabaseSyncToAsync
+from channels.layers import get_channel_layer
+from django.conf import settings
+
+from inference import events
+from inference.live import state
+from inference.models import Turn
+
+log = logging.getLogger(__name__)
+
+CHECK_S = 1.0  # with no event for this long, the turn's row is read: has it ended?
+EVENT_TYPES = frozenset({"chat.token", "chat.turn_end"})
+
+# The API views' database work runs on these threads. Django's ASGI handler gives each request a new thread, and a
+# database connection opened there would be opened per request and never reused; these threads keep theirs for
+# CONN_MAX_AGE, as Channels' database thread does for the chat sockets, and close a connection past its age or
+# broken before and after each call (``channels.db.DatabaseSyncToAsync``).
+_DB_THREADS = ThreadPoolExecutor(max_workers=4, thread_name_prefix="rigdash-api-db")
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def on_db_thread(func: Callable[P, R]) -> Callable[P, Coroutine[Any, Any, R]]:
+    """``func`` as a coroutine run on one of the API's database threads."""
+    wrapped: Callable[P, Coroutine[Any, Any, R]] = DatabaseSyncToAsync(func, thread_sensitive=False,
+                                                                       executor=_DB_THREADS)  # fmt: skip
+    return wrapped
+
+
+class TurnListener:
+    """The events of one turn, from the moment ``join`` returns until ``leave``."""
+
+    def __init__(self, *, session_id: int, turn_id: int) -> None:
+        self.group = events.session_group(session_id)
+        self.turn_id = turn_id
+        self.layer: Any = get_channel_layer()
+        self.inbox: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+        self.channel = ""
+        self._holder: asyncio.Task[None] | None = None
+        self._direct = False
+
+    async def join(self) -> None:
+        self.channel = await self.layer.new_channel()
+        await self.layer.group_add(self.group, self.channel)
+        if (direct_add := getattr(self.layer, "direct_add", None)) is not None:
+            direct_add(self.channel, self)
+            self._direct = True
+        # Receives what the layer queues (any layer but RigDash's, or a message to this channel alone); cancelling it
+        # is how channels_redis drops the channel and its subscription (as when a consumer ends).
+        self._holder = asyncio.get_running_loop().create_task(self._receive())
+
+    async def leave(self) -> None:
+        if self._direct:
+            self.layer.direct_discard(self.channel)
+            self._direct = False
+        if self.channel:
+            await self.layer.group_discard(self.group, self.channel)
+        if self._holder is not None:
+            self._holder.cancel()
+            await asyncio.gather(self._holder, return_exceptions=True)
+            self._holder = None
+
+    async def _receive(self) -> None:
+        while True:
+            self._take(await self.layer.receive(self.channel))
+
+    # rigdash.channel_layer.DirectReceiver: the layer's reader calls these for this channel's group messages.
+    def direct_ready(self, event_type: str) -> bool:
+        return True
+
+    async def direct_deliver(self, event: dict[str, Any]) -> None:
+        self._take(event)
+
+    def outbox_overflow(self) -> None:
+        """The layer dropped what waited for this channel: the seq gap or the end check makes up for it."""
+
+    def _take(self, event: dict[str, Any]) -> None:
+        if event.get("type") not in EVENT_TYPES:
+            return
+        turn = event["turn"]["id"] if event["type"] == "chat.turn_end" else event.get("turn")
+        # Bounded: a client reading slower than the reply comes loses events here, and the seq gap resyncs it.
+        if turn == self.turn_id and self.inbox.qsize() < settings.WS_OUTBOX_MAX:
+            self.inbox.put_nowait(event)
+
+    async def next_event(self, timeout_s: float) -> dict[str, Any] | None:
+        try:
+            return await asyncio.wait_for(self.inbox.get(), timeout_s)
+        except TimeoutError:
+            return None
+
+
+def _ended_turn(turn_id: int) -> Turn | None:
+    turn = Turn.objects.filter(pk=turn_id).first()
+    return turn if turn is None or turn.status not in Turn.ACTIVE else None
+
+
+ended_turn = on_db_thread(_ended_turn)  # the turn's row once it has ended; None while it is waiting or running
+
+
+_snapshot = sync_to_async(state.snapshot, thread_sensitive=False)
+
+
+async def reply_pieces(listener: TurnListener) -> AsyncIterator[str | Turn]:
+    """The turn's reply text as it comes, each piece once and in order, then its ended row (the last item)."""
+    seq, sent = 0, ""
+    while True:
+        event = await listener.next_event(CHECK_S)
+        if event is None or event["type"] == "chat.turn_end":
+            ended = await ended_turn(listener.turn_id)
+            if ended is None:
+                continue  # still waiting or running (or its end is not committed yet: asked again later)
+            if ended.reply_text.startswith(sent) and len(ended.reply_text) > len(sent):
+                yield ended.reply_text[len(sent) :]  # what was missed at the end
+            yield ended
+            return
+        if event["seq_to"] <= seq:
+            continue  # held already (it came after a resync that included it)
+        if event["seq_from"] == seq + 1:
+            text = json.loads(event["frame"])["text"]
+            seq = event["seq_to"]
+        else:  # a batch was missed: the live list holds every batch so far
+            current = await _snapshot(listener.turn_id)
+            if not current.text.startswith(sent):
+                log.warning(
+                    "turn %s: the live list does not continue the text sent; waiting for the end", listener.turn_id
+                )
+                continue
+            text, seq = current.text[len(sent) :], current.seq
+        sent += text
+        if text:
+            yield text
