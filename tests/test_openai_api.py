@@ -14,7 +14,7 @@ from django.test import Client
 
 from inference.board import apikeys
 from inference.models import Rig
-from inference.views.openai import MAX_BODY_BYTES, BadRequest, chat_request_parse, model_catalogue
+from inference.views.openai import MAX_BODY_BYTES, BadRequest, chat_request_parse, model_catalogue, model_resolve
 from tests.conftest import session_cookie_for
 
 MESSAGES = [
@@ -38,7 +38,7 @@ def test_models_through_the_official_client(web_url, rig, model_name, owner):
     assert [m.id for m in models.data] == [model_name]
     assert models.data[0].owned_by == rig.name and models.data[0].object == "model"
     assert client.models.retrieve(model_name).id == model_name
-    assert client.models.retrieve(f"{rig.name}/{model_name}").id == model_name
+    assert client.models.retrieve(f"{rig.name}/{model_name}").id == f"{rig.name}/{model_name}"  # pinned to the rig
     with pytest.raises(openai.NotFoundError) as missing:
         client.models.retrieve("no-such-model")
     assert missing.value.body["code"] == "model_not_found"
@@ -68,11 +68,16 @@ def test_missing_malformed_unknown_and_revoked_keys_get_openais_401(web_url, rig
 
 @pytest.mark.llama
 @pytest.mark.django_db
-def test_a_model_on_two_rigs_is_named_by_rig(rig, llama_url, model_name):
+def test_a_model_on_two_rigs_is_named_by_itself_for_any_rig_and_by_rig_for_one(rig, llama_url, model_name):
     Rig.objects.create(name="twin", kind=Rig.Kind.LLAMACPP, base_url=llama_url, queue="rig.twin")
     Rig.objects.create(name="down", kind=Rig.Kind.LLAMACPP, base_url="http://127.0.0.1:9", queue="rig.down")
-    ids = sorted(entry.id for entry in model_catalogue())
-    assert ids == sorted([f"{rig.name}/{model_name}", f"twin/{model_name}"])  # the rig that is down is left out
+    catalogue = model_catalogue()
+    ids = sorted(entry.id for entry in catalogue)
+    # The rig that is down is left out; the plain name is placed on either rig, each rig's name pins to it.
+    assert ids == sorted([model_name, f"{rig.name}/{model_name}", f"twin/{model_name}"])
+    assert [e.placed for e in catalogue if e.id == model_name] == [True]
+    pinned = model_resolve(f"twin/{model_name}", catalogue)
+    assert pinned is not None and (pinned.rig.name, pinned.placed) == ("twin", False)
 
 
 @pytest.mark.django_db

@@ -266,3 +266,38 @@ def test_turns_of_chats_placed_on_a_model_spread_across_two_hosts_agents(
             if proc.poll() is None:
                 proc.terminate()
                 proc.wait(timeout=30)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_api_request_naming_the_model_is_placed_and_one_naming_rig_and_model_is_pinned(
+    sent: list[Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The backends' model lists are given (no llama-server needed); the API's own path from the model id to a turn is
+    real."""
+    from inference.backends.base import ModelInfo
+    from inference.board import apikeys
+    from inference.turns.api import api_turn_submit
+    from inference.views import openai
+
+    rig_a, rig_b = _rig("api-a"), _rig("api-b")
+    monkeypatch.setattr(openai, "rig_models", lambda rig: [ModelInfo(name=name) for name in rig.models_served])
+    user = make_user("scripted")
+    key = apikeys.api_key_create(owner=user, name="editor").key
+    catalogue = openai.model_catalogue()
+    assert sorted(e.id for e in catalogue) == sorted([MODEL, f"api-a/{MODEL}", f"api-b/{MODEL}"])
+
+    def ask(model_id: str) -> Turn:
+        entry = openai.model_resolve(model_id, catalogue)
+        assert entry is not None
+        turn = api_turn_submit(
+            key=key, rig=entry.rig, model=entry.model, history=[], text="hi", params={}, placed=entry.placed
+        )
+        return Turn.objects.select_related("session").get(pk=turn.pk)
+
+    first, second = ask(MODEL), ask(MODEL)
+    assert (first.rig_id, second.rig_id) == (rig_a.pk, rig_b.pk)  # one each: both had a free slot
+    assert first.session.placement == ChatSession.Placement.MODEL
+    pinned = ask(f"api-a/{MODEL}")  # waits for api-a though api-b frees first
+    assert pinned.session.placement == ChatSession.Placement.RIG and pinned.rig_id == rig_a.pk
+    _end(second)
+    assert Turn.objects.get(pk=pinned.pk).dispatched_at is None

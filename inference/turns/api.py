@@ -14,11 +14,13 @@ TITLE_CHARS = 60
 
 
 def api_turn_submit(*, key: ApiKey, rig: Rig, model: str, history: list[dict[str, str]], text: str,
-                    params: dict[str, Any]) -> Turn:  # fmt: skip
-    """Store the request's session and turn and dispatch it; InvalidInput (QuotaExceeded...) stores nothing."""
+                    params: dict[str, Any], placed: bool = False) -> Turn:  # fmt: skip
+    """Store the request's session and turn and dispatch it; InvalidInput (QuotaExceeded...) stores nothing.
+    ``placed``: the request named the model, not a rig: it runs on any enabled rig serving it."""
+    how = ChatSession.Placement.MODEL if placed else ChatSession.Placement.RIG
     with transaction.atomic():
         session = ChatSession.objects.create(
             owner_id=key.owner_id, rig=rig, model_name=model, api_key=key, context_messages=history,
-            title=f"API ({key.name}): {text.strip()[:TITLE_CHARS]}",
+            title=f"API ({key.name}): {text.strip()[:TITLE_CHARS]}", placement=how,
         )  # fmt: skip
         return turn_submit(session=session, text=text, params=params, new_session=True)

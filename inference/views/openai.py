@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import functools
 import json
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -72,43 +71,42 @@ def key_required(view: View) -> View:
 
 @dataclass(frozen=True)
 class CatalogueEntry:
-    id: str  # the model's name, or "<rig>/<model>" when several rigs serve that name
-    rig: Rig
+    """A model id of the API. ``<model>``: any enabled rig serving it, each request placed on one with a free slot
+    (inference/queue/placement.py); ``<rig>/<model>``: that rig only, listed where several rigs serve the model."""
+
+    id: str
+    rig: Rig  # the rig, or for a placed id the first that serves it (``owned_by``)
     model: str
     context_length: int | None = None
-
-
-CATALOGUE_TTL_S = 60.0  # a rig's model list is asked again after this: not a backend round trip per request
-_served: dict[tuple[int, str], tuple[float, list[tuple[str, int | None]]]] = {}
-
-
-def _models_of(rig: Rig) -> list[tuple[str, int | None]]:
-    key, now = (rig.pk, rig.base_url), time.monotonic()
-    cached = _served.get(key)
-    if cached is not None and now - cached[0] < CATALOGUE_TTL_S:
-        return cached[1]
-    models = [(m.name, m.context_length) for m in rig_models(rig)]  # a failure is not kept: asked again next time
-    _served[key] = (now, models)
-    return models
+    placed: bool = False
 
 
 def model_catalogue() -> list[CatalogueEntry]:
-    """Every model the enabled rigs serve (a rig whose backend cannot say is left out)."""
+    """Every model the enabled rigs serve (a rig whose backend cannot say is left out); the rigs' lists are the ones
+    kept for pages (inference/live/served.py), not a backend round trip per request."""
     found: list[tuple[Rig, str, int | None]] = []
     for rig in rig_list_enabled().order_by("-is_default", "name"):
         try:
-            found.extend((rig, name, ctx) for name, ctx in _models_of(rig))
+            found.extend((rig, m.name, m.context_length) for m in rig_models(rig))
         except BackendError:
             continue
+    entries: dict[str, CatalogueEntry] = {}
+    for rig, model, ctx in found:
+        entries.setdefault(model, CatalogueEntry(model, rig, model, ctx, placed=True))
     names = [model for _, model, _ in found]
-    return [
-        CatalogueEntry(model if names.count(model) == 1 else f"{rig.name}/{model}", rig, model, ctx)
-        for rig, model, ctx in found
+    pinned = [
+        CatalogueEntry(f"{rig.name}/{model}", rig, model, ctx) for rig, model, ctx in found if names.count(model) > 1
     ]
+    return [*entries.values(), *pinned]
 
 
 def model_resolve(model_id: str, catalogue: list[CatalogueEntry]) -> CatalogueEntry | None:
-    return next((entry for entry in catalogue if model_id in (entry.id, f"{entry.rig.name}/{entry.model}")), None)
+    """The entry of ``model_id``; ``<rig>/<model>`` names that rig's model even where it is listed under its name."""
+    by_id = next((entry for entry in catalogue if entry.id == model_id), None)
+    if by_id is not None:
+        return by_id
+    pinned = next((e for e in catalogue if f"{e.rig.name}/{e.model}" == model_id), None)
+    return None if pinned is None else CatalogueEntry(model_id, pinned.rig, pinned.model, pinned.context_length)
 
 
 def model_object(entry: CatalogueEntry) -> dict[str, Any]:

@@ -50,7 +50,7 @@ def _submit(request: HttpRequest) -> tuple[Turn, str, bool, bool] | HttpResponse
     assert isinstance(key, ApiKey)
     try:
         turn = api_turn_submit(key=key, rig=entry.rig, model=entry.model, history=parsed.history,
-                               text=parsed.user_text, params=parsed.params)  # fmt: skip
+                               text=parsed.user_text, params=parsed.params, placed=entry.placed)  # fmt: skip
     except QuotaExceeded as exc:
         response = error(429, exc.message, code="rate_limit_exceeded", kind="requests")
         if exc.resets_at is not None:
