@@ -130,7 +130,8 @@ class RawChatClient:
     def _flush(self) -> None:
         for data in self.protocol.data_to_send():
             if data:
-                self.sock.sendall(data)
+                with contextlib.suppress(BrokenPipeError, ConnectionResetError):  # the server has gone: EOF next
+                    self.sock.sendall(data)
 
     def _feed(self, data: bytes) -> None:
         self.read_bytes += len(data)
@@ -170,6 +171,8 @@ class RawChatClient:
                 self._feed(self.sock.recv(262144))
             except TimeoutError:
                 continue
+            except ConnectionResetError:
+                self._feed(b"")
         return self.protocol.close_code
 
     def close(self) -> None:

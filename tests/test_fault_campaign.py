@@ -9,7 +9,6 @@ Redis restarts are in tests/test_faults.py (a private redis-server: never the ma
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import time
 import uuid
@@ -531,6 +530,7 @@ def _pct(values: list[float], p: float) -> float:
     return ordered[min(len(ordered) - 1, round(p / 100 * (len(ordered) - 1)))]
 
 
+@pytest.mark.timeout(420)
 async def test_a_client_that_never_reads_does_not_slow_another_users_stream(
     celery_worker, small_outbox_web, chat_session, owner, other_user
 ):
@@ -563,7 +563,12 @@ async def test_a_client_that_never_reads_does_not_slow_another_users_stream(
         reading = None
         if reads:
             reading = asyncio.create_task(
-                asyncio.to_thread(hog.read_slowly, bytes_per_s=1e9, until=lambda: False, timeout_s=120)
+                asyncio.to_thread(
+                    hog.read_slowly,
+                    bytes_per_s=1e9,
+                    until=lambda hog=hog: any(f["type"] == "turn.end" for f in hog.frames),
+                    timeout_s=180,
+                )
             )
         await sync_to_async(wait_until)(
             lambda tid=hog_turn.pk: live.snapshot(tid).seq > 0, timeout_s=60, what="the owner's first tokens"
@@ -573,13 +578,16 @@ async def test_a_client_that_never_reads_does_not_slow_another_users_stream(
         ended = await sync_to_async(_ended)(hog_turn.pk, 180)
         assert ended.status == Turn.Status.DONE
         if reads:
-            await asyncio.to_thread(hog.close)
-            with contextlib.suppress(OSError):
-                await reading
+            assert reading is not None
+            await reading
+            hog.close()
             assert not _overflowed_since(log_offset)
         else:
             assert _overflowed_since(log_offset), "the never-reading socket was not closed for its outbox"
-            assert await asyncio.to_thread(hog.drain) == 4408
+            # The 4408 close frame waits behind the bytes the client never took: it sees it if it reads them before
+            # uvicorn's keepalive (a ping every 20 s, 20 s for its pong) drops the connection; after that, a 1006.
+            hog_code = await asyncio.to_thread(hog.drain)
+            assert hog_code in (4408, 1006), hog_code
             hog.close()
         figures[reads] = {
             "n": len(lags),
@@ -589,7 +597,7 @@ async def test_a_client_that_never_reads_does_not_slow_another_users_stream(
         }
     print(
         f"\n[fault] second user's web-hop lag (ms), owner's page reading: {figures[True]}; never reading: "
-        f"{figures[False]}"
+        f"{figures[False]}; the never-reading socket's close code when it finally read: {hog_code}"
     )
     assert figures[True]["n"] >= 50 and figures[False]["n"] >= 50
     assert figures[False]["p50"] <= figures[True]["p50"] + LAG_P50_SLACK_MS, figures
