@@ -70,9 +70,11 @@ class PrivatePostgres:
     def stop(self) -> None:
         self._ctl("stop", "-m", "fast")
 
-    def restart(self) -> None:
-        """Stop (fast: every connection is cut) and start again."""
-        self._ctl("restart", "-m", "fast")
+    def restart(self, *, down_s: float = 0.0) -> None:
+        """Stop (fast: every connection is cut), stay down ``down_s``, and start again."""
+        self._ctl("stop", "-m", "fast")
+        time.sleep(down_s)
+        self._ctl("start")
 
     def close(self) -> None:
         if (self.data / "postmaster.pid").exists():

@@ -358,6 +358,7 @@ async def test_a_client_reading_slower_than_tokens_come_is_closed_4408_and_resyn
 
 # (c) PostgreSQL restarted, with the whole stack (web, worker) against a PostgreSQL of the test's own.
 PG_BOUND_S = 90.0
+PG_DOWN_S = 3.0  # mid-reply: checkpoints (every second here) are refused meanwhile
 PG_SETUP = """
 from django.contrib.auth import get_user_model
 from django.contrib.sessions.backends.db import SessionStore
@@ -385,9 +386,9 @@ async def test_postgresql_restarted_idle_and_mid_turn_loses_nothing_and_the_next
     service_env, llama_url, model_name, tmp_path
 ):
     """The worker and the web server run against a PostgreSQL of the test's own, which is restarted (fast: every
-    connection cut): once while idle, then while a reply streams. The reply streams on (the live list is Redis);
-    checkpoints refused meanwhile are logged; the end is stored (tried again after 0.5, 2 and 5 s). A page that
-    reopens gets the stored reply; new turns run on the same processes."""
+    connection cut): once while idle, then while a reply streams, down for PG_DOWN_S. The reply streams on (the
+    live list is Redis); checkpoints refused meanwhile are logged; the end is stored (tried again after 0.5, 2 and
+    5 s). A page that reopens gets the stored reply; new turns run on the same processes."""
     pg = PrivatePostgres(tmp_path)
     stack = Stack()
     port = free_port()
@@ -422,9 +423,9 @@ async def test_postgresql_restarted_idle_and_mid_turn_loses_nothing_and_the_next
                 while view.seq < restart_at_seq:
                     await view.feed(ws, json.loads(await ws.recv(decode=True)))
                 restarted = time.monotonic()
-                await asyncio.to_thread(pg.restart)
+                await asyncio.to_thread(pg.restart, down_s=PG_DOWN_S)
                 print(
-                    f"\n[fault] PostgreSQL restarted mid-reply at seq {view.seq} in "
+                    f"\n[fault] PostgreSQL down {PG_DOWN_S:g} s mid-reply from seq {view.seq}; back after "
                     f"{time.monotonic() - restarted:.1f} s"
                 )
             await follow(ws, view, timeout_s=PG_BOUND_S)
