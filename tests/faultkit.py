@@ -12,9 +12,11 @@ import glob
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -35,12 +37,15 @@ def _pg_bin(name: str) -> str:
 
 
 class PrivatePostgres:
-    """A PostgreSQL cluster in a temporary directory on a free port (trust authentication, no fsync: a test's
-    throwaway). Run as the ``postgres`` user when this process is root (initdb refuses root)."""
+    """A PostgreSQL cluster in a temporary directory of its own on a free port (trust authentication, no fsync: a
+    test's throwaway), run as the ``postgres`` user when this process is root (initdb refuses root). Not under
+    pytest's temporary directory: other runs' pytest sessions (all root here) make /tmp/pytest-of-root private again
+    and remove old sessions' directories while this cluster runs."""
 
-    def __init__(self, tmp_path: Path) -> None:
+    def __init__(self) -> None:
         self.port = free_port()
-        self.dir = tmp_path / "pg"
+        self.dir = Path(tempfile.mkdtemp(prefix="rigdash-pg-"))
+        self.dir.chmod(0o711)
         self.data = self.dir / "data"
         self.log = self.dir / "postgres.log"
         self.url = f"postgres://postgres@127.0.0.1:{self.port}/rigdash"
@@ -53,12 +58,8 @@ class PrivatePostgres:
         return done.stdout
 
     def start(self) -> None:
-        self.dir.mkdir(parents=True, exist_ok=True)
         if os.geteuid() == 0:
             shutil.chown(self.dir, "postgres", "postgres")
-            for parent in self.dir.parents:  # the postgres user must reach its directory
-                if str(parent).startswith(("/tmp", "/work")) and parent != Path("/"):
-                    parent.chmod(parent.stat().st_mode | 0o711)
         self._run(_pg_bin("initdb"), "-D", str(self.data), "-U", "postgres", "--auth=trust", "-E", "UTF8", "--no-sync")
         self._ctl("start")
         self._run(_pg_bin("createdb"), "-h", "127.0.0.1", "-p", str(self.port), "-U", "postgres", "rigdash")
@@ -67,9 +68,6 @@ class PrivatePostgres:
         options = f"-p {self.port} -k {self.dir} -c listen_addresses=127.0.0.1 -c fsync=off -c full_page_writes=off"
         self._run(_pg_bin("pg_ctl"), "-D", str(self.data), "-l", str(self.log), "-o", options, "-w", action, *extra)
 
-    def stop(self) -> None:
-        self._ctl("stop", "-m", "fast")
-
     def restart(self, *, down_s: float = 0.0) -> None:
         """Stop (fast: every connection is cut), stay down ``down_s``, and start again."""
         self._ctl("stop", "-m", "fast")
@@ -77,8 +75,17 @@ class PrivatePostgres:
         self._ctl("start")
 
     def close(self) -> None:
-        if (self.data / "postmaster.pid").exists():
-            self._ctl("stop", "-m", "immediate")
+        """Stop the cluster (its postmaster by its pid file if pg_ctl cannot) and remove its directory."""
+        try:
+            if (self.data / "postmaster.pid").exists():
+                try:
+                    self._ctl("stop", "-m", "immediate")
+                except (RuntimeError, subprocess.TimeoutExpired):
+                    pid = int((self.data / "postmaster.pid").read_text().split()[0])
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, signal.SIGQUIT)
+        finally:
+            shutil.rmtree(self.dir, ignore_errors=True)
 
 
 def django_run(env: dict[str, str], code: str, timeout: float = 300) -> Any:
