@@ -400,7 +400,8 @@ class RigSampler:
                 why = detail["sources"].get("process", {}).get("error") or "its process was not found"
             else:
                 why = process.get("vram_error") or "NVML attributes no VRAM to its process"
-            return {**unknown, "label": f"GPU present: layer split not reported by llama-server ({why})"}
+            label = f"GPU present: layer split not reported by llama-server ({why})"
+            return {**unknown, "label": label, "why": why}  # why: for staff (monitoring.selectors.redact_users)
         weights = self.weight_bytes
         if weights and vram < weights:
             return {

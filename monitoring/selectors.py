@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Iterable
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -117,8 +118,20 @@ def rig_latency(rig: Rig, *, turns: int = 20) -> dict[str, Any]:
     }
 
 
+# What an ordinary user reads where a figure's source failed: the rig's name is on the page; the detail (URLs,
+# host names, file paths, exception text) is for staff (docs/reliability.md).
+PLAIN_SOURCE_REASONS = {
+    "backend": "the backend could not be reached or answered something RigDash cannot read",
+    "kv": "the model's memory layout is not known yet",
+    "queue": "RigDash could not read this rig's queue",
+}
+NOT_MEASURED = "not measured for this rig"
+
+
 def redact_users(sample: dict[str, Any], *, viewer: str, is_staff: bool) -> dict[str, Any]:
-    """Ordinary users see their own turns by name and others' only as "another user"."""
+    """A sample as a viewer may see it. Staff: whole. Ordinary users: their own turns by name and others' only as
+    "another user"; no backend detail: a failed source's error is a plain reason, the model a name (not its file's
+    path on the host), the agent up or down (not its host), no backend process, no placement's why."""
     if is_staff:
         return sample
     detail = dict(sample.get("detail") or {})
@@ -126,4 +139,41 @@ def redact_users(sample: dict[str, Any], *, viewer: str, is_staff: bool) -> dict
         {**turn, "user": turn["user"] if turn.get("user") == viewer else "another user"}
         for turn in detail.get("turns", [])
     ]
+    detail["sources"] = {
+        name: source if source.get("ok") else {"ok": False, "error": PLAIN_SOURCE_REASONS.get(name, NOT_MEASURED)}
+        for name, source in (detail.get("sources") or {}).items()
+        if isinstance(source, dict)
+    }
+    if isinstance(model := detail.get("model"), str):
+        detail["model"] = ", ".join(_model_name(name.strip()) for name in model.split(","))
+    if isinstance(agent := detail.get("agent"), dict):
+        detail["agent"] = _plain_agent(agent)
+    detail.pop("process", None)
+    if isinstance(placement := detail.get("placement"), dict) and placement.get("why"):
+        why = placement["why"]
+        placement = {key: value for key, value in placement.items() if key != "why"}
+        placement["label"] = str(placement.get("label", "")).replace(f" ({why})", "")
+        detail["placement"] = placement
     return {**sample, "detail": detail}
+
+
+_PATH = re.compile(r"^(/|~|[A-Za-z]:[\\/])|\.gguf$", re.IGNORECASE)
+
+
+def _model_name(name: str) -> str:
+    """A model file's name without its directories (llama-server names its model by its path when it has no
+    alias); an Ollama name such as ``user/model:tag`` stays whole."""
+    return re.split(r"[\\/]", name)[-1] if _PATH.search(name) else name
+
+
+def _plain_agent(agent: dict[str, Any]) -> dict[str, Any]:
+    plain = {key: agent.get(key) for key in ("expected", "up", "last_seen")}
+    if not agent.get("expected"):
+        label = "no agent"
+    elif agent.get("error"):
+        label = "agent rejected: what it sent does not count"
+    elif agent.get("up"):
+        label = "agent up"
+    else:
+        label = str(agent.get("label", "agent down"))  # "down since <time>" or "never reported": no host in it
+    return {**plain, "label": label}

@@ -243,9 +243,16 @@ LOGGING = {
     },
 }
 
+# Turns whose worker died (no checkpoint for RIGDASH_REAP_AFTER_S) end as "interrupted" with their text kept, at the
+# next pass (every RIGDASH_REAP_EVERY_S): a user sees a killed worker's turn end within the sum. The wait must stay
+# well above the checkpoint interval, which is a running turn's heartbeat.
+_reap_after_s = env_float("RIGDASH_REAP_AFTER_S", 60.0, minimum=1.0)
 CELERY_BEAT_SCHEDULE = {
-    # Turns whose worker died (no checkpoint for a minute) end as "interrupted" with their text kept.
-    "reap-stale-turns": {"task": "inference.turn_reap_stale", "schedule": 30.0, "kwargs": {"older_than_s": 60.0}},
+    "reap-stale-turns": {
+        "task": "inference.turn_reap_stale",
+        "schedule": env_float("RIGDASH_REAP_EVERY_S", 30.0, minimum=0.5),
+        "kwargs": {"older_than_s": max(_reap_after_s, 2 * RIGDASH.checkpoint_interval_s)},
+    },
     # The fair queue's safety net: dispatch waiting turns to free slots (also done on submit and at every
     # turn end) and resend tasks dispatched but never started (a lost message).
     "dispatch-waiting-turns": {"task": "inference.dispatch_all", "schedule": 5.0, "kwargs": {"resend_after_s": 120.0}},

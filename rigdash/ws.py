@@ -227,7 +227,10 @@ class GroupJsonConsumer(RevocableMixin, AsyncJsonWebsocketConsumer):  # type: ig
         self._busy += 1
         try:
             if kind in self.direct_events:
-                await self.direct_deliver(message)
+                # From this socket's queue: the handler is awaited here, so a send that waits (a client that does
+                # not read) holds the queue, which the layer bounds (WS_OUTBOX_MAX). Finished on a task of its own,
+                # as direct_deliver does for the layer's reader, every waiting event would be a task: no bound.
+                await getattr(self, get_handler_name(message))(message)
             else:
                 await super().dispatch(message)
         finally:

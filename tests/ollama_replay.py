@@ -30,7 +30,8 @@ Fault modes: ``refuse_connections()`` (nothing listens on the port), ``cut_after
 stream is closed mid-reply without its terminating chunk), ``omit_done_line`` (the stream ends cleanly
 but without ``done:true``), ``fail_status`` / ``fail_message`` (every API call answers that status and error),
 ``error_after_tokens`` / ``stream_error`` (an ``{"error"}`` line ends a chat stream that began with 200, as
-streamResponse sends a runner's failure). ``closed_early`` records each chat stream the client closed before its
+streamResponse sends a runner's failure), ``raw_line_after_tokens`` / ``raw_line`` (bytes sent as one line mid-reply,
+such as a line that is not UTF-8). ``closed_early`` records each chat stream the client closed before its
 end.
 
 Differences from the real server (what the tests cannot rely on here):
@@ -209,6 +210,10 @@ class OllamaReplay:
         # streamResponse does when the runner fails mid-reply.
         self.error_after_tokens: int | None = None
         self.stream_error = "model runner has unexpectedly stopped, this may be due to resource limitations"
+        # After this many reply lines, ``raw_line`` is sent as one more line, as is (not Ollama's: a hostile or
+        # broken server), and the stream goes on as before.
+        self.raw_line_after_tokens: int | None = None
+        self.raw_line = b""
         self.requests: list[tuple[str, str, dict[str, Any]]] = []
         self.closed_early: list[dict[str, Any]] = []  # {"path", "tokens_sent"} per stream the client left
         self.streams_open = 0
@@ -554,6 +559,10 @@ class ReplayHandler(BaseHTTPRequestHandler):
                     self._line({"error": state.stream_error})
                     self._end_stream()
                     return
+                if state.raw_line_after_tokens is not None and sent == state.raw_line_after_tokens:
+                    data = state.raw_line + b"\n"
+                    self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
+                    self.wfile.flush()
                 word = WORDS[index % len(WORDS)]
                 text = word if index == 0 else f" {word}"
                 self._line({"model": model.name, "created_at": _now(),

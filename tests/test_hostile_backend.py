@@ -26,6 +26,7 @@ from inference.backends.llamacpp import _chunk
 from inference.backends.ollama import OllamaBackend
 from inference.models import ChatSession, Rig, Turn
 from inference.worker import start as starts
+from tests.ollama_replay import WORDS, ollama_fixture  # noqa: F401  (the ``ollama`` fixture)
 
 BAD_EVENTS = {
     "not JSON": b"data: this is not json\n\n",
@@ -97,6 +98,34 @@ def test_a_llamacpp_event_rigdash_cannot_read_fails_the_turn_at_once_keeping_its
     assert not Turn.objects.filter(session__rig=rig, status__in=Turn.RUNNING).exists()  # the slot is free
 
 
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize(
+    "line",
+    [
+        b'{"model":"smollm2:135m","message":{"role":"assistant","content":" \xff\xfe"},"done":false}',
+        b'{"model":"smollm2:135m","message":{"role":"assistant","content":" caf\xc3"},"done":false}',  # cut mid-char
+        b"\xed\xa0\x80",  # a UTF-16 surrogate encoded as UTF-8: not UTF-8
+    ],
+    ids=["bytes not UTF-8", "truncated multibyte", "encoded surrogate"],
+)
+def test_an_ollama_line_that_is_not_utf8_fails_the_turn_at_once_keeping_its_text(owner, ollama, line):
+    """Ollama's NDJSON is read strictly: httpx's line reader would have replaced the bytes with U+FFFD and the
+    reply would have gone on with text the backend never sent. On the protocol replay (tests/ollama_replay.py)."""
+    ollama.reply_tokens, ollama.token_interval_s = 40, 0.01
+    ollama.raw_line_after_tokens, ollama.raw_line = 3, line
+    rig = Rig.objects.create(name="odd-ollama", kind="ollama", base_url=ollama.url, queue="rig.odd-ollama")
+    session = ChatSession.objects.create(owner=owner, rig=rig, model_name="smollm2:135m")
+    turn = Turn.objects.create(session=session, user_text="hello", params={"max_tokens": 40})
+    started = time.monotonic()
+    assert starts.turn_run(turn.pk) == "ran"
+    took = time.monotonic() - started
+    turn.refresh_from_db()
+    assert (turn.status, turn.error) == (Turn.Status.FAILED, f"Rig odd-ollama: {UNREADABLE_EVENT}.")
+    assert turn.reply_text == " ".join(WORDS[:3]) and "\ufffd" not in turn.reply_text  # the three good lines
+    assert took < 5, "the turn waited for a timeout instead of failing at once"
+    assert not Turn.objects.filter(session__rig=rig, status__in=Turn.RUNNING).exists()  # the slot is free
+
+
 def _ollama_stream(body: bytes) -> list[str]:
     """Run the Ollama plug-in's chat stream over a transport that answers ``body``; the texts it yielded."""
 
@@ -124,7 +153,15 @@ def _line(content: Any) -> bytes:
 
 @pytest.mark.parametrize(
     "line",
-    [b"this is not json", b"[1, 2]", b"42", _line({"role": "assistant", "content": 5}), _line("text"), b'{"done": 3}'],
+    [
+        b"this is not json",
+        b"[1, 2]",
+        b"42",
+        _line({"role": "assistant", "content": 5}),
+        _line("text"),
+        b'{"done": 3}',
+        _line({"role": "assistant", "content": "caf"}).replace(b"caf", b"caf\xc3"),
+    ],
 )
 def test_an_ollama_line_rigdash_cannot_read_raises_the_unreadable_event_error(line):
     good = _line({"role": "assistant", "content": "Hello"})

@@ -114,3 +114,92 @@ def test_sample_frames_are_built_once_per_kind_of_viewer_and_keep_names_private(
     assert sample_frame(event, viewer="ann", is_staff=False) is ann  # the same sample again: no new json.dumps
     later = {**event, "sample": {**event["sample"], "ts": 1235.5, "detail": {"turns": turns[1:]}}}
     assert users(sample_frame(later, viewer="ann", is_staff=False)) == ["another user"]
+
+
+# What a broken backend, host or broker puts in a sample: the rig's URL, host names, file paths, exception text.
+SECRETS = ("10.20.30.40", "gpu-box-7.internal", "/srv/models/secret", "ConnectError", "AccessDenied", "redis://")
+LEAKY_DETAIL = {
+    "rig": "box",
+    "sources": {
+        "backend": {"ok": False, "error": "llama-server unreachable: ConnectError('http://10.20.30.40:8080/slots')"},
+        "kv": {"ok": False, "error": "cannot read the GGUF metadata of /srv/models/secret/SmolLM2.gguf: OSError()"},
+        "process": {"ok": False, "error": "cannot read process 4242: AccessDenied(pid=4242)"},
+        "queue": {"ok": False, "error": "ConnectionError('redis://10.20.30.40:6379/0')"},
+        "gpu": {"ok": True, "error": ""},
+    },
+    "model": "/srv/models/secret/SmolLM2-135M-Instruct-Q4_1.gguf",
+    "agent": {
+        "expected": True,
+        "up": True,
+        "last_seen": 1.0,
+        "host": "gpu-box-7.internal",
+        "instance": "i-1",
+        "error": "",
+        "label": "agent up on gpu-box-7.internal",
+    },
+    "process": {"pid": 4242, "name": "llama-server", "rss_bytes": 1.0, "vram_error": "AccessDenied(pid=4242)"},
+    "placement": {
+        "vram_fraction": None,
+        "spill": None,
+        "why": "cannot read process 4242: AccessDenied(pid=4242)",
+        "label": "GPU present: layer split not reported by llama-server"
+        " (cannot read process 4242: AccessDenied(pid=4242))",
+    },
+    "turns": [],
+}
+
+
+@pytest.fixture
+def leaky_rig(db):
+    rig = Rig.objects.create(name="box", kind="llamacpp", base_url="http://10.20.30.40:8080", queue="rig.box")
+    RigSample.objects.create(rig=rig, ts=timezone.now(), series=SERIES, detail=LEAKY_DETAIL)
+    return rig
+
+
+def test_ordinary_users_see_no_backend_detail_on_the_monitoring_pages_and_staff_do(
+    leaky_rig, owner, admin_user, monkeypatch
+):
+    """reliability.md: internal URLs, host names, file paths and exception text are for staff. The broker that
+    cannot be asked which workers consume (mocked: stopping the machine's Redis would stop every other test)."""
+    from monitoring import views
+    from monitoring.queues import Consumers
+
+    monkeypatch.setattr(views, "consumers", lambda **kw: Consumers({}, error="ConnectionError('redis://10.20.30.40')"))
+    for path in (f"/monitoring/rigs/{leaky_rig.pk}/", "/monitoring/"):
+        page = _client(owner).get(path).content.decode()
+        assert not [secret for secret in SECRETS if secret in page], path
+    page = _client(owner).get(f"/monitoring/rigs/{leaky_rig.pk}/").content.decode()
+    assert "SmolLM2-135M-Instruct-Q4_1.gguf" in page  # the model's name, without its directories
+    assert "the backend could not be reached" in page and "No worker serves box" in page
+    assert "rig.box" not in page  # the internal queue name too
+    staff = _client(admin_user).get(f"/monitoring/rigs/{leaky_rig.pk}/").content.decode()
+    assert all(secret in staff for secret in SECRETS)
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_the_monitoring_sockets_send_ordinary_users_no_backend_detail(owner, admin_user):
+    from channels.layers import get_channel_layer
+
+    from monitoring import events
+
+    rig = await Rig.objects.acreate(name="box", kind="llamacpp", base_url="http://10.20.30.40:8080", queue="q.box")
+    frames = {}
+    for user in (owner, admin_user):
+        cookie = await sync_to_async(session_cookie_for)(user)
+        sockets = [MonitorSocket(f"/ws/monitoring/rigs/{rig.pk}/", cookie), MonitorSocket("/ws/monitoring/", cookie)]
+        for sock in sockets:
+            assert (await sock.connect())[0]
+        sample = {"ts": timezone.now().timestamp(), "series": SERIES, "detail": LEAKY_DETAIL}
+        event = {"type": "rig.sample", "rig": rig.pk, "sample": sample}
+        for group in (events.rig_group(rig.pk), events.OVERVIEW_GROUP):
+            await get_channel_layer().group_send(group, event)
+        frames[user.username] = [json.dumps(await sock.recv(timeout=10)) for sock in sockets]
+        for sock in sockets:
+            await sock.close()
+    for frame in frames["owner"]:
+        assert not [secret for secret in SECRETS if secret in frame], frame
+        detail = json.loads(frame)["sample"]["detail"]
+        assert detail["agent"]["label"] == "agent up" and "process" not in detail
+        assert detail["placement"]["label"] == "GPU present: layer split not reported by llama-server"
+    for frame in frames["admin"]:
+        assert all(secret in frame for secret in SECRETS)

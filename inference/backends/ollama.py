@@ -10,12 +10,14 @@ Closing the HTTP stream makes Ollama stop generating that reply.
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from contextlib import aclosing
 from typing import Any, TypeVar, cast
 
 import httpx
 import ollama
+import ollama._types as ollama_types
 import pydantic
 
 from inference.backends import failures
@@ -90,6 +92,28 @@ CLIENT_ERRORS = (ollama.ResponseError, ConnectionError, httpx.HTTPError, pydanti
 UNREADABLE_LINE_ERRORS = (pydantic.ValidationError, ValueError, TypeError, AttributeError, KeyError, RecursionError)
 
 
+async def _chat_lines(response: httpx.Response) -> AsyncIterator[ollama.ChatResponse]:
+    """The chat stream's NDJSON lines as the ollama client reads them (``json.loads``, an ``{"error"}`` line is a
+    ResponseError, ``ChatResponse(**part)``), but decoded strictly: a line that is not UTF-8 raises
+    UnicodeDecodeError (a ValueError) like any line RigDash cannot read. Blank lines are skipped."""
+    pending = b""
+    async for data in response.aiter_bytes():
+        pending += data
+        *lines, pending = pending.split(b"\n")
+        for line in lines:
+            if line.strip():
+                yield _chat_part(line)
+    if pending.strip():
+        yield _chat_part(pending)
+
+
+def _chat_part(line: bytes) -> ollama.ChatResponse:
+    part = json.loads(line.decode("utf-8", errors="strict"))
+    if err := part.get("error"):
+        raise ollama.ResponseError(err)
+    return ollama.ChatResponse(**part)
+
+
 class OllamaBackend(Backend):
     kind = "ollama"
     transport: httpx.AsyncBaseTransport | None = None  # the HTTP transport; None: httpx's own
@@ -145,41 +169,47 @@ class OllamaBackend(Backend):
     async def stream_chat(
         self, request: ChatRequest, *, read_gate: ReadGate | None = None, on_sent: OnSent | None = None
     ) -> AsyncIterator[StreamChunk]:
-        # read_gate is not used: the ollama client reads the stream itself. Nor can on_sent see its write: it is
-        # called as the request starts.
+        # read_gate is not used: httpx reads the stream itself. Nor can on_sent see its write: it is called as the
+        # request starts. The request body is the ollama client's own (its ChatRequest model); the lines are read
+        # here, not by the client, whose httpx ``aiter_lines`` replaces bytes that are not UTF-8 instead of failing.
         # No read timeout here: the worker enforces first-token and stall timeouts itself.
-        client = self._client(read_timeout=None)
+        body = ollama_types.ChatRequest(
+            model=request.model,
+            messages=[ollama.Message.model_validate({k: v for k, v in dict(m).items() if v}) for m in request.messages],
+            stream=True,
+            options=self._options(request),
+            keep_alive=request.keep_alive,
+            think=request.think,  # unset: the server's default (a thinking model thinks)
+        ).model_dump(exclude_none=True)
+        timeout = httpx.Timeout(self.timeout_s, read=None)
+        extra: dict[str, Any] = {} if self.transport is None else {"transport": self.transport}
         if on_sent is not None:
             on_sent()
         try:
-            async with client:
-                parts = await client.chat(
-                    model=request.model,
-                    messages=request.messages,
-                    stream=True,
-                    options=self._options(request),
-                    keep_alive=request.keep_alive,
-                    think=request.think,  # unset: the server's default (a thinking model thinks)
-                )
-                # aclosing: leaving early exits the client's ``async with stream``, closing the response.
-                async with aclosing(cast(AsyncGenerator[ollama.ChatResponse, None], parts)) as stream:
-                    async for part in stream:
-                        # A thinking model's lines carry ``message.thinking`` with empty content until it answers.
-                        text, thinking = part.message.content or "", part.message.thinking or ""
-                        if part.done:
-                            final = part.model_dump(include=set(FINAL_FIELDS))
-                            reason = part.done_reason or "stop"
-                            stats = stats_from_final(final)
-                            yield StreamChunk(
-                                text=text,
-                                thinking=thinking,
-                                finish_reason=reason,
-                                stats=stats,
-                                context_tokens=(stats.prompt_tokens or 0) + (stats.output_tokens or 0) or None,
-                            )
-                            return
-                        if text or thinking:
-                            yield StreamChunk(text=text, thinking=thinking)
+            async with (
+                httpx.AsyncClient(base_url=self.base_url, timeout=timeout, trust_env=False, **extra) as http,
+                http.stream("POST", "/api/chat", json=body, headers={"Accept": "application/json"}) as response,
+            ):
+                if response.is_error:
+                    await response.aread()
+                    raise ollama.ResponseError(response.text, response.status_code)
+                async for part in _chat_lines(response):
+                    # A thinking model's lines carry ``message.thinking`` with empty content until it answers.
+                    text, thinking = part.message.content or "", part.message.thinking or ""
+                    if part.done:
+                        final = part.model_dump(include=set(FINAL_FIELDS))
+                        reason = part.done_reason or "stop"
+                        stats = stats_from_final(final)
+                        yield StreamChunk(
+                            text=text,
+                            thinking=thinking,
+                            finish_reason=reason,
+                            stats=stats,
+                            context_tokens=(stats.prompt_tokens or 0) + (stats.output_tokens or 0) or None,
+                        )
+                        return
+                    if text or thinking:
+                        yield StreamChunk(text=text, thinking=thinking)
         except (ollama.ResponseError, ConnectionError, httpx.HTTPError) as exc:  # an unreadable line: below
             raise _translate(exc, "chat") from exc
         except UNREADABLE_LINE_ERRORS as exc:
