@@ -167,8 +167,8 @@ def rig_dispatch(*, rig_id: int, rig: Rig | None = None, tickets: Mapping[int, S
 
     Inside a caller's transaction (a submit's) it joins it, without a savepoint: the turns stored and their
     dispatch commit together, and the task goes to Celery after that one commit. A lone submit on a rig with a
-    free slot costs four queries here (lock the rig, read its turns, mark the turn, note its user as served): this
-    is on every turn's time to first token.
+    free slot costs three queries here (lock the rig, read its turns, mark the turn): this is on every turn's time
+    to first token. Who was served is written after the commit (``_served_now``).
 
     ``rig``: the rig as the caller read it in this transaction. It is read again, locked, where the database has
     row locks; on SQLite the transaction already holds the database's write lock, and the read would only cost
@@ -203,8 +203,6 @@ def rig_dispatch(*, rig_id: int, rig: Rig | None = None, tickets: Mapping[int, S
                 marked = Turn.objects.filter(pk__in=chosen, dispatched_at=now, rig_id=rig.pk)
                 found = set(marked.values_list("pk", flat=True))
                 dispatched = [turn_id for turn_id in chosen if turn_id in found]
-            if dispatched:  # in the transaction: the rig's next dispatch, under the same lock, reads it
-                _served_now(rig.pk, {item.user_id for item in order if item.turn_id in dispatched}, now)
             moved = [item.session_id for item in order if item.placed and item.turn_id in dispatched]
             if moved:  # a placed chat follows its turn to this rig: the worker and the board read the chat's rig
                 ChatSession.objects.filter(pk__in=moved).exclude(rig_id=rig.pk).update(rig_id=rig.pk)
@@ -218,6 +216,11 @@ def rig_dispatch(*, rig_id: int, rig: Rig | None = None, tickets: Mapping[int, S
                 rig_id=rig_id, waiting_order_now=still_waiting, just_dispatched=dispatched, reason=reason
             )
         )
+        if dispatched:
+            # After the task is sent, off the turn's way to its first token; a dispatch of this rig in between reads
+            # the row before it (one hand-out's fairness, not a lost turn).
+            served = {item.user_id for item in waiting if item.turn_id in dispatched}
+            transaction.on_commit(lambda: _served_now(rig_id, served, now), robust=True)
     return dispatched
 
 
