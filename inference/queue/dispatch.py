@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import heapq
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 
@@ -111,30 +111,32 @@ def queue_position(turn: Turn) -> int | None:
         return None
     if turn.dispatched_at is not None:
         return 0
-    places = _waiting_places(turn)
-    positions = []
-    for rig_id in places:
-        order = [w.turn_id for w in waiting_order(rig_id)]
-        if turn.pk in order:
-            positions.append(order.index(turn.pk) + 1)
-    return min(positions) if positions else None
+    return best_place(turn.pk, waiting_places(turn), places_on)
 
 
-def _waiting_places(turn: Turn) -> list[int]:
-    """The rigs a waiting turn may go to: its chat's rig, or every enabled rig serving a placed chat's model."""
-    session_rig_id, how, model = ChatSession.objects.filter(pk=turn.session_id).values_list(
-        "rig_id", "placement", "model_name"
-    ).first() or (None, "", "")
-    if how == placement.PLACED and turn.rig_id is None:
-        return [rig.pk for rig in placement.rigs_serving(model)]
-    rig_id = turn.rig_id or session_rig_id
-    return [rig_id] if rig_id is not None else []
+def places_on(rig: Rig) -> dict[int, int]:
+    """Each of the rig's waiting turns' place in its queue (1: next to start)."""
+    return {w.turn_id: i + 1 for i, w in enumerate(waiting_order(rig))}
+
+
+def best_place(turn_id: int, rigs: Iterable[Rig], places: Callable[[Rig], Mapping[int, int]]) -> int | None:
+    """A waiting turn's queue position: its best place among the rigs it may go to (``places``: a rig's
+    ``places_on``, which a caller asking for many turns keeps per rig)."""
+    return min((p for rig in rigs if (p := places(rig).get(turn_id)) is not None), default=None)
+
+
+def waiting_places(turn: Turn, *, serving: Callable[[str], list[Rig]] = placement.rigs_serving) -> list[Rig]:
+    """The rigs a waiting turn may go to: its own (the chat's), or for a placed chat's turn every enabled rig serving
+    its model (``serving``: ``placement.rigs_serving``, which a caller asking for many turns keeps per model)."""
+    if turn.rig_id is None and turn.session.placement == placement.PLACED:
+        return serving(turn.session.model_name)
+    return [turn.rig or turn.session.rig]
 
 
 def turn_waiting_reason(turn: Turn) -> str:
     """Why a waiting turn cannot start now, or "": its rig cannot take turns or has no worker (``waiting_reason``),
     or no rig serving a placed chat's model can take it."""
-    rigs = Rig.objects.filter(pk__in=_waiting_places(turn))
+    rigs = waiting_places(turn)
     if not rigs:
         return "waiting: no enabled rig serves this model now"
     reasons = {rig.name: waiting_reason(rig) for rig in rigs}

@@ -67,25 +67,23 @@ def _rows(turns: Iterable[Turn]) -> list[dict[str, Any]]:
     turns = list(turns)
     positions: dict[int, int] = {}
     orders: dict[int, dict[int, int]] = {}  # each rig's waiting turns' places, read once per rig
-    serving: dict[str, list[Rig]] = {}  # the rigs serving a placed chat's model
+    serving: dict[str, list[Rig]] = {}  # the rigs serving a placed chat's model, read once per model
 
-    def place(rig: Rig, turn_id: int) -> int | None:
+    def places(rig: Rig) -> dict[int, int]:
         if rig.pk not in orders:
-            orders[rig.pk] = {w.turn_id: i + 1 for i, w in enumerate(dispatch.waiting_order(rig))}
-        return orders[rig.pk].get(turn_id)
+            orders[rig.pk] = dispatch.places_on(rig)
+        return orders[rig.pk]
+
+    def rigs_serving(model: str) -> list[Rig]:
+        if model not in serving:
+            serving[model] = placement.rigs_serving(model)
+        return serving[model]
 
     for turn in turns:
-        if turn.status != Turn.Status.QUEUED or turn.dispatched_at is not None:
-            continue
-        if turn.rig_id is None and turn.session.placement == ChatSession.Placement.MODEL:
-            model = turn.session.model_name
-            if model not in serving:
-                serving[model] = placement.rigs_serving(model)
-            places = [p for p in (place(rig, turn.pk) for rig in serving[model]) if p is not None]
-            if places:
-                positions[turn.pk] = min(places)  # its best place on the rigs serving its model
-        elif (found := place(turn.rig or turn.session.rig, turn.pk)) is not None:
-            positions[turn.pk] = found
+        if turn.status == Turn.Status.QUEUED and turn.dispatched_at is None:
+            rigs = dispatch.waiting_places(turn, serving=rigs_serving)
+            if (found := dispatch.best_place(turn.pk, rigs, places)) is not None:
+                positions[turn.pk] = found
     for turn in turns:
         if turn.status == Turn.Status.QUEUED and turn.dispatched_at is not None:
             positions[turn.pk] = 0
