@@ -13,6 +13,7 @@ from inference.backends.base import BackendError, ModelInfo, user_message
 from inference.errors import InvalidInput
 from inference.live import served
 from inference.models import ChatSession, Rig
+from inference.queue import placement
 
 log = logging.getLogger(__name__)
 
@@ -46,22 +47,12 @@ def _read_models(rig: Rig) -> list[ModelInfo]:
     return models
 
 
-def placed_models() -> dict[str, list[Rig]]:
-    """The models a chat can target rather than a rig, each with the enabled rigs that serve it, as they last said
-    (the chat list asks every rig first, which refreshes this)."""
-    found: dict[str, list[Rig]] = {}
-    for rig in Rig.objects.filter(enabled=True).order_by("pk"):
-        for name in rig.models_served or ():
-            found.setdefault(name, []).append(rig)
-    return dict(sorted(found.items()))
-
-
 def session_create_placed(*, owner: User, model_name: str) -> ChatSession:
     """A chat whose every turn goes to an enabled rig serving ``model_name`` (inference/queue/placement.py); its
     ``rig`` starts as the first that serves it and follows its turns."""
     if not isinstance(model_name, str) or not model_name:
         raise InvalidInput("unknown_model", "Choose a model.")
-    rigs = placed_models().get(model_name)
+    rigs = placement.rigs_serving(model_name)  # as the rigs last said: the chat list asked them all first
     if not rigs:
         raise InvalidInput("unknown_model", f"No enabled rig serves a model named {model_name!r}.")
     return ChatSession.objects.create(
