@@ -194,6 +194,33 @@ def test_a_batch_reads_each_turns_own_conversation_in_one_query():
     assert history[now_second.pk] == [{"role": "user", "content": "b1"}]
 
 
+@pytest.mark.django_db(transaction=True)
+def test_while_a_board_is_open_a_bursts_statements_do_not_grow_with_it(monkeypatch):
+    """The board's rows of a burst's turns are read together: with a board open (told here rather than opened), one
+    submit and eight take the same number of statements, commit included (bench/store.py counts the same way)."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from inference import events
+
+    sent: list[list[int]] = []
+    monkeypatch.setattr(events, "board_watched", lambda: True)
+    monkeypatch.setattr(events, "board_turns_sync", lambda *, rows: sent.append([row["id"] for row in rows]))
+    owner = make_user("owner")
+    rig = _quiet_rig(16)
+    counts = []
+    for burst in (1, 8):
+        sessions = [make_session(owner, rig, "m") for _ in range(burst)]
+        ChatSession.objects.filter(pk__in=[s.pk for s in sessions]).update(title="titled")  # no first-message title
+        requests = [submit.SubmitRequest(user=owner, session_id=session.pk, text="hi") for session in sessions]
+        with CaptureQueriesContext(connection) as queries:
+            stored = submit.turn_submit_many(requests)
+        assert all(isinstance(turn, Turn) for turn in stored)
+        assert sent[-1] == [turn.pk for turn in stored]  # every turn's row, in order
+        counts.append(len(queries.captured_queries))
+    assert counts[0] == counts[1], counts
+
+
 @pytest.mark.parametrize("bulk_returns_ids", [True, False])
 @pytest.mark.django_db(transaction=True)
 def test_a_burst_of_submits_stores_its_turns_in_one_insert(settings, monkeypatch, bulk_returns_ids):

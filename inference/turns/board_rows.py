@@ -108,8 +108,15 @@ def board_rows() -> list[dict[str, Any]]:
 
 
 def board_row_for(turn_id: int) -> dict[str, Any] | None:
-    turn = _with_people().filter(pk=turn_id).first()
-    return _rows([turn])[0] if turn else None
+    rows = board_rows_for([turn_id])
+    return rows[0] if rows else None
+
+
+def board_rows_for(turn_ids: list[int]) -> list[dict[str, Any]]:
+    """The rows of these turns (those that exist), in the order given: one query for the turns whatever their number,
+    then the queue positions once per rig."""
+    found = {turn.pk: turn for turn in _with_people().filter(pk__in=turn_ids)}
+    return _rows([found[turn_id] for turn_id in turn_ids if turn_id in found])
 
 
 def publish_turn(turn_id: int) -> None:
@@ -123,7 +130,7 @@ def publish_turns(turn_ids: list[int]) -> None:
     round trip."""
     if not events.board_watched():
         return
-    rows = [row for row in map(board_row_for, turn_ids) if row is not None]
+    rows = board_rows_for(turn_ids)
     if rows:
         events.board_turns_sync(rows=rows)
 
