@@ -30,7 +30,7 @@ from typing import Any
 import httpx
 import psutil
 
-from bench import procstat, stats
+from bench import procstat, profile, stats
 from bench.httpstream import chat_payload, direct_chat
 from bench.rigclient import Tab, TurnWatch, run_turn
 from bench.stack import BenchStack
@@ -577,7 +577,8 @@ PARTS = {"rigs": part_rigs, "viewers": part_viewers, "rate": part_rate}
 
 
 def stack_for(part: str, size: Size, args: argparse.Namespace, var: Path) -> BenchStack:
-    common = {"var_dir": var, "llama": False, "database_url": args.database_url, "redis_url": args.redis_url}
+    common = {"var_dir": var, "llama": False, "database_url": args.database_url, "redis_url": args.redis_url,
+              "flush_ms": args.flush_ms}  # fmt: skip
     if part == "rigs":
         return BenchStack(**common, synthetic_rigs=max(size.rig_counts), synthetic_busy_rate=50.0, sampler=False,
                           worker_concurrency=2)  # fmt: skip
@@ -598,7 +599,15 @@ async def run_part(part: str, size: Size, args: argparse.Namespace) -> dict[str,
         if get_user_model().objects.exists():  # a database given again: its rows would be counted as this run's
             raise SystemExit(f"{args.database_url} already holds users: give the benchmark a fresh database")
         prepared = stack.prepare()
-        result = await PARTS[part](stack, prepared, size)
+        python_pids = {role: pid for role, pid in stack.pids.items() if role != "redis"}
+        profilers = profile.start(python_pids, var / "profile", rate=100) if args.profile else []
+        try:
+            result = await PARTS[part](stack, prepared, size)
+        finally:
+            if profilers:
+                result_profile = profile.stop(profilers)
+        if profilers:
+            result["profile"] = result_profile
     finally:
         stack.stop()
     return {"part": part, "cpus": os.cpu_count(), "loadavg_after": loadavg(), **result}
@@ -610,6 +619,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--smoke", action="store_true", help="a tiny run of each figure (seconds, not minutes)")
     parser.add_argument("--database-url", help="e.g. postgres://... (rigs: the growth figure needs PostgreSQL)")
     parser.add_argument("--redis-url", help="default: a private redis-server")
+    parser.add_argument("--flush-ms", type=int, help="the flush interval's ceiling (RIGDASH_FLUSH_INTERVAL_MS)")
+    parser.add_argument("--profile", action="store_true", help="sample RigDash's processes with py-spy (pip install)")
     parser.add_argument("--out", type=Path, help="write the JSON here (default bench/results/scale-<part>-<time>.json)")
     args = parser.parse_args(argv)
     size = SMOKE if args.smoke else FULL
@@ -619,7 +630,9 @@ def main(argv: list[str] | None = None) -> int:
         results = {}
         for part in PARTS:
             part_out = out.with_name(f"{out.stem}-{part}.json")
-            command = [PYTHON, "-m", "bench.scale", part, f"--out={part_out}", *(["--smoke"] if args.smoke else [])]
+            command = [PYTHON, "-m", "bench.scale", part, f"--out={part_out}", *(["--smoke"] if args.smoke else []),
+                       *(["--profile"] if args.profile else []),
+                       *([f"--flush-ms={args.flush_ms}"] if args.flush_ms else [])]  # fmt: skip
             for name in ("database_url", "redis_url"):
                 if getattr(args, name):
                     command.append(f"--{name.replace('_', '-')}={getattr(args, name)}")

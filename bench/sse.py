@@ -11,6 +11,8 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+import orjson
+
 from inference.backends.sse import (  # the same parsing RigDash's worker uses on the hot path
     ChunkedDecoder,
     ProtocolError,
@@ -95,7 +97,7 @@ def chat_event_line(
     }
     if timings is not None:
         event["timings"] = timings
-    return b"data: " + json.dumps(event, ensure_ascii=False, separators=(",", ":")).encode() + b"\n\n"
+    return b"data: " + orjson.dumps(event) + b"\n\n"  # orjson: the source's cost per token is a fifth of json's
 
 
 DONE_LINE = b"data: [DONE]\n\n"

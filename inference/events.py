@@ -32,9 +32,9 @@ first token; the sampler, which reads an idle rig less often, samples that rig a
 from __future__ import annotations
 
 import functools
-import json
 from typing import Any
 
+import orjson
 import redis
 from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
@@ -62,7 +62,7 @@ def token_frame(
     frame = {"type": "token", "turn": turn_id, "seq_from": seq_from, "seq_to": seq_to, "text": text, "stats": stats}
     if thinking:
         frame["thinking"] = thinking
-    return json.dumps(frame, ensure_ascii=False, separators=(",", ":"))
+    return orjson.dumps(frame).decode()
 
 
 def token_batch_message(

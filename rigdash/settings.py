@@ -190,7 +190,7 @@ CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 CELERY_DB_REUSE_MAX = 1000
 
 # RigDash behaviour (typed: see rigdash/env.py)
-_flush_ceiling_ms = env_int("RIGDASH_FLUSH_INTERVAL_MS", 33, minimum=1, maximum=33)
+_flush_ceiling_ms = env_int("RIGDASH_FLUSH_INTERVAL_MS", 20, minimum=1, maximum=33)
 RIGDASH = RigDashConfig(
     max_message_chars=env_int("RIGDASH_MAX_MESSAGE_CHARS", 16_000, minimum=1),
     max_ws_frame_bytes=env_int("RIGDASH_MAX_WS_FRAME_BYTES", 65_536, minimum=1024, maximum=WS_MAX_BYTES),

@@ -3,6 +3,7 @@ consumer's token fast path. The end-to-end effect is measured by ./scripts/bench
 
 from __future__ import annotations
 
+import contextlib
 import json
 
 import pytest
@@ -27,33 +28,60 @@ def _stream(interval_s: float = 0.033) -> TurnStream:
     )
 
 
-def test_a_lone_token_goes_out_at_once_and_a_burst_waits_one_interval_after_the_last_batch():
+def _on_tick(at: float, interval: float) -> bool:
+    return abs(at / interval - round(at / interval)) < 1e-6
+
+
+def test_a_lone_token_goes_out_at_once_and_a_burst_waits_for_the_loops_next_tick():
     stream = _stream()
     assert stream.flush_due() is None  # nothing pending
     stream.pending_since = 1.0
     assert stream.flush_due() == 1.0  # nothing sent yet: the first token goes at once
-    stream.last_sent, stream.pending_since = 1.0, 1.007
-    assert stream.flush_due() == pytest.approx(1.033)  # 7 ms after a batch: waits for the next interval
+    stream.last_sent = stream.last_due = 1.0  # the first batch went at once, off the loop's ticks
+    stream.pending_since = 1.007
+    assert stream.flush_due() == pytest.approx(1.023)  # 7 ms after it: the loop's next tick (31 x 33 ms)
+    stream.last_due, stream.last_sent = 1.023, 1.0214  # due at that tick, sent a slack's time before it
+    stream.pending_since = 1.030
+    assert stream.flush_due() == pytest.approx(1.056)  # a flowing stream: one interval later, on the next tick
     stream.pending_since = 1.5
     assert stream.flush_due() == 1.5  # a token long after the last batch (slow decode) is not held back
 
 
+def test_turns_on_one_loop_have_their_batches_due_at_the_same_ticks_and_no_token_waits_longer_than_an_interval():
+    pace = FlushPace(0.033, 0.033)
+    turns = [_stream() for _ in range(16)]
+    for n, turn in enumerate(turns):
+        turn.pace = pace
+        turn.last_sent = turn.last_due = 5.0 + n * 0.0021  # their first batches went at their own times
+        turn.pending_since = turn.last_sent + 0.001
+    due = {round(turn.flush_due(), 9) for turn in turns}  # type: ignore[arg-type]
+    assert len(due) <= 2 and all(_on_tick(d, 0.033) for d in due)  # together, on the loop's ticks
+    for k in range(2000):  # any last batch and any token after it
+        turn = turns[k % 16]
+        turn.last_due = turn.last_sent = 7.0 + (k * 0.00731) % 0.5
+        turn.pending_since = turn.last_sent + (k * 0.0173) % 0.06
+        due = turn.flush_due()
+        assert due is not None and 0 <= due - turn.pending_since <= 0.033 + 1e-9  # no token waits over an interval
+        if due > turn.pending_since:  # held: to the next tick, and from there on the ticks
+            assert _on_tick(due, 0.033) and due > turn.last_due
+            turn.last_due, turn.last_sent, turn.pending_since = due, due - 0.001, due + 0.001  # sent just before
+            assert turn.flush_due() == pytest.approx(due + 0.033)
+
+
 def test_a_turn_alone_gets_the_short_interval_and_each_other_streaming_turn_adds_half_of_it_up_to_the_ceiling():
     pace = FlushPace(0.010, 0.033)
-    alone, other = TurnStream(turn=None, redis=None, link=None, meter=StreamMeter(t_request=0.0), pace=pace), _stream()  # type: ignore[arg-type]
-    other.pace = pace
-    alone.last_sent, alone.pending_since = 1.0, 1.001
-    with pace.streaming_turn():
-        assert alone.flush_due() == pytest.approx(1.010)  # alone: a batch 10 ms after the last
-        with pace.streaming_turn():
-            assert alone.flush_due() == pytest.approx(1.015)  # two turns streaming: 15 ms each
-            other.last_sent, other.pending_since = 2.0, 2.001
-            assert other.flush_due() == pytest.approx(2.015)
-            with pace.streaming_turn(), pace.streaming_turn():
-                assert alone.flush_due() == pytest.approx(1.025)  # four: 25 ms
-                with pace.streaming_turn(), pace.streaming_turn():
-                    assert alone.flush_due() == pytest.approx(1.033)  # six: 35 ms, held at the 33 ms ceiling
-        assert pace.streaming == 1
+    alone = TurnStream(turn=None, redis=None, link=None, meter=StreamMeter(t_request=0.0), pace=pace)  # type: ignore[arg-type]
+    alone.last_sent = alone.last_due = 1.0
+    alone.pending_since = 1.001
+    expected = {1: 0.010, 2: 0.015, 4: 0.025, 6: 0.033}  # six would be 35 ms: held at the 33 ms ceiling
+    for turns, interval in expected.items():
+        with contextlib.ExitStack() as streaming:
+            for _ in range(turns):
+                streaming.enter_context(pace.streaming_turn())
+            assert pace.interval() == pytest.approx(interval)
+            due = alone.flush_due()
+            assert due is not None and _on_tick(due, interval)
+            assert 1.0 < due <= 1.0 + interval + 1e-9
     assert pace.streaming == 0 and pace.interval() == pytest.approx(0.010)
     with pytest.raises(RuntimeError), pace.streaming_turn():
         raise RuntimeError("a turn that fails still leaves the count")
@@ -75,10 +103,11 @@ async def test_the_turns_on_one_loop_share_a_pace_built_from_the_settings(settin
 
 
 @pytest.mark.parametrize(("env", "message"), [
-    ({"RIGDASH_FLUSH_MIN_INTERVAL_MS": "40"}, "RIGDASH_FLUSH_MIN_INTERVAL_MS must be between 1 and 33, got 40"),
+    ({"RIGDASH_FLUSH_MIN_INTERVAL_MS": "40"}, "RIGDASH_FLUSH_MIN_INTERVAL_MS must be between 1 and 20, got 40"),
+    ({"RIGDASH_FLUSH_INTERVAL_MS": "34"}, "RIGDASH_FLUSH_INTERVAL_MS must be between 1 and 33, got 34"),
     ({"RIGDASH_FLUSH_INTERVAL_MS": "8", "RIGDASH_FLUSH_MIN_INTERVAL_MS": "9"}, "must be between 1 and 8, got 9"),
     ({"RIGDASH_FLUSH_INTERVAL_MS": "8"}, "flush 8 8"),  # the default shortest interval follows a lower ceiling
-    ({}, "flush 10 33"),
+    ({}, "flush 10 20"),
 ])  # fmt: skip
 def test_the_shortest_interval_is_checked_against_the_ceiling_when_settings_load(env, message):
     import os
@@ -156,32 +185,41 @@ def test_other_channel_layers_fall_back_to_group_send(settings):
     assert events.pubsub_publication("g", {"type": "chat.token"}) is None
 
 
-def _recording(stream: TurnStream) -> list[list[str]]:
-    """Replace the stream's flush (no Redis here) by one that records what each batch would send."""
+def _recording(stream: TurnStream, *, decoding_done: bool = True) -> list[list[str]]:
+    """Replace the stream's flush (no Redis here) by one that records what each batch would send; the first batch's
+    "decoding" mark (a database write) is taken as done unless the test watches it."""
+    import asyncio
     import time
 
     flushed: list[list[str]] = []
 
     async def flush() -> None:
+        due, now = stream.flush_due(), time.perf_counter()
         flushed.append(list(stream.pending))
         stream.seq_sent = stream.meter.events
         stream.pending.clear()
         stream.pending_since = None
         stream.last_sent = time.perf_counter()
+        stream.last_due = max(due, now) if due is not None else now
 
     stream.flush = flush  # type: ignore[method-assign]
+    if decoding_done:
+        stream.decoding = asyncio.get_running_loop().create_future()
+        stream.decoding.set_result(None)
     return flushed
 
 
 async def test_chunks_read_together_go_out_in_one_batch_at_the_read_gate():
-    """The llama.cpp backend reads the socket at most once per flush interval, so several tokens arrive at once;
-    the batch goes out at the gate after the read, with all of them (flushing after the first held the rest a
-    whole interval). Then the gate holds the next read until the next batch could go."""
+    """The llama.cpp backend reads the socket at most once per batch, so several tokens arrive at once; the batch
+    goes out at the gate after the read, with all of them (flushing after the first held the rest a whole interval).
+    Then the gate holds the next read until just before the next batch could go: the loop's next tick, and from
+    there one interval."""
     import time
 
     from inference.backends.base import StreamChunk
 
     stream = _stream()
+    interval = stream.flush_interval_s
     now = time.perf_counter()
     stream.meter.token(now - 0.05)  # one token already went out, 50 ms ago: the next batch is due at once
     stream.parts, stream.seq_sent, stream.last_sent = ["a"], 1, now - 0.05
@@ -191,19 +229,23 @@ async def test_chunks_read_together_go_out_in_one_batch_at_the_read_gate():
     assert flushed == []  # nothing goes out per chunk
     await stream.read_gate()
     assert flushed == [["b", "c", "d"]]
-    first_sent = stream.last_sent
-    assert time.perf_counter() - first_sent >= stream.flush_interval_s - 0.003  # the next read waited
+    tick = stream.next_slot()
+    assert _on_tick(tick, interval) and time.perf_counter() >= tick - 0.003  # the next read waited for the tick
     stream.accept(StreamChunk(text="e"), time.perf_counter())  # that read's token
     await stream.read_gate()
-    assert flushed[-1] == ["e"]
-    assert stream.last_sent - first_sent >= stream.flush_interval_s - 0.003  # one batch per interval
+    assert flushed[-1] == ["e"] and stream.last_due == pytest.approx(tick)  # its batch went at the tick
+    stream.accept(StreamChunk(text="f"), time.perf_counter())
+    await stream.read_gate()
+    assert flushed[-1] == ["f"] and stream.last_due == pytest.approx(tick + interval)  # then one interval later
+    assert time.perf_counter() >= tick + interval - 0.003
 
 
 @pytest.mark.parametrize(("gap_s", "waits"), [(0.1, False), (0.005, True)])
 async def test_after_a_batch_the_gate_holds_the_next_read_only_while_tokens_come_faster_than_batches(gap_s, waits):
-    """Batches may go every 50 ms. Tokens 100 ms apart: the next one comes after its batch is due anyway, so the next
+    """Batches go every 50 ms. Tokens 100 ms apart: the next one comes after its batch is due anyway, so the next
     read goes at once and waits for it (holding it would add a timer's wake-up to every token). Tokens 5 ms apart:
-    the next read waits until the next batch is due, and finds the tokens that came meanwhile."""
+    the next read waits until the next batch is due (the loop's next tick), and finds the tokens that came
+    meanwhile."""
     import time
 
     from inference.backends.base import StreamChunk
@@ -219,13 +261,14 @@ async def test_after_a_batch_the_gate_holds_the_next_read_only_while_tokens_come
     assert flushed == [["a", "b", "c", "d", "e"]]  # the first batch goes at once either way
     assert stream.tokens_outpace_batches() is waits
     if waits:
-        assert held >= 0.05 - 0.003  # until just before the next batch may go
+        assert time.perf_counter() >= stream.next_slot() - 0.003  # until just before the next batch may go
     else:
         assert held < 0.02
     stream.accept(StreamChunk(text="f"), time.perf_counter())  # the next read's token
     await stream.read_gate()
     assert flushed[-1] == ["f"]
-    assert time.perf_counter() - started >= 0.05 - 0.003  # either way, one batch per interval at most
+    assert _on_tick(stream.last_due, 0.05)  # either way, at the loop's next tick: at most two batches an interval
+    assert time.perf_counter() >= stream.last_due - 0.003
 
 
 async def test_the_first_token_goes_out_at_once_and_a_cancel_seen_by_a_batch_ends_the_reader(monkeypatch):
@@ -235,7 +278,7 @@ async def test_the_first_token_goes_out_at_once_and_a_cancel_seen_by_a_batch_end
     from inference.worker.stream import TurnCancelled
 
     stream = _stream(interval_s=0.5)
-    flushed = _recording(stream)
+    flushed = _recording(stream, decoding_done=False)
     decoding: list[bool] = []
 
     async def mark_decoding(state: object) -> None:

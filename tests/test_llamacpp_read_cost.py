@@ -39,11 +39,14 @@ async def test_the_running_timings_are_read_once_per_socket_read_not_per_token(s
 
 
 def test_timings_not_read_are_still_checked_to_be_an_object_and_the_final_ones_in_full():
-    nan = '{"choices":[{"delta":{"content":"a"}}],"timings":{"prompt_n":NaN}}'
-    assert _chunk(nan, timings=False).stats is None  # superseded by the next event's, never read
+    odd = '{"choices":[{"delta":{"content":"a"}}],"timings":{"prompt_n":"twelve"}}'
+    assert _chunk(odd, timings=False).stats is None  # superseded by the next event's, never read
     with pytest.raises(BackendError):
-        _chunk(nan)
+        _chunk(odd)
     with pytest.raises(BackendError):
         _chunk('{"choices":[{"delta":{"content":"a"}}],"timings":[1]}', timings=False)
     with pytest.raises(BackendError):  # a finish reason's timings are the reply's stats: always read
-        _chunk('{"choices":[{"delta":{},"finish_reason":"stop"}],"timings":{"predicted_n":NaN}}', timings=False)
+        _chunk('{"choices":[{"delta":{},"finish_reason":"stop"}],"timings":{"predicted_n":"x"}}', timings=False)
+    with pytest.raises(BackendError) as raised:  # NaN is not JSON (RFC 8259), read or not
+        _chunk('{"choices":[{"delta":{"content":"a"}}],"timings":{"prompt_n":NaN}}', timings=False)
+    assert "not JSON" in raised.value.detail  # type: ignore[attr-defined]

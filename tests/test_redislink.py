@@ -1,7 +1,8 @@
 """inference/live/link.py: the worker's batch writes on one connection of their own, against the real Redis.
 
-What must hold: replies come back in order, and a batch that fails part-way (an error reply, a cancelled task)
-never leaves a reply behind for the next batch to read as its own."""
+What must hold: replies come back in order, each caller gets its own, batches queued together go in one round
+trip, and a batch that fails part-way (an error reply, a cancelled task) never leaves a reply behind for the next
+batch to read as its own."""
 
 from __future__ import annotations
 
@@ -61,24 +62,52 @@ async def test_an_error_reply_fails_its_batch_and_leaves_nothing_for_the_next(re
     await client.set(f"{prefix}:text", "not a list")
     with pytest.raises(ResponseError, match="WRONGTYPE"):
         async with link.pipeline() as pipe:
-            pipe.rpush(f"{prefix}:text", "x")  # the error comes first; the GET's reply is left unread
+            pipe.rpush(f"{prefix}:text", "x")  # the error comes first; the GET's reply after it is read and dropped
             pipe.get(f"{prefix}:text")
             await pipe.execute()
     async with link.pipeline() as pipe:
         pipe.get(f"{prefix}:other")
-        assert await pipe.execute() == [None]  # not b"not a list": the unread reply went with the old connection
+        assert await pipe.execute() == [None]  # not b"not a list": the failed batch's replies went with it
 
 
-async def test_a_batch_cancelled_while_waiting_for_its_reply_leaves_nothing_for_the_next(redis_pair):
+async def test_batches_queued_in_one_pass_of_the_loop_share_one_round_trip_and_an_error_fails_only_its_own(
+    redis_pair,
+):
+    """Sixteen turns' batches due at one tick: one write, each its own replies; the one whose RPUSH meets a key of
+    the wrong type fails alone."""
     link, client, prefix = redis_pair
-    waiting = asyncio.create_task(link.execute([("BLPOP", f"{prefix}:empty", 5)]))
-    await asyncio.sleep(0.2)  # sent; Redis holds the reply
-    waiting.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await waiting
-    await client.rpush(f"{prefix}:empty", "late")  # would have been BLPOP's reply on the old connection
-    assert await link.execute([("GET", f"{prefix}:x")]) == [None]
-    assert await client.lrange(f"{prefix}:empty", 0, -1) == [b"late"]  # the cancelled BLPOP took nothing
+    await client.set(f"{prefix}:text", "not a list")
+    before = link.round_trips
+
+    async def batch(n: int) -> list[int]:
+        key = f"{prefix}:text" if n == 5 else f"{prefix}:turn{n}"
+        async with link.pipeline() as pipe:
+            pipe.rpush(key, *(str(i) for i in range(n + 1)))
+            pipe.publish(f"{prefix}:chan{n}", str(n))
+            return await pipe.execute()
+
+    results = await asyncio.gather(*(batch(n) for n in range(16)), return_exceptions=True)
+    assert link.round_trips - before == 1
+    assert isinstance(results[5], ResponseError)
+    assert [r for n, r in enumerate(results) if n != 5] == [[n + 1, 0] for n in range(16) if n != 5]
+    assert await client.llen(f"{prefix}:turn15") == 16
+
+
+async def test_a_batch_cancelled_before_it_is_sent_never_runs_and_one_cancelled_on_its_way_leaves_nothing_behind(
+    redis_pair,
+):
+    link, client, prefix = redis_pair
+    on_its_way = asyncio.create_task(link.execute([("BLPOP", f"{prefix}:empty", 0.5)]))
+    await asyncio.sleep(0.1)  # sent; Redis holds the reply for up to half a second
+    queued = asyncio.create_task(link.execute([("RPUSH", f"{prefix}:never", "x")]))
+    await asyncio.sleep(0.05)  # queued behind the round trip on its way
+    queued.cancel()
+    on_its_way.cancel()
+    for task in (queued, on_its_way):
+        with pytest.raises(asyncio.CancelledError):
+            await task
+    assert await link.execute([("GET", f"{prefix}:x")]) == [None]  # not BLPOP's None-or-list read as its own
+    assert await client.exists(f"{prefix}:never") == 0
 
 
 async def test_batches_of_turns_on_one_loop_take_turns_on_the_connection(redis_pair):

@@ -16,6 +16,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
+import orjson
 
 from inference.backends import failures, sse
 from inference.backends.base import (
@@ -269,11 +270,11 @@ def _chunk(data: str, *, timings: bool = True) -> StreamChunk:
     them was half of the worker's cost per token, and the next event's supersede them. The final event's (with a
     finish reason) are always read."""
     try:
-        event = json.loads(data)
-    except ValueError as exc:
-        raise BackendBadEvent(f"not JSON: {data[:200]!r}") from exc
-    except RecursionError as exc:
-        raise BackendBadEvent("JSON nested too deep") from exc
+        # orjson reads RFC 8259 strictly (no NaN, no lone surrogates, 1,024 levels at most), at a quarter of the
+        # json module's cost per event: this is read once per token.
+        event = orjson.loads(data)
+    except orjson.JSONDecodeError as exc:
+        raise BackendBadEvent(f"not JSON ({exc}): {data[:200]!r}") from exc
     if not isinstance(event, dict):
         raise BackendBadEvent(f"not an object: {data[:200]!r}")
     if "error" in event:  # after the stream began: classed by its words alone

@@ -91,45 +91,50 @@ class ChunkedDecoder:
     _need_crlf: bool = False  # a chunk's trailing CRLF is still to come
 
     def feed(self, data: bytes) -> bytes:
-        self._buffer += data
-        out = bytearray()
+        # One pass over the buffer with a position, and one deletion at the end: a chat stream sends each event in
+        # a chunk of its own, so this runs once per token.
+        buffer = self._buffer
+        buffer += data
+        out: list[bytearray] = []
+        pos, size_of = 0, len(buffer)
         while not self.done:
             if self._remaining:
-                take = min(self._remaining, len(self._buffer))
+                take = min(self._remaining, size_of - pos)
                 if not take:
                     break
-                out += self._buffer[:take]
-                del self._buffer[:take]
+                out.append(buffer[pos : pos + take])
+                pos += take
                 self._remaining -= take
                 if self._remaining == 0:
                     self._need_crlf = True
                 continue
             if self._need_crlf:
-                if len(self._buffer) < 2:
+                if size_of - pos < 2:
                     break
-                if self._buffer[:2] != b"\r\n":
+                if buffer[pos : pos + 2] != b"\r\n":
                     raise ProtocolError("chunk not followed by CRLF")
-                del self._buffer[:2]
+                pos += 2
                 self._need_crlf = False
                 continue
-            end = self._buffer.find(b"\r\n")
+            end = buffer.find(b"\r\n", pos)
             if end < 0:
-                if len(self._buffer) > 1024:
+                if size_of - pos > 1024:
                     raise ProtocolError("chunk size line too long")
                 break
-            size_text = bytes(self._buffer[:end]).split(b";", 1)[0].strip()
+            size_text = bytes(buffer[pos:end]).split(b";", 1)[0].strip()
             try:
                 size = int(size_text, 16)
             except ValueError as exc:
                 raise ProtocolError(f"bad chunk size {size_text!r}") from exc
             if size < 0:
                 raise ProtocolError(f"bad chunk size {size_text!r}")
-            del self._buffer[: end + 2]
+            pos = end + 2
             if size == 0:
                 self.done = True  # trailers, if any, are ignored
                 break
             self._remaining = size
-        return bytes(out)
+        del buffer[:pos]
+        return b"".join(out)
 
 
 @dataclass

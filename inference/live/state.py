@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
+import orjson
 import redis
 from django.conf import settings
 from redis.exceptions import RedisError
@@ -49,7 +50,7 @@ def encode_batch(
         batch["k"] = thinking
     if stats is not None:
         batch["s"] = stats
-    return json.dumps(batch, ensure_ascii=False, separators=(",", ":"))
+    return orjson.dumps(batch).decode()
 
 
 def latest_stats(raw_batch: bytes | str | None) -> dict[str, Any] | None:

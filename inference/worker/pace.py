@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -120,7 +121,7 @@ class FlushPace:
     the web writes for them, stay under 2 / ``min_s`` until every turn is at the ceiling (docs/streaming.md).
     A turn counts from its backend request to its end, so one still reading its prompt counts too: when many turns
     start together, the first to get tokens do not publish at the short interval while the rest are still in their
-    prompts."""
+    prompts. After its first batch a turn's batches fall on the loop's ticks (``next_tick``)."""
 
     def __init__(self, min_s: float, max_s: float, on_change: Callable[[int], None] | None = None) -> None:
         self.min_s, self.max_s = min_s, max_s
@@ -134,6 +135,13 @@ class FlushPace:
 
     def interval(self) -> float:
         return min(self.max_s, self.min_s * (max(1, self.streaming) + 1) / 2)
+
+    def next_tick(self, at: float) -> float:
+        """The loop's first flush tick at or after ``at`` (perf_counter seconds): the multiples of the interval,
+        the same for every turn on the loop, so the batches of turns streaming together fall due together and go
+        out in one Redis round trip (inference/live/link.py) and one wake-up of the loop."""
+        interval = self.interval()
+        return math.ceil(at / interval) * interval
 
     @contextlib.contextmanager
     def streaming_turn(self) -> Iterator[None]:

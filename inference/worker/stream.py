@@ -2,12 +2,13 @@
 or a checkpoint, and return its outcome (the start, the claim and the request, is inference/worker/start.py).
 
 The contract (docs/streaming.md): a token is published at once when the last batch went out at least one
-interval ago (so the first one always is); otherwise it goes in the batch due one interval after the last one:
-at most one batch per interval, and no token waits longer than the interval. The interval is the worker's
-``FlushPace`` (inference/worker/pace.py). Every batch carries the turn id and seq_from..seq_to (one seq per backend
-chunk with text, usually one token) and is appended to the turn's live list before it is published, in one Redis
-round trip. The database is written when the turn is claimed, at its first token, at checkpoints every few seconds,
-and once at the end.
+interval ago (so the first one always is); otherwise it goes in the batch at the worker loop's first flush tick after
+the last batch was due: a flowing stream's batches are an interval apart, on the ticks every turn on the loop shares
+(so their batches share a Redis round trip), and no token waits longer than the interval. The
+interval is the worker's ``FlushPace`` (inference/worker/pace.py). Every batch carries the turn id and
+seq_from..seq_to (one seq per backend chunk with text, usually one token) and is appended to the turn's live list
+before it is published, in one Redis round trip. The database is written when the turn is claimed, at its first
+token, at checkpoints every few seconds, and once at the end.
 
 Two tasks per turn: the reader (inference/worker/reader.py) reads the backend's stream and publishes the batches
 itself, at the plug-in's read gate (after each read that brought text); the turn's own task watches it every
@@ -65,6 +66,10 @@ FLUSH_SLACK_S = 0.002
 RECENT_GAPS = 4  # the read gate goes by the mean of this many latest gaps between tokens
 
 
+# A batch due at a tick is past it by this when the next slot is read: the next slot is the following tick.
+TICK_EPSILON_S = 1e-6
+
+
 class TurnCancelled(Exception):
     pass
 
@@ -90,6 +95,7 @@ class TurnStream:
     pending_thoughts: list[str] = field(default_factory=list)
     pending_since: float | None = None
     last_sent: float = float("-inf")  # when the last batch with text was published
+    last_due: float = float("-inf")  # when it was due (a flush tick, or its first token's arrival when at once)
     seq_sent: int = 0
     last_checkpoint: float = 0.0
     cancelled: bool = False
@@ -128,15 +134,29 @@ class TurnStream:
         return self.pace.interval()
 
     def flush_due(self) -> float | None:
-        """When the pending tokens go out: at once if the last batch is an interval old, else an interval after it."""
+        """When the pending tokens go out: at once if the last batch is an interval old, else at the next slot."""
         if self.pending_since is None:
             return None
-        return max(self.pending_since, self.last_sent + self.flush_interval_s, self.live.retry_at)
+        if self.pending_since >= self.last_sent + self.flush_interval_s:
+            due = self.pending_since
+        else:
+            due = max(self.pending_since, self.next_slot())
+        return max(due, self.live.retry_at)
+
+    def next_slot(self) -> float:
+        """The loop's first flush tick after the last batch was due: a flowing stream's batches are an interval
+        apart, on the same ticks as every other turn's on the loop. A batch that went out at once, off the ticks,
+        is followed by one at the next tick, so no token waits longer than an interval, and a turn has at most two
+        batches an interval."""
+        if self.last_due == float("-inf"):  # nothing sent yet (or Redis took none): no slot to wait for
+            return self.last_due
+        return self.pace.next_tick(self.last_due + TICK_EPSILON_S)
 
     async def flush(self) -> None:
         """Append the pending batch to the live list, read the cancel flag (at most every CANCEL_CHECK_S, in the
         same round trip), then publish the batch."""
         taken = len(self.pending)  # tokens the reader accepts while this batch is on its way wait for the next one
+        due = self.flush_due()
         text, thinking = "".join(self.pending), "".join(self.pending_thoughts[:taken])
         seq_from, seq_to = self.seq_sent + 1, self.meter.events
         now = time.perf_counter()
@@ -194,6 +214,8 @@ class TurnStream:
             del self.pending_thoughts[:taken]
             self.seq_sent = seq_to
             self.last_sent = time.perf_counter()
+            # A batch at a tick went out up to a slack's time before it; one that went at once, or late, went now.
+            self.last_due = max(due, now) if due is not None else now
             self.pending_since = self.last_sent if self.pending else None
             if message is not None and publication is None:  # another channel layer: its own group_send
                 await events.group_send(events.session_group(self.turn.session_id), message)
@@ -223,7 +245,7 @@ class TurnStream:
         # tokens come slower than batches may go: the next one would come after the batch is due anyway, so the
         # read waits for it and it goes out as it comes. The wait would only add a wake-up to every token (a timer
         # that fires before the token is there).
-        delay = self.last_sent + self.flush_interval_s - FLUSH_SLACK_S - time.perf_counter()
+        delay = self.next_slot() - FLUSH_SLACK_S - time.perf_counter()
         if delay > 0 and self.tokens_outpace_batches():
             await asyncio.sleep(delay)
 
