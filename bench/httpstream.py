@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,6 +29,7 @@ class StreamRecord:
     error: str | None = None
     t_end: float | None = None
     steal_share: float | None = None  # the machine's CPU the hypervisor took while this was read (bench/run.py)
+    on_text: Callable[[str], object] | None = field(default=None, repr=False)
     llama_wait_ms_per_s: float | None = None  # llama-server's threads waiting for a core meanwhile (bench/run.py)
 
     @property
@@ -73,9 +75,12 @@ def chat_payload(*, model: str, prompt: str, max_tokens: int, seed: int, tempera
     }
 
 
-async def direct_chat(port: int, payload: dict[str, Any], *, timeout_s: float) -> StreamRecord:
-    """POST /v1/chat/completions on 127.0.0.1:port and read the stream to its end (bounded by timeout_s)."""
-    record = StreamRecord()
+async def direct_chat(
+    port: int, payload: dict[str, Any], *, timeout_s: float, on_text: Callable[[str], object] | None = None
+) -> StreamRecord:
+    """POST /v1/chat/completions on 127.0.0.1:port and read the stream to its end (bounded by timeout_s); ``on_text``
+    is given each token's text as it is read (bench/relayfloor.py relays them)."""
+    record = StreamRecord(on_text=on_text)
     try:
         await asyncio.wait_for(_read(port, payload, record), timeout_s)
     except TimeoutError:
@@ -124,6 +129,8 @@ async def _read(port: int, payload: dict[str, Any], record: StreamRecord) -> Non
                 if event.text:
                     record.times.append(now)
                     record.texts.append(event.text)
+                    if record.on_text is not None:
+                        record.on_text(event.text)
                 if event.finish_reason:
                     record.finish_reason = event.finish_reason
                     record.timings = event.timings

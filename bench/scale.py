@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import orjson
 import psutil
 
 from bench import procstat, profile, stats
@@ -35,7 +36,7 @@ from bench.httpstream import chat_payload, direct_chat
 from bench.rigclient import Tab, TurnWatch, run_turn
 from bench.stack import BenchStack
 from bench.wsproto import WSClient, WSClosed
-from rigdash.launcher import PYTHON, ROOT, Stack
+from rigdash.launcher import PYTHON, ROOT, Stack, free_port
 
 RESULTS_DIR = ROOT / "bench" / "results"
 
@@ -175,16 +176,19 @@ class Passive:
     path: str
     frames: int = 0
     sample_delays_ms: list[float] = field(default_factory=list)
+    sample_bytes: list[int] = field(default_factory=list)  # each sample frame's size (the relay floor's samples)
     error: str | None = None
 
 
 async def read_passive(client: WSClient, passive: Passive) -> None:
     try:
         while True:
-            arrived, frame = await client.recv_json()
+            arrived, text = await client.recv_text()
+            frame = orjson.loads(text)
             passive.frames += 1
             if frame.get("type") == "rig.sample" and frame.get("sample", {}).get("ts"):
                 passive.sample_delays_ms.append((arrived - float(frame["sample"]["ts"])) * 1000)
+                passive.sample_bytes.append(len(text.encode()))
     except (WSClosed, OSError, asyncio.IncompleteReadError) as exc:
         passive.error = repr(exc)
 
@@ -452,6 +456,57 @@ async def stream_turns(
     return seen, wall, {name: cpu1.get(name, 0.0) - cpu0.get(name, 0.0) for name in cpu1}, counts
 
 
+def _socket_mix(sockets: int, turns: int) -> tuple[int, int, int]:
+    """(watchers per turn, dashboards, board sockets): a third of the sockets are chat tabs (a sender and watchers
+    per turn), most of the rest dashboards of the rig and the overview, and one in twenty-five the board."""
+    chat = max(turns, sockets // 3)
+    watchers = max(0, chat // turns - 1)
+    board = max(1, sockets // 25)
+    return watchers, max(1, sockets - turns * (watchers + 1) - board), board
+
+
+async def _open_passive(pool: Pool, dashboards: int, board: int, rig_id: int) -> None:
+    for i in range(dashboards):
+        await pool.open_passive("/ws/monitoring/" if i % 10 == 9 else f"/ws/monitoring/rigs/{rig_id}/")
+    for _ in range(board):
+        await pool.open_passive("/ws/board/")
+    await asyncio.sleep(1)
+    pool.reset_counts()
+
+
+async def relay_floor(
+    stack: BenchStack, sockets: int, turns: int, *, rate: int, tokens: int, sample_bytes: int
+) -> dict[str, Any]:
+    """The same round with no RigDash: one minimal relay (bench/relayfloor.py) sends the same frames to the same mix
+    of sockets, the turns' tokens at RigDash's flush ceiling and a sample of RigDash's size to every passive socket
+    once a second, read by the same client. What its lag shows is this machine's, with these sockets."""
+    from django.conf import settings
+
+    port = free_port()
+    command = [PYTHON, "-m", "bench.relayfloor", f"--port={port}", f"--source-port={stack.ports['synthetic']}",
+               f"--interval-ms={settings.RIGDASH.flush_interval_ms}", f"--sample-bytes={sample_bytes}"]  # fmt: skip
+    relay = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    try:
+        assert relay.stdout is not None
+        ready = await asyncio.wait_for(asyncio.to_thread(relay.stdout.readline), 30)
+        if ready.strip() != "READY":
+            raise RuntimeError(f"the relay floor did not start: {ready!r}")
+        watchers, dashboards, board = _socket_mix(sockets, turns)
+        pool = Pool([port], "")
+        await _open_passive(pool, dashboards, board, 1)
+        cpu0 = sum(psutil.Process(relay.pid).cpu_times()[:2])
+        seen, wall, _, counts = await stream_turns(stack, pool, list(range(1, turns + 1)), watchers, rate=rate,
+                                                   tokens=tokens, tag=f"relay{sockets}")  # fmt: skip
+        relay_s = sum(psutil.Process(relay.pid).cpu_times()[:2]) - cpu0
+        await pool.close()
+    finally:
+        relay.terminate()
+        relay.wait(10)
+    return {"sockets": turns * (watchers + 1) + dashboards + board, "sample_bytes": sample_bytes, **seen.summary(),
+            "relay_cpu_pct_of_a_core": round(100 * relay_s / wall, 1), "client": counts["machine"]["client"],
+            "loadavg": counts["machine"]["loadavg"]}  # fmt: skip
+
+
 async def part_viewers(stack: BenchStack, prepared: dict[str, Any], size: Size) -> dict[str, Any]:
     from django.contrib.auth import get_user_model
 
@@ -468,23 +523,14 @@ async def part_viewers(stack: BenchStack, prepared: dict[str, Any], size: Size) 
     log(f"viewers floor (direct): lag p99 {floor['display_lag_ms'].get('p99')} ms")
     rounds: list[dict[str, Any]] = []
     for sockets in size.viewer_sockets:
-        # A third of the sockets are chat tabs (a sender and watchers per turn), most of the rest dashboards of the
-        # rig and the overview, and one in twenty-five the board.
-        chat = max(len(sessions), sockets // 3)
-        watchers = max(0, chat // len(sessions) - 1)
-        board = max(1, sockets // 25)
-        dashboards = max(1, sockets - len(sessions) * (watchers + 1) - board)
+        watchers, dashboards, board = _socket_mix(sockets, len(sessions))
         pool = Pool(ports, prepared["cookie"])
-        for i in range(dashboards):
-            await pool.open_passive("/ws/monitoring/" if i % 10 == 9 else f"/ws/monitoring/rigs/{rig_id}/")
-        for _ in range(board):
-            await pool.open_passive("/ws/board/")
-        await asyncio.sleep(1)
-        pool.reset_counts()
+        await _open_passive(pool, dashboards, board, rig_id)
         seen, wall, cpu, counts = await stream_turns(stack, pool, sessions, watchers, rate=rate, tokens=tokens,
                                              tag=f"viewers{sockets}")  # fmt: skip
         passive_frames = sum(p.frames for _, p, _ in pool.passive)
         delays = [d for _, p, _ in pool.passive for d in p.sample_delays_ms]
+        sample_sizes = [n for _, p, _ in pool.passive for n in p.sample_bytes]
         board_frames = sum(p.frames for _, p, _ in pool.passive if p.path == "/ws/board/")
         errors = sorted({p.error for _, p, _ in pool.passive if p.error})[:5]
         await pool.close()
@@ -512,6 +558,13 @@ async def part_viewers(stack: BenchStack, prepared: dict[str, Any], size: Size) 
             f"lag p50 {r['display_lag_ms'].get('p50')} p99 {r['display_lag_ms'].get('p99')} ms, "
             f"web {r['web_cpu_pct_of_a_core']} % of a core, {r['web_cpu_us_per_frame']} us/frame, "
             f"load {loadavg()}")  # fmt: skip
+        sample_bytes = round(sum(sample_sizes) / len(sample_sizes)) if sample_sizes else 6000
+        r["relay_floor"] = await relay_floor(stack, sockets, len(sessions), rate=rate, tokens=tokens,
+                                             sample_bytes=sample_bytes)  # fmt: skip
+        f = r["relay_floor"]
+        log(f"  relay floor, {f['sockets']} sockets: in order {f['every_token_in_order']} lag p50 "
+            f"{f['display_lag_ms'].get('p50')} p99 {f['display_lag_ms'].get('p99')} ms, relay "
+            f"{f['relay_cpu_pct_of_a_core']} % of a core, client {f['client']['cpu_pct_of_a_core']} %")  # fmt: skip
     slope = None
     if len(rounds) >= 2:
         fit = stats.linear_fit([r["sockets"] for r in rounds], [r["web_cpu_pct_of_a_core"] for r in rounds])

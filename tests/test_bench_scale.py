@@ -70,6 +70,9 @@ def test_every_part_of_the_scale_benchmark_runs_tiny_and_delivers_every_token_in
     assert viewers["chat_tabs"] > scale.SMOKE.viewer_turns and viewers["web_processes"] == 2
     assert viewers["frames_delivered"] > 0 and viewers["board_frames"] > 0 and viewers["web_cpu_us_per_frame"]
     assert result["viewers"]["floor_direct"]["every_token_in_order"]
+    relay = viewers["relay_floor"]  # the same sockets and frames from a minimal relay, no RigDash
+    assert relay["every_token_in_order"], relay["failures"]
+    assert relay["sockets"] == viewers["sockets"] and relay["sample_bytes"] > 100
     rate = result["rate"]["rounds"][0]
     assert rate["every_token_in_order"], rate["failures"]
     assert rate["token_batches"] < rate["streams"] * rate["tokens_per_stream"]  # batched, not a frame per token

@@ -1,4 +1,4 @@
-"""The page's 'prompt' state goes out only when a turn's prompt outlasts one flush interval (worker/prompt.py),
+"""The page's 'prompt' state goes out only when a turn's prompt outlasts its delay (worker/prompt.py, start.py),
 through the real channel layer and Redis."""
 
 from __future__ import annotations

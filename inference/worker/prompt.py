@@ -9,7 +9,7 @@ from inference.models import Turn
 
 
 class PromptState:
-    """A turn's 'prompt' state for its page, sent only when the prompt outlasts ``delay_s`` (a flush interval).
+    """A turn's 'prompt' state for its page, sent only when the prompt outlasts ``delay_s`` (PROMPT_STATE_DELAY_S).
 
     A page takes a turn's first token as the end of its prompt phase. When the first token comes sooner, the
     state would only flash by, and many turns starting together would double the frames the web writes to every

@@ -15,7 +15,6 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from channels.db import database_sync_to_async as db_async
-from django.conf import settings
 from django.db import DatabaseError, close_old_connections
 
 from inference import events
@@ -38,6 +37,10 @@ log = logging.getLogger(__name__)
 WORKER_ID = f"{socket.gethostname()}:{os.getpid()}"
 Claim = concurrent.futures.Future[claims.ClaimedTurn | None]  # a turn's claim: what it got, or None (not claimed)
 SENT_WAIT_S = 1.0  # the longest a claim waits for its ticketed requests to be written (a rig that does not answer)
+# The page's 'prompt' state goes out only for a prompt longer than this (inference/worker/prompt.py). Short of it, the
+# state would reach the page a frame or two before the first token, and a burst of turns starting together would each
+# send one more frame to every watcher, ahead of its first token.
+PROMPT_STATE_DELAY_S = 0.05
 FINISH_RETRY_S = (0.5, 2.0, 5.0)  # a turn's end the database refused is stored again after each of these, then left
 
 
@@ -55,7 +58,7 @@ async def run_claimed_turn(
     the start happens while the prompt is read. ``budget``: the reply's token cap, or why the turn cannot run (a
     quota leaves it no tokens; its start ticket disagrees with it): it then ends as failed with that reason."""
     rig_id = turn.session.rig_id
-    prompt_state = PromptState(turn, settings.RIGDASH.flush_interval_ms / 1000)
+    prompt_state = PromptState(turn, PROMPT_STATE_DELAY_S)
     started_row = asyncio.create_task(db_async(board_rows.publish_turn, thread_sensitive=False)(turn.pk))  # the board
     if isinstance(budget, InvalidInput):
         exc = budget
