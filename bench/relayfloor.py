@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import itertools
-import math
 import signal
 import time
 from typing import Any
@@ -27,11 +26,13 @@ import orjson
 from bench.httpstream import chat_payload, direct_chat
 from bench.sse import split_head
 from bench.wsproto import OP_CLOSE, OP_TEXT, accept_key, decode_frame, encode_frame
+from inference.worker.pace import TICK_EPSILON_S, FlushPace
 
 
 class Relay:
     def __init__(self, source_port: int, interval_s: float, sample_bytes: int) -> None:
-        self.source_port, self.interval_s, self.sample_bytes = source_port, interval_s, sample_bytes
+        self.source_port, self.sample_bytes = source_port, sample_bytes
+        self.pace = FlushPace(interval_s, interval_s)
         self.sessions: dict[int, set[asyncio.StreamWriter]] = {}
         self.passive: set[asyncio.StreamWriter] = set()
         self.turn_ids = itertools.count(1)
@@ -106,10 +107,10 @@ class Relay:
                 self.send(writers, orjson.dumps(batch))
                 sent += count
 
-        async def ticks() -> None:
+        async def ticks() -> None:  # RigDash's own rule for the ticks every turn shares
             while True:
-                now = time.monotonic()
-                await asyncio.sleep(math.ceil(now / self.interval_s) * self.interval_s - now)
+                now = time.perf_counter()
+                await asyncio.sleep(self.pace.next_tick(now + TICK_EPSILON_S) - now)
                 flush()
 
         ticker = asyncio.get_running_loop().create_task(ticks())

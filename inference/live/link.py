@@ -41,7 +41,7 @@ class RedisLink:
         self._connection: AbstractConnection = ConnectionPool.from_url(url).make_connection()  # type: ignore[no-untyped-call]  # redis-py leaves it untyped
         self._queued: list[tuple[Sequence[Command], asyncio.Future[list[Any]]]] = []
         self._sender: asyncio.Task[None] | None = None
-        self.round_trips = 0  # how many packed writes went out (tests and benchmarks read it)
+        self.round_trips = 0  # how many packed writes went out (tests/test_redislink.py reads it)
 
     def pipeline(self, transaction: bool = False) -> LinkPipeline:
         if transaction:

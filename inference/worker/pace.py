@@ -152,6 +152,10 @@ class FlushPace:
             self._count(-1)
 
 
+# A batch due at a tick is past it by this when the next slot is read: the next slot is the following tick.
+TICK_EPSILON_S = 1e-6
+
+
 # Per event loop, keyed by the loop itself: an id can be reused by a later loop once the first is collected (tests
 # run a loop per test), and a client or a pace belongs to the loop it was made on.
 _paces: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, FlushPace] = weakref.WeakKeyDictionary()

@@ -4,10 +4,10 @@ or a checkpoint, and return its outcome (the start, the claim and the request, i
 The contract (docs/streaming.md): a token is published at once when the last batch went out at least one
 interval ago (so the first one always is); otherwise it goes in the batch at the worker loop's first flush tick after
 the last batch was due: a flowing stream's batches are an interval apart, on the ticks every turn on the loop shares
-(so their batches share a Redis round trip), and no token waits longer than the interval. The
-interval is the worker's ``FlushPace`` (inference/worker/pace.py). Every batch carries the turn id and
-seq_from..seq_to (one seq per backend chunk with text, usually one token) and is appended to the turn's live list
-before it is published, in one Redis round trip. The database is written when the turn is claimed, at its first
+(so their batches share a Redis round trip), and no token waits longer than the interval. The interval is the
+worker's ``FlushPace`` (inference/worker/pace.py). Every batch carries the turn id and seq_from..seq_to (one seq per
+backend chunk with text, usually one token) and is appended to the turn's live list before it is published, in one
+Redis round trip. The database is written when the turn is claimed, at its first
 token, at checkpoints every few seconds, and once at the end.
 
 Two tasks per turn: the reader (inference/worker/reader.py) reads the backend's stream and publishes the batches
@@ -44,7 +44,7 @@ from inference.queue import quotas
 from inference.tokens import estimate_prompt_tokens, history_truncated
 from inference.turns import lifecycle
 from inference.worker.loop import link_for_loop
-from inference.worker.pace import FlushPace, StreamMeter, pace_for_loop
+from inference.worker.pace import TICK_EPSILON_S, FlushPace, StreamMeter, pace_for_loop
 from inference.worker.prompt import PromptState
 from inference.worker.reader import OpenedStream, open_stream
 from rigdash.env import RigDashConfig
@@ -64,10 +64,6 @@ FLUSH_SLACK_S = 0.002
 
 
 RECENT_GAPS = 4  # the read gate goes by the mean of this many latest gaps between tokens
-
-
-# A batch due at a tick is past it by this when the next slot is read: the next slot is the following tick.
-TICK_EPSILON_S = 1e-6
 
 
 class TurnCancelled(Exception):
