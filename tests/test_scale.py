@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 from django.contrib.auth.models import User
 from django.core.management import CommandError, call_command
+from django.db import connection
 from django.db.models import Count
 from django.http import StreamingHttpResponse
 from django.test import Client
@@ -219,3 +220,45 @@ async def test_under_asgi_the_csv_streams_through_an_async_iterator():
     assert len(chunks) >= 13  # the header, a chunk per month, the live days
     text = b"".join(chunks).decode()
     assert text.startswith("day,user,model,turns,prompt_tokens,output_tokens,busy_s\n") and text.count("\n") > 20
+
+
+def _csv_rows(text: bytes) -> list[list[str]]:
+    return list(csv.reader(io.StringIO(text.decode())))
+
+
+def _csv(days: int, user_id: int | None) -> bytes:
+    return "".join(make() for make in usage_report.csv_chunks(days, user_id)).encode()
+
+
+@pytest.mark.django_db
+def test_the_months_postgresql_writes_are_the_ones_python_formats(monkeypatch):
+    """On PostgreSQL the CSV's rolled-up months are written by the database; on SQLite, formatted in Python. Both give
+    the same rows in the same order (names by code point, which a locale's collation would not), with the same CSV
+    and formula quoting, for everyone and for one user."""
+    generate(**SMALL)
+    for old, new in (("gen-user-000", "=HYPERLINK(1)"), ("gen-user-004", "Zoë"), ("gen-user-005", "alice"),
+                     ("gen-user-006", "@admin"), ("gen-user-007", "Bob")):  # fmt: skip
+        User.objects.filter(username=old).update(username=new)
+    usage_rollup.closed(usage_report.first_day(366), user_id=None)  # roll the days up, then rename some models
+    with connection.cursor() as cursor:  # a linguistic collation, as a database made with en_US.UTF-8 has
+        cursor.execute('ALTER TABLE auth_user ALTER COLUMN username TYPE varchar(150) COLLATE "und-x-icu"')
+    days = sorted(set(UsageDay.objects.values_list("day", flat=True)))
+    UsageDay.objects.filter(day=days[0]).update(model_name="\tcmd")
+    UsageDay.objects.filter(day=days[1]).update(model_name="+1 model, with a comma")
+    UsageDay.objects.filter(day=days[2]).update(model_name='a "quoted"\nmodel\r')
+    assert usage_report.in_sql()
+    one = User.objects.get(username="=HYPERLINK(1)").pk
+    copied = {None: _csv_rows(_csv(366, None)), one: _csv_rows(_csv(366, one))}
+    monkeypatch.setattr(usage_report, "in_sql", lambda: False)
+    for user_id, rows in copied.items():
+        formatted = _csv_rows(_csv(366, user_id))
+        assert len(rows) == len(formatted) > 2
+        assert [row[:-1] for row in rows] == [row[:-1] for row in formatted]
+        assert all(float(a[-1]) == float(b[-1]) for a, b in zip(rows[1:], formatted[1:], strict=True))
+    names = [row[1] for row in copied[None][1:]]
+    assert {"'=HYPERLINK(1)", "'@admin", "Zoë", "alice", "Bob"} <= set(names)
+    assert "=HYPERLINK(1)" not in names
+    assert {row[2] for row in copied[None][1:]} >= {"'\tcmd", "'+1 model, with a comma", 'a "quoted"\nmodel\r'}
+    first_day = [row[1] for row in copied[None][1:] if row[0] == copied[None][1][0]]
+    assert first_day == sorted(first_day)  # code point order: "Bob" before "alice", "Zoë" before "alice"
+    assert {row[1] for row in copied[one][1:]} == {"'=HYPERLINK(1)"}

@@ -120,6 +120,14 @@ def usage_totals(rows: Iterable[UsageRow]) -> dict[str, float]:
     return {name: round(sum(getattr(r, name) for r in rows), 3) for name in METRICS}
 
 
+# A cell starting with one of these is a formula to a spreadsheet (OWASP, "CSV Injection"): a name gets a leading quote.
+FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
+
+
+def csv_safe(name: str) -> str:
+    return f"'{name}" if name[:1] in FORMULA_START else name
+
+
 def usage_csv(rows: Iterable[UsageRow]) -> str:
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
@@ -127,8 +135,7 @@ def usage_csv(rows: Iterable[UsageRow]) -> str:
     for row in rows:
         values = list(astuple(row))
         values[0] = row.day.isoformat()
-        # A user or model name starting with = + - @ would be a formula in a spreadsheet: quote it as text.
-        writer.writerow([f"'{v}" if isinstance(v, str) and v[:1] in ("=", "+", "-", "@") else v for v in values])
+        writer.writerow([csv_safe(v) if isinstance(v, str) else v for v in values])
     return out.getvalue()
 
 

@@ -90,9 +90,9 @@ def live_rows(lo: date, *, user_id: int | None) -> list[UsageRow]:
     )
     sessions = {
         pk: (name, model)
-        for pk, name, model in ChatSession.objects.filter(pk__in={r["session_id"] for r in per_session}).values_list(
-            "pk", "owner__username", "model_name"
-        )
+        for pk, name, model in ChatSession.objects.filter(pk__in={r["session_id"] for r in per_session})
+        .order_by()  # not the sessions' default order: a sort the lookup does not need
+        .values_list("pk", "owner__username", "model_name")
     }
     rows: dict[tuple[date, str, str], UsageRow] = {}
     for r in per_session:
