@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
 from django.db.models import Q, QuerySet
 
-from inference.errors import NotFound
+from inference.errors import InvalidInput, NotFound
 from inference.live import state
 from inference.models import ChatSession, Rig, Turn
 from inference.queue import dispatch
@@ -24,6 +26,40 @@ def rig_list_enabled() -> QuerySet[Rig]:
 
 def session_list_for(user: AbstractBaseUser | AnonymousUser) -> QuerySet[ChatSession]:
     return ChatSession.objects.filter(owner_id=user.pk).select_related("rig")
+
+
+CHAT_PAGE = 100
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_MICROSECOND = timedelta(microseconds=1)
+
+
+@dataclass(frozen=True)
+class ChatPage:
+    sessions: list[ChatSession]
+    older: str | None  # the cursor of the next page of older chats; None on the last page
+
+
+def _cursor(session: ChatSession) -> str:
+    return f"{(session.updated_at - _EPOCH) // _MICROSECOND}-{session.pk}"
+
+
+def _parse_cursor(before: str) -> tuple[datetime, int]:
+    micros, _, pk = before.partition("-")
+    if not (micros.isascii() and micros.isdigit() and len(micros) <= 18 and _valid_id(pk)):
+        raise InvalidInput("bad_cursor", "That page of chats does not exist: the list starts again at the newest.")
+    return _EPOCH + int(micros) * _MICROSECOND, int(pk)
+
+
+def session_page_for(user: AbstractBaseUser | AnonymousUser, *, before: str = "") -> ChatPage:
+    """The user's chats, newest first, CHAT_PAGE at a time: ``before`` is the cursor a previous page gave. Keyset on
+    (updated_at, id), so a deep page costs what the first does and a chat active meanwhile moves to the top instead
+    of shifting the pages. A cursor that is not one raises InvalidInput."""
+    chats = session_list_for(user).order_by("-updated_at", "-pk")
+    if before:
+        at, pk = _parse_cursor(before)
+        chats = chats.filter(Q(updated_at__lt=at) | Q(updated_at=at, pk__lt=pk))
+    page = list(chats[: CHAT_PAGE + 1])
+    return ChatPage(page[:CHAT_PAGE], _cursor(page[CHAT_PAGE - 1]) if len(page) > CHAT_PAGE else None)
 
 
 MAX_ID = 2**63 - 1  # a bigint primary key

@@ -79,7 +79,8 @@ def session_create(request: HttpRequest) -> HttpResponse:
             request,
             "inference/session_list.html",
             {
-                "sessions": selectors.session_list_for(request.user)[:100],
+                "sessions": (page := selectors.session_page_for(request.user)).sessions,
+                "older": page.older,
                 **new_chat_choices(request),
                 "error": exc.message,
             },

@@ -106,11 +106,19 @@ def session_list(request: HttpRequest) -> HttpResponse:
     except InvalidInput as exc:
         query, hits = "", []
         messages.error(request, exc.message)
+    before = request.GET.get("before", "")
+    try:
+        page = selectors.session_page_for(request.user, before=before)
+    except InvalidInput as exc:
+        before, page = "", selectors.session_page_for(request.user)
+        messages.error(request, exc.message)
     return render(
         request,
         "inference/session_list.html",
         {
-            "sessions": selectors.session_list_for(request.user)[:100],
+            "sessions": page.sessions,
+            "older": page.older,
+            "paged": bool(before),
             **new_chat_choices(request),
             "query": query,
             "hits": hits,
