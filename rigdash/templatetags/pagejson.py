@@ -1,0 +1,34 @@
+"""``json_data``: Django's ``json_script`` filter through orjson, for the pages that embed their figures.
+
+The same element and the same escaping (``<``, ``>`` and ``&`` as ``\\u003C``, ``\\u003E``, ``\\u0026``, so nothing
+in the data closes the script element), the same text for dates and times and whatever else DjangoJSONEncoder
+formats (orjson hands them back to it), at a fraction of json.dumps and ``str.translate``'s cost on a usage page's or
+a rig dashboard's figures (hundreds of kB). A non-finite float becomes ``null`` (json.dumps wrote ``NaN``, which
+``JSON.parse`` refuses).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+from django import template
+from django.core.serializers.json import DjangoJSONEncoder
+from django.utils.html import format_html
+from django.utils.safestring import SafeString, mark_safe
+
+register = template.Library()
+
+_OPTIONS = orjson.OPT_NON_STR_KEYS | orjson.OPT_PASSTHROUGH_DATETIME | orjson.OPT_PASSTHROUGH_DATACLASS
+_default = DjangoJSONEncoder().default
+
+
+def dumps(value: Any) -> str:
+    """``value`` as JSON safe inside a script element."""
+    text = orjson.dumps(value, default=_default, option=_OPTIONS).decode()
+    return text.replace("<", "\\u003C").replace(">", "\\u003E").replace("&", "\\u0026")
+
+
+@register.filter(is_safe=True)
+def json_data(value: Any, element_id: str) -> SafeString:
+    return format_html('<script id="{}" type="application/json">{}</script>', element_id, mark_safe(dumps(value)))  # noqa: S308 (escaped above)
