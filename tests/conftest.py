@@ -323,3 +323,12 @@ def synthetic_llama(tmp_path: Path) -> Iterator[list[str]]:
     finally:
         proc.terminate()
         proc.wait(timeout=10)
+
+
+def page_json(html: str, element_id: str = "page-config") -> Any:
+    """The JSON a page embeds in ``<script id=element_id type="application/json">`` (the json_data filter), parsed."""
+    import json
+
+    start = f'<script id="{element_id}" type="application/json">'
+    assert start in html, f"no {element_id} on the page"
+    return json.loads(html.split(start, 1)[1].split("</script>", 1)[0])

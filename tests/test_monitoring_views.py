@@ -12,7 +12,7 @@ from django.utils import timezone
 from inference.models import Rig
 from monitoring.models import RigSample
 from monitoring.prometheus import render
-from tests.conftest import session_cookie_for
+from tests.conftest import page_json, session_cookie_for
 from tests.wsclient import MonitorSocket
 
 SERIES = {"decode_tps": 123.5, "busy_slots": 1.0, "total_slots": 4.0, "kv_used_bytes": 2304000.0,
@@ -83,9 +83,7 @@ def test_series_and_latency_feeds(sampled_rig, owner):
 def test_ordinary_users_see_other_users_only_as_another_user(sampled_rig, owner, admin_user):
     def users_shown(client: Client) -> set[str]:
         page = client.get(f"/monitoring/rigs/{sampled_rig.pk}/").content.decode()
-        config = page.split('<script id="page-config" type="application/json">', 1)[1].split("</script>", 1)[0]
-        assert '"other"' in config or '"another user"' in config
-        return {turn["user"] for turn in json.loads(config)["latest"]["detail"]["turns"]}
+        return {turn["user"] for turn in page_json(page)["latest"]["detail"]["turns"]}
 
     shown = users_shown(_client(owner))
     assert "another user" in shown and "other" not in shown

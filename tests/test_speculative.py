@@ -22,7 +22,7 @@ from inference.turns import submit
 from monitoring import prometheus, selectors, turn_metrics
 from monitoring.sampling import RigSampler
 from rigdash.launcher import Stack, free_port, llama_server_command, wait_http
-from tests.conftest import LOG_DIR, TEST_QUEUE, wait_until
+from tests.conftest import LOG_DIR, TEST_QUEUE, page_json, wait_until
 from tests.test_browser import browser, page  # noqa: F401 - fixtures
 
 pytestmark = pytest.mark.llama
@@ -94,7 +94,7 @@ def test_a_turn_keeps_its_acceptance_and_the_rig_shows_it(draft_url, celery_work
     client = Client()
     client.force_login(admin_user)
     html = client.get(f"/monitoring/rigs/{rig.pk}/").content.decode()
-    assert f'"drafted": {drafts[0]}' in html and 'data-testid="speculative"' in html
+    assert page_json(html)["speculative"]["drafted"] == drafts[0] and 'data-testid="speculative"' in html
     from monitoring.services import sample_store
 
     sample_store(rig_id=rig.pk, sample=sample)
