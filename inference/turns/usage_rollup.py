@@ -16,8 +16,9 @@ from datetime import UTC, date, datetime, timedelta
 from typing import Any
 
 from django.contrib.auth.models import User
-from django.db import transaction
+from django.db import connection, transaction
 from django.db.models import Case, Count, DurationField, F, QuerySet, Sum, Value, When
+from django.db.models.expressions import RawSQL
 from django.db.models.functions import Coalesce, TruncDate
 from django.utils import timezone
 
@@ -88,9 +89,12 @@ def live_rows(lo: date, *, user_id: int | None) -> list[UsageRow]:
         .annotate(n=Count("id"), prompt=Sum("prompt_tokens"), output=Sum("output_tokens"), busy=Sum(_busy()))
         .order_by()
     )
+    ids: Any = list({r["session_id"] for r in per_session})
+    if connection.vendor == "postgresql":  # one array parameter: bound client-side, an IN list of thousands of ids
+        ids = RawSQL("SELECT unnest(%s::bigint[])", [ids])  # costs Python more than the query does
     sessions = {
         pk: (name, model)
-        for pk, name, model in ChatSession.objects.filter(pk__in={r["session_id"] for r in per_session})
+        for pk, name, model in ChatSession.objects.filter(pk__in=ids)
         .order_by()  # not the sessions' default order: a sort the lookup does not need
         .values_list("pk", "owner__username", "model_name")
     }
