@@ -262,3 +262,27 @@ def test_the_months_postgresql_writes_are_the_ones_python_formats(monkeypatch):
     first_day = [row[1] for row in copied[None][1:] if row[0] == copied[None][1][0]]
     assert first_day == sorted(first_day)  # code point order: "Bob" before "alice", "Zoë" before "alice"
     assert {row[1] for row in copied[one][1:]} == {"'=HYPERLINK(1)"}
+
+
+@pytest.mark.django_db
+def test_the_named_users_and_the_rest_add_up_to_every_rolled_up_row():
+    """grouped_named reads only the named users' rows and takes "other users" as each day's total less theirs: the
+    same sums as adding every rolled-up row up by hand."""
+    generate(**LARGE)
+    lo = usage_report.first_day(366)
+    rolled = usage_rollup.closed(lo, user_id=None)
+    names = usage_rollup.top_users(rolled, [], keep=usage_report.CHART_USERS)
+    assert 0 < len(names) < User.objects.count()
+    expected: dict[tuple[Any, str], list[float]] = {}
+    for row in rolled:
+        sums = expected.setdefault((row.day, names.get(row.user_id, usage_rollup.OTHERS)), [0, 0, 0, 0.0])
+        for i, value in enumerate((row.turns, row.prompt_tokens, row.output_tokens, row.busy_s)):
+            sums[i] += value
+    day_totals = usage_report._fold(usage_rollup.grouped(rolled, "model"), by="day")
+    got = usage_rollup.grouped_named(rolled, names, day_totals)
+    assert len(got) == len(expected) == len({(r.day, r.user) for r in got})
+    assert any(r.user == usage_rollup.OTHERS for r in got) and any(r.user in names.values() for r in got)
+    for r in got:
+        turns, prompt, output, busy = expected[(r.day, r.user)]
+        assert (r.turns, r.prompt_tokens, r.output_tokens) == (turns, prompt, output)
+        assert r.busy_s == pytest.approx(busy, abs=0.002)

@@ -27,6 +27,7 @@ from inference.turns.usage_rollup import (
     as_rows,
     closed,
     grouped,
+    grouped_named,
     live_rows,
     today_utc,
     top_users,
@@ -42,11 +43,11 @@ def first_day(days: int) -> date:
 
 
 def _fold(rows: Iterable[UsageRow], *, by: str) -> list[UsageRow]:
-    """Rows summed per (day, model) or per (day, user)."""
+    """Rows summed per (day, model), per (day, user) or per day (``by``: "model", "user", "day")."""
     sums: dict[tuple[date, str], UsageRow] = {}
     for row in rows:
-        key = (row.day, row.model if by == "model" else row.user)
-        base = UsageRow(day=row.day, user="" if by == "model" else row.user, model=row.model if by == "model" else "")
+        key = (row.day, row.model if by == "model" else row.user if by == "user" else "")
+        base = UsageRow(day=row.day, user=row.user if by == "user" else "", model=row.model if by == "model" else "")
         total = sums.setdefault(key, base)
         total.turns += row.turns
         total.prompt_tokens += row.prompt_tokens
@@ -59,7 +60,8 @@ def _figures(
     rolled: QuerySet[UsageDay], live: list[UsageRow], *, days: list[date], per_user: bool
 ) -> tuple[list[dict[str, Any]], dict[str, float]]:
     """The charts (per model; per user with the top CHART_USERS by name and the rest as one) and the totals."""
-    by_model = grouped(rolled, "model") + _fold(live, by="model")
+    rolled_by_model = grouped(rolled, "model")
+    by_model = rolled_by_model + _fold(live, by="model")
     totals = usage.usage_totals(by_model)
     figures = [
         usage.figure_by_day(by_model, metric=m, split="model", days=days) for m in ("output_tokens", "turns", "busy_s")
@@ -68,7 +70,8 @@ def _figures(
         names = top_users(rolled, live, keep=CHART_USERS)
         shown = set(names.values())
         live_named = [row if row.user in shown else replace(row, user=OTHERS) for row in live]
-        by_user = grouped(rolled, "user", names=names) + _fold(live_named, by="user")
+        day_totals = _fold(rolled_by_model, by="day")
+        by_user = grouped_named(rolled, names, day_totals) + _fold(live_named, by="user")
         figures.insert(1, usage.figure_by_day(by_user, metric="output_tokens", split="user", days=days))
         figures.append(usage.figure_by_day(by_user, metric="busy_s", split="user", days=days))
     return figures, totals

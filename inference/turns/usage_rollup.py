@@ -17,7 +17,7 @@ from typing import Any
 
 from django.contrib.auth.models import User
 from django.db import connection, transaction
-from django.db.models import Case, Count, DurationField, F, QuerySet, Sum, Value, When
+from django.db.models import Case, Count, DurationField, F, QuerySet, Sum, When
 from django.db.models.expressions import RawSQL
 from django.db.models.functions import Coalesce, TruncDate
 from django.utils import timezone
@@ -136,26 +136,46 @@ def as_rows(values: Iterable[dict[str, Any]]) -> Iterator[UsageRow]:
 ROW_FIELDS = ("day", "user__username", "model_name", "turns", "prompt_tokens", "output_tokens", "busy_s")
 
 
-def grouped(rows: QuerySet[UsageDay], by: str, *, names: dict[int, str] | None = None) -> list[UsageRow]:
-    """Sums per (day, model) with ``by="model"``, or per (day, user) with ``by="user"``: the users in ``names`` by
-    name and everyone else as "other users" (grouped on the user id: no join, and at most len(names) + 1 a day)."""
-    key = "model_name" if by == "model" else "who"
-    if by == "user":
-        ids = list(names or {})
-        rows = rows.annotate(who=Case(When(user_id__in=ids, then=F("user_id")), default=Value(0)) if ids else Value(0))
+def grouped(rows: QuerySet[UsageDay], by: str) -> list[UsageRow]:
+    """Sums per (day, model) with ``by="model"``, or per (day, user) with ``by="user"`` (named by id: callers name
+    the few they show)."""
+    key = "model_name" if by == "model" else "user_id"
     sums: QuerySet[Any, dict[str, Any]] = (
         rows.values("day", key)
         .annotate(t=Sum("turns"), p=Sum("prompt_tokens"), o=Sum("output_tokens"), b=Sum("busy_s"))
         .order_by()
     )
-    result = []
-    for r in sums:
-        label = r[key] if by == "model" else (names or {}).get(r["who"], OTHERS)
-        result.append(
-            UsageRow(day=r["day"], user=label if by == "user" else "", model=label if by == "model" else "",
-                     turns=r["t"], prompt_tokens=r["p"], output_tokens=r["o"], busy_s=round(r["b"], 3))
-        )  # fmt: skip
-    return result
+    return [
+        UsageRow(day=r["day"], user=str(r[key]) if by == "user" else "", model=r[key] if by == "model" else "",
+                 turns=r["t"], prompt_tokens=r["p"], output_tokens=r["o"], busy_s=round(r["b"], 3))
+        for r in sums
+    ]  # fmt: skip
+
+
+def grouped_named(rows: QuerySet[UsageDay], names: dict[int, str], day_totals: Iterable[UsageRow]) -> list[UsageRow]:
+    """Sums per (day, user) for the users in ``names``, by name, and per day for everyone else as "other users": the
+    day's totals (``day_totals``, one row per day) less the named users'. Only the named users' rows are read (the
+    (user, day) index), not every row of the range twice."""
+    named = grouped(rows.filter(user_id__in=list(names)), "user") if names else []
+    shown: dict[date, UsageRow] = {}
+    for row in named:
+        seen = shown.setdefault(row.day, UsageRow(day=row.day, user=OTHERS, model=""))
+        seen.turns += row.turns
+        seen.prompt_tokens += row.prompt_tokens
+        seen.output_tokens += row.output_tokens
+        seen.busy_s += row.busy_s
+        row.user = names[int(row.user)]
+    others = []
+    for total in day_totals:
+        seen = shown.get(total.day, UsageRow(day=total.day, user=OTHERS, model=""))
+        if total.turns > seen.turns:  # every rolled-up row has a turn: no more turns, no other users that day
+            others.append(
+                UsageRow(day=total.day, user=OTHERS, model="", turns=total.turns - seen.turns,
+                         prompt_tokens=total.prompt_tokens - seen.prompt_tokens,
+                         output_tokens=total.output_tokens - seen.output_tokens,
+                         busy_s=max(0.0, round(total.busy_s - seen.busy_s, 3)))
+            )  # fmt: skip
+    return named + others
 
 
 def top_users(rows: QuerySet[UsageDay], live: list[UsageRow], *, keep: int) -> dict[int, str]:
