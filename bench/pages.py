@@ -46,9 +46,10 @@ class Page:
     staff: bool
 
 
-def pages(*, session_id: int, rig_id: int) -> list[Page]:
+def pages(*, session_id: int, rig_id: int, oldest_chats: str) -> list[Page]:
     return [
         Page("chat list", "/", False),
+        Page("chat list, oldest page", f"/?before={oldest_chats}", False),
         Page("chat page (long chat)", f"/sessions/{session_id}/", False),
         Page("chat turns API (long chat)", f"/api/sessions/{session_id}/turns", False),
         Page("board page", "/board/", True),
@@ -112,7 +113,7 @@ def measure(page: Page, get: Callable[[], Any], repeat: int) -> PageCost:
     )
 
 
-def _subjects() -> tuple[Any, Any, int, int]:
+def _subjects() -> tuple[Any, Any, int, int, str]:
     from django.contrib.auth.models import User
     from django.db.models import Count
 
@@ -124,18 +125,27 @@ def _subjects() -> tuple[Any, Any, int, int]:
     rig = Rig.objects.filter(name__startswith="gen-rig-", enabled=True).order_by("pk").first()
     if session is None or rig is None:
         raise SystemExit("no generated data here: run manage.py rigdash_generate first")
-    return heavy, admin, session.pk, rig.pk
+    return heavy, admin, session.pk, rig.pk, _oldest_page_cursor(heavy)
+
+
+def _oldest_page_cursor(user: Any) -> str:
+    """The cursor of the user's last page of chats (the keyset's deepest page)."""
+    from inference.turns.selectors import CHAT_PAGE, chat_cursor, session_list_for
+
+    chats = session_list_for(user).order_by("-updated_at", "-pk")
+    count = chats.count()
+    return chat_cursor(chats[max(0, count - CHAT_PAGE - 1)]) if count > CHAT_PAGE else ""
 
 
 def run(repeat: int, only: str) -> list[PageCost]:
     from django.test import Client
 
-    heavy, admin, session_id, rig_id = _subjects()
+    heavy, admin, session_id, rig_id, oldest_chats = _subjects()
     clients = {False: Client(HTTP_HOST="localhost"), True: Client(HTTP_HOST="localhost")}
     clients[False].force_login(heavy)
     clients[True].force_login(admin)
     results = []
-    for page in pages(session_id=session_id, rig_id=rig_id):
+    for page in pages(session_id=session_id, rig_id=rig_id, oldest_chats=oldest_chats):
         if only and only not in page.name:
             continue
         client = clients[page.staff]

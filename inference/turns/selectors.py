@@ -39,7 +39,8 @@ class ChatPage:
     older: str | None  # the cursor of the next page of older chats; None on the last page
 
 
-def _cursor(session: ChatSession) -> str:
+def chat_cursor(session: ChatSession) -> str:
+    """The cursor of the page of chats older than ``session``."""
     return f"{(session.updated_at - _EPOCH) // _MICROSECOND}-{session.pk}"
 
 
@@ -59,7 +60,7 @@ def session_page_for(user: AbstractBaseUser | AnonymousUser, *, before: str = ""
         at, pk = _parse_cursor(before)
         chats = chats.filter(Q(updated_at__lt=at) | Q(updated_at=at, pk__lt=pk))
     page = list(chats[: CHAT_PAGE + 1])
-    return ChatPage(page[:CHAT_PAGE], _cursor(page[CHAT_PAGE - 1]) if len(page) > CHAT_PAGE else None)
+    return ChatPage(page[:CHAT_PAGE], chat_cursor(page[CHAT_PAGE - 1]) if len(page) > CHAT_PAGE else None)
 
 
 MAX_ID = 2**63 - 1  # a bigint primary key
