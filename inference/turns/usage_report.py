@@ -26,6 +26,7 @@ from inference.turns.usage_rollup import (
     ROW_FIELDS,
     as_rows,
     closed,
+    fold,
     grouped,
     grouped_named,
     live_rows,
@@ -42,26 +43,12 @@ def first_day(days: int) -> date:
     return today_utc() - timedelta(days=days - 1)
 
 
-def _fold(rows: Iterable[UsageRow], *, by: str) -> list[UsageRow]:
-    """Rows summed per (day, model), per (day, user) or per day (``by``: "model", "user", "day")."""
-    sums: dict[tuple[date, str], UsageRow] = {}
-    for row in rows:
-        key = (row.day, row.model if by == "model" else row.user if by == "user" else "")
-        base = UsageRow(day=row.day, user=row.user if by == "user" else "", model=row.model if by == "model" else "")
-        total = sums.setdefault(key, base)
-        total.turns += row.turns
-        total.prompt_tokens += row.prompt_tokens
-        total.output_tokens += row.output_tokens
-        total.busy_s = round(total.busy_s + row.busy_s, 3)
-    return list(sums.values())
-
-
 def _figures(
     rolled: QuerySet[UsageDay], live: list[UsageRow], *, days: list[date], per_user: bool
 ) -> tuple[list[dict[str, Any]], dict[str, float]]:
     """The charts (per model; per user with the top CHART_USERS by name and the rest as one) and the totals."""
     rolled_by_model = grouped(rolled, "model")
-    by_model = rolled_by_model + _fold(live, by="model")
+    by_model = rolled_by_model + fold(live, by="model")
     totals = usage.usage_totals(by_model)
     figures = [
         usage.figure_by_day(by_model, metric=m, split="model", days=days) for m in ("output_tokens", "turns", "busy_s")
@@ -70,8 +57,8 @@ def _figures(
         names = top_users(rolled, live, keep=CHART_USERS)
         shown = set(names.values())
         live_named = [row if row.user in shown else replace(row, user=OTHERS) for row in live]
-        day_totals = _fold(rolled_by_model, by="day")
-        by_user = grouped_named(rolled, names, day_totals) + _fold(live_named, by="user")
+        day_totals = fold(rolled_by_model, by="day")
+        by_user = grouped_named(rolled, names, day_totals) + fold(live_named, by="user")
         figures.insert(1, usage.figure_by_day(by_user, metric="output_tokens", split="user", days=days))
         figures.append(usage.figure_by_day(by_user, metric="busy_s", split="user", days=days))
     return figures, totals
@@ -178,19 +165,16 @@ def _csv_month(rows: QuerySet[UsageDay], names: dict[int, str]) -> str:
     values = rows.order_by("day", "user_id", "model_name").values_list(
         "day", "user_id", "model_name", "turns", "prompt_tokens", "output_tokens", "busy_s"
     )
-    safe = {pk: _safe(name) for pk, name in names.items()}
+    safe = {pk: usage.csv_safe(name) for pk, name in names.items()}
     models: dict[str, str] = {}
     days: dict[date, str] = {}
     named = [
         (days.get(day) or days.setdefault(day, day.isoformat()), safe.get(user_id) or str(user_id),
-         models.get(model) or models.setdefault(model, _safe(model)), *rest)
+         models.get(model) or models.setdefault(model, usage.csv_safe(model)), *rest)
         for day, user_id, model, *rest in values
     ]  # fmt: skip
     named.sort(key=lambda row: (row[0], row[1], row[2]))
     return _csv_text(named)
-
-
-_safe = usage.csv_safe
 
 
 def _csv_text(rows: Iterable[tuple[Any, ...]]) -> str:
@@ -201,7 +185,9 @@ def _csv_text(rows: Iterable[tuple[Any, ...]]) -> str:
 
 def _live_csv(lo: date, user_id: int | None) -> str:
     rows = live_rows(lo, user_id=user_id)
-    return _csv_text((r.day.isoformat(), _safe(r.user), _safe(r.model), *astuple(r)[3:]) for r in rows)
+    return _csv_text(
+        (r.day.isoformat(), usage.csv_safe(r.user), usage.csv_safe(r.model), *astuple(r)[3:]) for r in rows
+    )
 
 
 def next_chunk(chunks: Iterator[Callable[[], str]]) -> str | None:

@@ -136,17 +136,32 @@ def as_rows(values: Iterable[dict[str, Any]]) -> Iterator[UsageRow]:
 ROW_FIELDS = ("day", "user__username", "model_name", "turns", "prompt_tokens", "output_tokens", "busy_s")
 
 
-def grouped(rows: QuerySet[UsageDay], by: str) -> list[UsageRow]:
-    """Sums per (day, model) with ``by="model"``, or per (day, user) with ``by="user"`` (named by id: callers name
-    the few they show)."""
+def fold(rows: Iterable[UsageRow], *, by: str) -> list[UsageRow]:
+    """Rows summed per (day, model), per (day, user) or per day (``by``: "model", "user", "day")."""
+    sums: dict[tuple[date, str], UsageRow] = {}
+    for row in rows:
+        key = (row.day, row.model if by == "model" else row.user if by == "user" else "")
+        base = UsageRow(day=row.day, user=row.user if by == "user" else "", model=row.model if by == "model" else "")
+        total = sums.setdefault(key, base)
+        total.turns += row.turns
+        total.prompt_tokens += row.prompt_tokens
+        total.output_tokens += row.output_tokens
+        total.busy_s = round(total.busy_s + row.busy_s, 3)
+    return list(sums.values())
+
+
+def grouped(rows: QuerySet[UsageDay], by: str, *, names: dict[int, str] | None = None) -> list[UsageRow]:
+    """Sums per (day, model) with ``by="model"``, or per (day, user) with ``by="user"``, each user by name from
+    ``names``."""
     key = "model_name" if by == "model" else "user_id"
     sums: QuerySet[Any, dict[str, Any]] = (
         rows.values("day", key)
         .annotate(t=Sum("turns"), p=Sum("prompt_tokens"), o=Sum("output_tokens"), b=Sum("busy_s"))
         .order_by()
     )
+    names = names or {}
     return [
-        UsageRow(day=r["day"], user=str(r[key]) if by == "user" else "", model=r[key] if by == "model" else "",
+        UsageRow(day=r["day"], user=names[r[key]] if by == "user" else "", model=r[key] if by == "model" else "",
                  turns=r["t"], prompt_tokens=r["p"], output_tokens=r["o"], busy_s=round(r["b"], 3))
         for r in sums
     ]  # fmt: skip
@@ -156,18 +171,11 @@ def grouped_named(rows: QuerySet[UsageDay], names: dict[int, str], day_totals: I
     """Sums per (day, user) for the users in ``names``, by name, and per day for everyone else as "other users": the
     day's totals (``day_totals``, one row per day) less the named users'. Only the named users' rows are read (the
     (user, day) index), not every row of the range twice."""
-    named = grouped(rows.filter(user_id__in=list(names)), "user") if names else []
-    shown: dict[date, UsageRow] = {}
-    for row in named:
-        seen = shown.setdefault(row.day, UsageRow(day=row.day, user=OTHERS, model=""))
-        seen.turns += row.turns
-        seen.prompt_tokens += row.prompt_tokens
-        seen.output_tokens += row.output_tokens
-        seen.busy_s += row.busy_s
-        row.user = names[int(row.user)]
+    named = grouped(rows.filter(user_id__in=list(names)), "user", names=names) if names else []
+    shown = {row.day: row for row in fold(named, by="day")}
     others = []
     for total in day_totals:
-        seen = shown.get(total.day, UsageRow(day=total.day, user=OTHERS, model=""))
+        seen = shown.get(total.day, UsageRow(day=total.day, user="", model=""))
         if total.turns > seen.turns:  # every rolled-up row has a turn: no more turns, no other users that day
             others.append(
                 UsageRow(day=total.day, user=OTHERS, model="", turns=total.turns - seen.turns,
