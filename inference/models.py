@@ -355,6 +355,19 @@ class UsageRolledDay(models.Model):
         return f"usage of {self.day} rolled up"
 
 
+class UsageCsvMonth(models.Model):
+    """The usage CSV's lines for one closed calendar month of every user, as PostgreSQL writes them
+    (inference/turns/usage_csv_cache.py): read back only while that month's users still have the names they had."""
+
+    month = models.DateField(primary_key=True)  # its first day
+    user_ids = models.TextField()  # the month's users, comma-separated ids in ascending order
+    names_md5 = models.CharField(max_length=32)  # md5 of "id:username" of those users, comma-joined
+    body = models.TextField()
+
+    def __str__(self) -> str:
+        return f"usage CSV of {self.month:%Y-%m}"
+
+
 class LastServed(models.Model):
     """When the fair queue last handed one of a user's turns to a rig (inference/queue/dispatch.py): one row per
     user and rig, so ordering waiting turns reads these rows, not the rig's whole history of turns."""

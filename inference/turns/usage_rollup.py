@@ -22,7 +22,7 @@ from django.db.models.expressions import RawSQL
 from django.db.models.functions import Coalesce, TruncDate
 from django.utils import timezone
 
-from inference.models import ChatSession, Turn, UsageDay, UsageRolledDay
+from inference.models import ChatSession, Turn, UsageCsvMonth, UsageDay, UsageRolledDay
 from inference.turns.usage import UsageRow
 
 CLOSED_AFTER = timedelta(days=2)  # today and yesterday are read live
@@ -72,6 +72,8 @@ def rollup(lo: date, hi: date) -> int:
             batch_size=2000, ignore_conflicts=True,  # a concurrent request rolled the same day up
         )  # fmt: skip
         UsageRolledDay.objects.bulk_create([UsageRolledDay(day=day) for day in missing], ignore_conflicts=True)
+        # The CSV's stored months (inference/turns/usage_csv.py) that these days fall in are written again when read.
+        UsageCsvMonth.objects.filter(month__in={day.replace(day=1) for day in missing}).delete()
     return len(missing)
 
 

@@ -17,6 +17,7 @@ from django.views.decorators.http import require_GET
 
 from inference.errors import InvalidInput
 from inference.turns import usage, usage_report
+from inference.turns import usage_csv as csv_report
 from inference.views.http import json_error
 from rigdash.access import is_staff
 
@@ -69,7 +70,7 @@ def usage_csv(request: HttpRequest) -> HttpResponseBase:
         user_id, days, _ = _usage_scope(request)
     except InvalidInput as exc:
         return json_error(exc.code, exc.message, 400)
-    chunks = usage_report.csv_chunks(days, user_id)
+    chunks = csv_report.csv_chunks(usage_report.first_day(days), user_id)
     content: Any = _async_chunks(chunks) if isinstance(request, ASGIRequest) else (make() for make in chunks)
     response = StreamingHttpResponse(content, content_type="text/csv; charset=utf-8")
     response["Content-Disposition"] = f'attachment; filename="rigdash-usage-{days}d.csv"'
@@ -77,5 +78,5 @@ def usage_csv(request: HttpRequest) -> HttpResponseBase:
 
 
 async def _async_chunks(chunks: Iterator[Callable[[], str]]) -> AsyncIterator[str]:
-    while (text := await sync_to_async(usage_report.next_chunk)(chunks)) is not None:
+    while (text := await sync_to_async(csv_report.next_chunk)(chunks)) is not None:
         yield text

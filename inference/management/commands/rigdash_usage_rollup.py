@@ -9,8 +9,9 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandParser
 from django.db import connection
 
+from inference.turns import usage_csv
 from inference.turns.usage import MAX_DAYS
-from inference.turns.usage_rollup import rollup, today_utc
+from inference.turns.usage_rollup import CLOSED_AFTER, rollup, today_utc
 
 
 class Command(BaseCommand):
@@ -27,3 +28,7 @@ class Command(BaseCommand):
             with connection.cursor() as cursor:  # the planner's row counts, before autovacuum gets to it
                 cursor.execute("ANALYZE inference_usageday")
         self.stdout.write(f"rolled up {done} days in {time.perf_counter() - start:.1f} s")
+        if usage_csv.in_sql():  # the CSV's closed months, written now rather than by the first download
+            start = time.perf_counter()
+            months = usage_csv.warm_months(today - timedelta(days=options["days"] - 1), today - CLOSED_AFTER)
+            self.stdout.write(f"CSV: {months} closed months ready in {time.perf_counter() - start:.1f} s")
