@@ -69,50 +69,52 @@ METRICS = {
 
 def figure_by_day(rows: Sequence[UsageRow], *, metric: str, split: str, days: Sequence[date]) -> dict[str, Any]:
     """A stacked bar chart of ``metric`` per day, one trace per ``split`` value (``user`` or ``model``)."""
-    if metric not in METRICS or split not in ("user", "model"):
-        raise ValueError(f"unknown metric {metric!r} or split {split!r}")
+    return figures_by_day(rows, metrics=[metric], split=split, days=days)[0]
+
+
+def figures_by_day(
+    rows: Sequence[UsageRow], *, metrics: Sequence[str], split: str, days: Sequence[date]
+) -> list[dict[str, Any]]:
+    """``figure_by_day`` for each of ``metrics``, from one pass over the rows."""
+    if split not in ("user", "model") or not all(metric in METRICS for metric in metrics):
+        raise ValueError(f"unknown metric in {metrics!r} or split {split!r}")
     labels = [d.isoformat() for d in days]
     index = {d: i for i, d in enumerate(days)}
-    series: dict[str, list[float]] = {}
+    series: dict[str, list[list[float]]] = {}  # split value -> one list of per-day values per metric
     for row in rows:
-        if row.day not in index:
+        at = index.get(row.day)
+        if at is None:
             continue
-        values = series.setdefault(getattr(row, split), [0] * len(days))
-        values[index[row.day]] += getattr(row, metric)
-    data = [
+        name = row.user if split == "user" else row.model
+        per_metric = series.get(name)
+        if per_metric is None:
+            per_metric = series[name] = [[0] * len(days) for _ in metrics]
+        for values, metric in zip(per_metric, metrics, strict=True):
+            values[at] += getattr(row, metric)
+    return [
         {
-            "type": "bar",
-            "name": name,
-            "x": labels,
-            "y": values,
-            "hovertemplate": f"{name}<br>%{{x}}: %{{y}}<extra></extra>",
+            "data": [
+                {
+                    "type": "bar",
+                    "name": name,
+                    "x": labels,
+                    "y": series[name][n],
+                    "hovertemplate": f"{name}<br>%{{x}}: %{{y}}<extra></extra>",
+                }
+                for name in sorted(series)
+            ],
+            "layout": {
+                "title": {"text": f"{METRICS[metric]} per day, by {split}"},
+                "barmode": "stack",
+                "xaxis": {"type": "category", "title": {"text": "day (UTC)"}},
+                "yaxis": {"title": {"text": METRICS[metric]}, "rangemode": "tozero"},
+                "margin": {"t": 40, "r": 10, "b": 60, "l": 60},
+                "height": 300,
+                "showlegend": True,
+            },
         }
-        for name, values in sorted(series.items())
+        for n, metric in enumerate(metrics)
     ]
-    return {
-        "data": data,
-        "layout": {
-            "title": {"text": f"{METRICS[metric]} per day, by {split}"},
-            "barmode": "stack",
-            "xaxis": {"type": "category", "title": {"text": "day (UTC)"}},
-            "yaxis": {"title": {"text": METRICS[metric]}, "rangemode": "tozero"},
-            "margin": {"t": 40, "r": 10, "b": 60, "l": 60},
-            "height": 300,
-            "showlegend": True,
-        },
-    }
-
-
-def usage_figures(rows: Sequence[UsageRow], *, days: Sequence[date], per_user: bool) -> list[dict[str, Any]]:
-    figures = [
-        figure_by_day(rows, metric="output_tokens", split="model", days=days),
-        figure_by_day(rows, metric="turns", split="model", days=days),
-        figure_by_day(rows, metric="busy_s", split="model", days=days),
-    ]
-    if per_user:
-        figures.insert(1, figure_by_day(rows, metric="output_tokens", split="user", days=days))
-        figures.append(figure_by_day(rows, metric="busy_s", split="user", days=days))
-    return figures
 
 
 def usage_totals(rows: Iterable[UsageRow]) -> dict[str, float]:

@@ -19,7 +19,7 @@ from inference.turns.usage_rollup import (
     as_rows,
     closed,
     fold,
-    grouped,
+    grouped_counted,
     grouped_named,
     live_rows,
     today_utc,
@@ -35,30 +35,33 @@ def first_day(days: int) -> date:
 
 
 def _figures(
-    rolled: QuerySet[UsageDay], live: list[UsageRow], *, days: list[date], per_user: bool
+    rolled: QuerySet[UsageDay],
+    rolled_by_model: list[UsageRow],
+    live: list[UsageRow],
+    *,
+    days: list[date],
+    per_user: bool,
 ) -> tuple[list[dict[str, Any]], dict[str, float]]:
     """The charts (per model; per user with the top CHART_USERS by name and the rest as one) and the totals."""
-    rolled_by_model = grouped(rolled, "model")
     by_model = rolled_by_model + fold(live, by="model")
     totals = usage.usage_totals(by_model)
-    figures = [
-        usage.figure_by_day(by_model, metric=m, split="model", days=days) for m in ("output_tokens", "turns", "busy_s")
-    ]
+    figures = usage.figures_by_day(by_model, metrics=["output_tokens", "turns", "busy_s"], split="model", days=days)
     if per_user:
         names = top_users(rolled, live, keep=CHART_USERS)
         shown = set(names.values())
         live_named = [row if row.user in shown else replace(row, user=OTHERS) for row in live]
         day_totals = fold(rolled_by_model, by="day")
         by_user = grouped_named(rolled, names, day_totals) + fold(live_named, by="user")
-        figures.insert(1, usage.figure_by_day(by_user, metric="output_tokens", split="user", days=days))
-        figures.append(usage.figure_by_day(by_user, metric="busy_s", split="user", days=days))
+        tokens, busy = usage.figures_by_day(by_user, metrics=["output_tokens", "busy_s"], split="user", days=days)
+        figures.insert(1, tokens)
+        figures.append(busy)
     return figures, totals
 
 
-def _page(rolled: Any, live: list[UsageRow], page: int) -> tuple[list[UsageRow], int]:
+def _page(rolled: Any, rolled_count: int, live: list[UsageRow], page: int) -> tuple[list[UsageRow], int]:
     """One page of the table, newest day first (the live days, then the rolled-up ones), and the page count."""
     newest_first = sorted(live, key=lambda r: (-r.day.toordinal(), r.user, r.model))
-    count = rolled.count() + len(newest_first)
+    count = rolled_count + len(newest_first)
     pages = max(1, math.ceil(count / PAGE_ROWS))
     start = (max(1, min(page, pages)) - 1) * PAGE_ROWS
     rows = newest_first[start : start + PAGE_ROWS]
@@ -76,8 +79,9 @@ def page_context(*, days: int, user_id: int | None, page: int) -> dict[str, Any]
     live = live_rows(lo, user_id=user_id)
     rolled = closed(lo, user_id=user_id)
     day_list = usage.day_range(days, today=today_utc())
-    rows, pages = _page(rolled, live, page)
-    figures, totals = _figures(rolled, live, days=day_list, per_user=user_id is None)
+    rolled_by_model, rolled_count = grouped_counted(rolled)
+    rows, pages = _page(rolled, rolled_count, live, page)
+    figures, totals = _figures(rolled, rolled_by_model, live, days=day_list, per_user=user_id is None)
     return {
         "rows": rows,
         "totals": totals,

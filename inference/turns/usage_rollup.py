@@ -17,9 +17,9 @@ from typing import Any
 
 from django.contrib.auth.models import User
 from django.db import connection, transaction
-from django.db.models import Case, Count, DurationField, F, QuerySet, Sum, When
+from django.db.models import BigIntegerField, Case, Count, DurationField, F, QuerySet, Sum, When
 from django.db.models.expressions import RawSQL
-from django.db.models.functions import Coalesce, TruncDate
+from django.db.models.functions import Cast, Coalesce, TruncDate
 from django.utils import timezone
 
 from inference.models import ChatSession, Turn, UsageCsvMonth, UsageDay, UsageRolledDay
@@ -152,21 +152,44 @@ def fold(rows: Iterable[UsageRow], *, by: str) -> list[UsageRow]:
     return list(sums.values())
 
 
+def _sums(rows: QuerySet[UsageDay], key: str) -> QuerySet[Any, tuple[Any, ...]]:
+    """(day, key, turns, prompt, output, busy, rows) per (day, key). The token sums are cast back to bigint, so
+    PostgreSQL's SUM (numeric for bigint) reaches Python as int, not Decimal."""
+    sums: QuerySet[Any, tuple[Any, ...]] = (
+        rows.values("day", key)
+        .annotate(
+            t=Sum("turns"),
+            p=Cast(Sum("prompt_tokens"), BigIntegerField()),
+            o=Cast(Sum("output_tokens"), BigIntegerField()),
+            b=Sum("busy_s"),
+            n=Count("*"),
+        )
+        .order_by()
+        .values_list("day", key, "t", "p", "o", "b", "n")
+    )
+    return sums
+
+
 def grouped(rows: QuerySet[UsageDay], by: str, *, names: dict[int, str] | None = None) -> list[UsageRow]:
     """Sums per (day, model) with ``by="model"``, or per (day, user) with ``by="user"``, each user by name from
     ``names``."""
-    key = "model_name" if by == "model" else "user_id"
-    sums: QuerySet[Any, dict[str, Any]] = (
-        rows.values("day", key)
-        .annotate(t=Sum("turns"), p=Sum("prompt_tokens"), o=Sum("output_tokens"), b=Sum("busy_s"))
-        .order_by()
-    )
     names = names or {}
+    if by == "model":
+        return grouped_counted(rows)[0]
     return [
-        UsageRow(day=r["day"], user=names[r[key]] if by == "user" else "", model=r[key] if by == "model" else "",
-                 turns=r["t"], prompt_tokens=r["p"], output_tokens=r["o"], busy_s=round(r["b"], 3))
-        for r in sums
-    ]  # fmt: skip
+        UsageRow(day=day, user=names[user_id], model="", turns=t, prompt_tokens=p, output_tokens=o, busy_s=round(b, 3))
+        for day, user_id, t, p, o, b, _ in _sums(rows, "user_id")
+    ]
+
+
+def grouped_counted(rows: QuerySet[UsageDay]) -> tuple[list[UsageRow], int]:
+    """Sums per (day, model), and how many rows they add up (the table's row count, from the same scan)."""
+    out, count = [], 0
+    for day, model, t, p, o, b, n in _sums(rows, "model_name"):
+        out.append(UsageRow(day=day, user="", model=model, turns=t, prompt_tokens=p, output_tokens=o,
+                            busy_s=round(b, 3)))  # fmt: skip
+        count += n
+    return out, count
 
 
 def grouped_named(rows: QuerySet[UsageDay], names: dict[int, str], day_totals: Iterable[UsageRow]) -> list[UsageRow]:
@@ -190,7 +213,8 @@ def grouped_named(rows: QuerySet[UsageDay], names: dict[int, str], day_totals: I
 
 def top_users(rows: QuerySet[UsageDay], live: list[UsageRow], *, keep: int) -> dict[int, str]:
     """The ``keep`` users with the most reply tokens in the range, by id."""
-    totals: dict[int, int] = dict(rows.values("user_id").annotate(o=Sum("output_tokens")).values_list("user_id", "o"))
+    per_user = rows.values("user_id").annotate(o=Cast(Sum("output_tokens"), BigIntegerField())).order_by()
+    totals: dict[int, int] = dict(per_user.values_list("user_id", "o"))
     ids = dict(User.objects.values_list("username", "pk"))
     for row in live:
         if row.user in ids:

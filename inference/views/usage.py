@@ -56,7 +56,7 @@ def usage_page(request: HttpRequest) -> HttpResponse:
             "days": days,
             "shown": shown,
             "everyone": user_id is None,
-            "users": User.objects.order_by("username") if is_staff(request.user) else [],
+            "users": User.objects.order_by("username").values("pk", "username") if is_staff(request.user) else [],
         },
     )
 
