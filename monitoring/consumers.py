@@ -4,6 +4,7 @@ decode sweep's progress (``/ws/monitoring/sweeps/<id>/``, staff only)."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
 from channels.db import database_sync_to_async
@@ -36,6 +37,9 @@ class RigMonitorConsumer(GroupJsonConsumer):
         await self.send_json({"type": "error", "code": "read_only", "message": "This socket only sends samples."})
 
     async def rig_sample(self, event: dict[str, Any]) -> None:
+        if self.scope["url_route"]["kwargs"].get("rig_id") is None:
+            await self.send(text_data=overview_frame(event, is_staff=self.staff_seen))
+            return
         # staff_seen, not the scope's user: it is read again with every re-check, so a demoted admin stops seeing
         # other users' names within seconds (rigdash/ws.py).
         user = self.scope["user"]
@@ -52,10 +56,32 @@ def sample_frame(event: dict[str, Any], *, viewer: str, is_staff: bool) -> str:
     second, not fifty."""
     ts = event["sample"].get("ts")
     key = (event["rig"], ts, True, "") if is_staff else (event["rig"], ts, False, viewer)
+    return _frame(key, lambda: redact_users(event["sample"], viewer=viewer, is_staff=is_staff), event)
+
+
+def overview_frame(event: dict[str, Any], *, is_staff: bool) -> str:
+    """A rig sample's frame for the overview, which shows a row per rig (static/rigdash/overview.js): the series,
+    the backend's state and the rig agent's, without the slots, turns and the rest of the detail a dashboard draws,
+    redacted as ``sample_frame`` is for a user who is not staff. It names no user, so it is built once per sample
+    for staff and once for everyone else."""
+
+    def slim() -> dict[str, Any]:
+        sample, detail = event["sample"], event["sample"].get("detail") or {}
+        kept = {"sources": {"backend": (detail.get("sources") or {}).get("backend", {})}}
+        if "agent" in detail:
+            kept["agent"] = detail["agent"]
+        slim = {"ts": sample.get("ts"), "series": sample.get("series", {}), "detail": kept}
+        return redact_users(slim, viewer="", is_staff=is_staff)
+
+    return _frame((event["rig"], event["sample"].get("ts"), "overview", is_staff), slim, event)
+
+
+def _frame(key: tuple[Any, ...], sample: Callable[[], dict[str, Any]], event: dict[str, Any]) -> str:
+    """The frame under ``key``, serialised at most once per sample (a sample without a time is not kept)."""
+    ts = event["sample"].get("ts")
     if ts is not None and (frame := _frames.get(key)) is not None:
         return frame
-    sample = redact_users(event["sample"], viewer=viewer, is_staff=is_staff)
-    frame = json.dumps({"type": "rig.sample", "rig": event["rig"], "sample": sample})
+    frame = json.dumps({"type": "rig.sample", "rig": event["rig"], "sample": sample()})
     if ts is not None:
         if len(_frames) >= _FRAMES_KEPT:
             _frames.clear()  # samples come once a second: nothing older than the last few is asked for again

@@ -12,6 +12,7 @@ from django.utils import timezone
 from inference.models import Rig
 from monitoring.models import RigSample
 from monitoring.prometheus import render
+from monitoring.selectors import PLAIN_SOURCE_REASONS
 from tests.conftest import page_json, session_cookie_for
 from tests.wsclient import MonitorSocket
 
@@ -119,6 +120,32 @@ def test_sample_frames_are_built_once_per_kind_of_viewer_and_keep_names_private(
     assert users(sample_frame(later, viewer="ann", is_staff=False)) == ["another user"]
 
 
+def test_the_overview_frame_holds_what_its_rows_show_and_no_user_names():
+    from monitoring.consumers import overview_frame, sample_frame
+
+    backend = {"ok": False, "error": "connection refused"}
+    agent = {"expected": True, "up": False, "label": "agent silent"}
+    detail = {"turns": [{"turn": 1, "user": "ann"}], "slots": [{"id": 0, "n_ctx": 4096}] * 16,
+              "sources": {"backend": backend, "gpu": {"ok": True, "error": ""}}, "agent": agent}  # fmt: skip
+    event = {"type": "rig.sample", "rig": 4, "sample": {"ts": 99.5, "series": {"decode_tps": 12.5}, "detail": detail}}
+    frame = overview_frame(event, is_staff=True)
+    assert json.loads(frame) == {
+        "type": "rig.sample",
+        "rig": 4,
+        "sample": {
+            "ts": 99.5,
+            "series": {"decode_tps": 12.5},
+            "detail": {"sources": {"backend": backend}, "agent": agent},
+        },
+    }
+    assert "ann" not in frame and overview_frame(event, is_staff=True) is frame  # built once a sample
+    plain = json.loads(overview_frame(event, is_staff=False))["sample"]["detail"]  # as sample_frame redacts it
+    assert plain["sources"]["backend"] == {"ok": False, "error": PLAIN_SOURCE_REASONS["backend"]}
+    assert len(frame) < len(sample_frame(event, viewer="root", is_staff=True)) / 3
+    without_agent = {**event, "sample": {**event["sample"], "ts": 100.5, "detail": {"sources": {}}}}
+    assert json.loads(overview_frame(without_agent, is_staff=True))["sample"]["detail"] == {"sources": {"backend": {}}}
+
+
 # What a broken backend, host or broker puts in a sample: the rig's URL, host names, file paths, exception text.
 SECRETS = ("10.20.30.40", "gpu-box-7.internal", "/srv/models/secret", "ConnectError", "AccessDenied", "redis://")
 LEAKY_DETAIL = {
@@ -199,10 +226,13 @@ async def test_the_monitoring_sockets_send_ordinary_users_no_backend_detail(owne
         frames[user.username] = [json.dumps(await sock.recv(timeout=10)) for sock in sockets]
         for sock in sockets:
             await sock.close()
-    for frame in frames["owner"]:
+    for frame in frames["owner"]:  # the rig's dashboard, then the overview
         assert not [secret for secret in SECRETS if secret in frame], frame
         detail = json.loads(frame)["sample"]["detail"]
         assert detail["agent"]["label"] == "agent up" and "process" not in detail
-        assert detail["placement"]["label"] == "GPU present: layer split not reported by llama-server"
-    for frame in frames["admin"]:
-        assert all(secret in frame for secret in SECRETS)
+    dashboard = json.loads(frames["owner"][0])["sample"]["detail"]
+    assert dashboard["placement"]["label"] == "GPU present: layer split not reported by llama-server"
+    admin_dashboard, admin_overview = frames["admin"]
+    assert all(secret in admin_dashboard for secret in SECRETS)
+    overview = json.loads(admin_overview)["sample"]["detail"]  # staff: the overview's part of the detail, whole
+    assert overview == {"sources": {"backend": LEAKY_DETAIL["sources"]["backend"]}, "agent": LEAKY_DETAIL["agent"]}
