@@ -6,7 +6,7 @@ import os
 from typing import Any
 
 from celery import Celery
-from celery.signals import task_postrun, task_prerun, worker_init
+from celery.signals import task_postrun, task_prerun, worker_init, worker_process_init, worker_ready
 from django.db import close_old_connections
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "rigdash.settings")
@@ -37,6 +37,16 @@ def preload_before_fork(**_: Any) -> None:
     # The CPU split hears when replies start and stop streaming (rigdash/cpushare.py). Registered before any fork,
     # so a prefork pool's children have it too; each process opens its own signal when it first streams.
     pace.streaming_listeners.append(lambda step: cpushare.worker_signal().streams(step))
+
+
+@worker_ready.connect
+@worker_process_init.connect
+def keep_startup_out_of_collections(**_: Any) -> None:
+    """The worker (or a prefork child) has loaded what it runs turns with: keep it out of full collections, so a
+    collection during a reply does not stall its tokens (rigdash/gcpolicy.py)."""
+    from rigdash import gcpolicy
+
+    gcpolicy.settle("worker")
 
 
 @task_prerun.connect

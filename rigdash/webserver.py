@@ -19,12 +19,14 @@ import argparse
 import asyncio
 import contextlib
 import logging
+import socket
 import sys
 import warnings
 from types import FrameType
 
 import uvicorn
 
+from rigdash import gcpolicy
 from rigdash.env import WS_MAX_BYTES
 
 TICK_S = 1.0  # the Date header's resolution is a second anyway
@@ -59,6 +61,10 @@ class QuietServer(uvicorn.Server):
                 async with asyncio.timeout(TICK_S):
                     await self._wake.wait()
             should_exit = await self.on_tick(counter)
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets)
+        gcpolicy.settle("web")  # the application is loaded: what it built is kept out of full collections
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         super().handle_exit(sig, frame)  # sets should_exit (a second SIGINT forces the exit)

@@ -14,6 +14,7 @@ from typing import Any
 from django.core.management.base import BaseCommand
 
 from monitoring import sampler
+from rigdash import gcpolicy
 
 log = logging.getLogger(__name__)
 
@@ -23,6 +24,7 @@ async def run_until_signalled() -> None:
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
+    gcpolicy.settle("sampler")
     log.info("sampler running (SIGTERM or SIGINT stops it)")
     await sampler.run(stop=stop)
 
