@@ -160,6 +160,19 @@ def run(repeat: int, only: str) -> list[PageCost]:
     return results
 
 
+def yardstick_ms() -> float:
+    """This machine's speed now: the best of three runs of a fixed pure-Python loop (10,000,000 additions), in ms.
+    A 2-core VM's speed moves by 2x within an hour here; a table states it beside its figures, and runs compare
+    only where their yardsticks do."""
+    best = math.inf
+    for _ in range(3):
+        start, total = time.perf_counter(), 0
+        for n in range(10_000_000):
+            total += n
+        best = min(best, time.perf_counter() - start)
+    return round(best * 1000, 1)
+
+
 def data_size() -> dict[str, int]:
     from django.db import connection
 
@@ -178,7 +191,11 @@ def slope_table(paths: list[str]) -> str:
     size, and the slope: how many times p95 grows per 10x turns (the geometric mean over the steps)."""
     runs = [json.load(open(path)) for path in paths]  # noqa: SIM115
     sizes = [run["data"]["inference_turn"] for run in runs]
-    head = " | ".join(f"{size:,} turns p50 / p95 ms (queries)" for size in sizes)
+    speed = [run.get("machine", {}).get("yardstick_ms") for run in runs]
+    head = " | ".join(
+        f"{size:,} turns p50 / p95 ms (queries){f'; yardstick {min(ms)}-{max(ms)} ms' if ms else ''}"
+        for size, ms in zip(sizes, speed, strict=True)
+    )
     lines = [f"| page | {head} | p95 x per 10x turns |", "|---" * (len(runs) + 2) + "|"]
     for i, page in enumerate(runs[0]["pages"]):
         cells = [run["pages"][i] for run in runs]
@@ -205,11 +222,15 @@ def main(argv: list[str] | None = None) -> None:
 
     django.setup()
     size = data_size()
-    print(f"data: {size}", flush=True)
+    before = yardstick_ms()
+    print(f"data: {size}; yardstick {before} ms", flush=True)
     results = run(args.repeat, args.only)
+    after = yardstick_ms()
+    print(f"yardstick after: {after} ms", flush=True)
     if args.json:
         with open(args.json, "w") as out:
-            json.dump({"data": size, "pages": [asdict(r) for r in results]}, out, indent=1)
+            machine = {"yardstick_ms": [before, after]}
+            json.dump({"data": size, "machine": machine, "pages": [asdict(r) for r in results]}, out, indent=1)
 
 
 if __name__ == "__main__":
