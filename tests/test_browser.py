@@ -189,6 +189,18 @@ def test_model_output_never_runs_as_html_or_script(page, web_url, chat_session):
     assert page.get_by_test_id("user-message").inner_text() == "<b>hi</b>"
 
 
+def test_the_overview_rows_follow_each_rigs_live_samples(page, web_url, sampler_process, rig, owner):
+    """The overview's sockets get a slim frame of each sample (monitoring/consumers.py, overview_frame): the row's
+    state, slots and KV still fill from it, for a user who is not staff."""
+    login(page, web_url, "owner")
+    page.goto(f"{web_url}/monitoring/")
+    row = page.locator(f"tr[data-rig='{rig.pk}']")
+    row.locator(".slots").filter(has_text=re.compile(r"^\d+/\d+$")).wait_for(timeout=30_000)
+    assert row.locator(".state").inner_text().startswith("up")
+    assert row.locator(".kv").inner_text().endswith("MiB")
+    assert page.errors == []
+
+
 def test_rig_dashboard_fills_its_panels_during_a_chat_turn(
     page, web_url, celery_worker, sampler_process, chat_session, admin_user
 ):
