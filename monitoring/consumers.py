@@ -19,12 +19,14 @@ from rigdash.ws import CLOSE_NOT_FOUND, GroupJsonConsumer, StaffConsumer
 
 class RigMonitorConsumer(GroupJsonConsumer):
     direct_events = frozenset({"rig.sample"})
+    overview = False  # the overview's socket (every rig's samples), set on connect
 
     async def connect(self) -> None:
         if await self.active_user_or_close() is None:
             return
         rig_id = self.scope["url_route"]["kwargs"].get("rig_id")
-        if rig_id is None:
+        self.overview = rig_id is None
+        if self.overview:
             await self.join(events.OVERVIEW_GROUP)
         elif await database_sync_to_async(Rig.objects.filter(pk=rig_id, enabled=True).exists)():
             await self.join(events.rig_group(int(rig_id)))
@@ -37,7 +39,7 @@ class RigMonitorConsumer(GroupJsonConsumer):
         await self.send_json({"type": "error", "code": "read_only", "message": "This socket only sends samples."})
 
     async def rig_sample(self, event: dict[str, Any]) -> None:
-        if self.scope["url_route"]["kwargs"].get("rig_id") is None:
+        if self.overview:
             await self.send(text_data=overview_frame(event, is_staff=self.staff_seen))
             return
         # staff_seen, not the scope's user: it is read again with every re-check, so a demoted admin stops seeing

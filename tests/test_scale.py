@@ -271,7 +271,7 @@ def test_the_named_users_and_the_rest_add_up_to_every_rolled_up_row():
         sums = expected.setdefault((row.day, names.get(row.user_id, usage_rollup.OTHERS)), [0, 0, 0, 0.0])
         for i, value in enumerate((row.turns, row.prompt_tokens, row.output_tokens, row.busy_s)):
             sums[i] += value
-    day_totals = usage_rollup.fold(usage_rollup.grouped(rolled, "model"), by="day")
+    day_totals = usage_rollup.fold(usage_rollup.grouped_counted(rolled)[0], by="day")
     got = usage_rollup.grouped_named(rolled, names, day_totals)
     assert len(got) == len(expected) == len({(r.day, r.user) for r in got})
     assert any(r.user == usage_rollup.OTHERS for r in got) and any(r.user in names.values() for r in got)

@@ -5,7 +5,6 @@ user, and dropped by the rollup when it writes into the month."""
 from __future__ import annotations
 
 import io
-from datetime import date
 
 import pytest
 from django.contrib.auth.models import User
@@ -31,12 +30,9 @@ def _csv(days: int = 366) -> str:
 
 def _uncached(monkeypatch: pytest.MonkeyPatch) -> str:
     with monkeypatch.context() as patch:
-        patch.setattr(usage_csv, "cached_month", lambda first: usage_csv._csv_month_sql(first, _end(first), None))
+        written = lambda first: usage_csv._csv_month_sql(first, usage_csv._month_end(first), None)  # noqa: E731
+        patch.setattr(usage_csv, "cached_month", written)
         return _csv()
-
-
-def _end(first: date) -> date:
-    return next(usage_csv.month_spans(first, date(first.year + 1, 1, 1)))[1]
 
 
 def _fullest() -> UsageCsvMonth:
@@ -70,7 +66,8 @@ def test_a_renamed_or_deleted_user_rewrites_the_months_they_are_in(monkeypatch):
     _generate()
     _csv()
     month = _fullest()
-    in_it = UsageDay.objects.filter(day__gte=month.month, day__lte=_end(month.month)).values_list("user_id", flat=True)
+    last = usage_csv._month_end(month.month)
+    in_it = UsageDay.objects.filter(day__gte=month.month, day__lte=last).values_list("user_id", flat=True)
     renamed = User.objects.get(pk=in_it[0])
     old = renamed.username
     User.objects.filter(pk=renamed.pk).update(username="=renamed")  # no signal: the check is on the names themselves

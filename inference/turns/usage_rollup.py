@@ -170,12 +170,8 @@ def _sums(rows: QuerySet[UsageDay], key: str) -> QuerySet[Any, tuple[Any, ...]]:
     return sums
 
 
-def grouped(rows: QuerySet[UsageDay], by: str, *, names: dict[int, str] | None = None) -> list[UsageRow]:
-    """Sums per (day, model) with ``by="model"``, or per (day, user) with ``by="user"``, each user by name from
-    ``names``."""
-    names = names or {}
-    if by == "model":
-        return grouped_counted(rows)[0]
+def _per_named_user(rows: QuerySet[UsageDay], names: dict[int, str]) -> list[UsageRow]:
+    """Sums per (day, user), each user by name from ``names`` (``rows`` holds only those users' rows)."""
     return [
         UsageRow(day=day, user=names[user_id], model="", turns=t, prompt_tokens=p, output_tokens=o, busy_s=round(b, 3))
         for day, user_id, t, p, o, b, _ in _sums(rows, "user_id")
@@ -196,7 +192,7 @@ def grouped_named(rows: QuerySet[UsageDay], names: dict[int, str], day_totals: I
     """Sums per (day, user) for the users in ``names``, by name, and per day for everyone else as "other users": the
     day's totals (``day_totals``, one row per day) less the named users'. Only the named users' rows are read (the
     (user, day) index), not every row of the range twice."""
-    named = grouped(rows.filter(user_id__in=list(names)), "user", names=names) if names else []
+    named = _per_named_user(rows.filter(user_id__in=list(names)), names) if names else []
     shown = {row.day: row for row in fold(named, by="day")}
     others = []
     for total in day_totals:
