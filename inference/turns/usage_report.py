@@ -8,6 +8,7 @@ from dataclasses import replace
 from datetime import date, timedelta
 from typing import Any
 
+from django.contrib.auth.models import User
 from django.db.models import QuerySet
 
 from inference.models import UsageDay
@@ -16,10 +17,12 @@ from inference.turns.usage import UsageRow
 from inference.turns.usage_rollup import (
     OTHERS,
     ROW_FIELDS,
+    ClosedSums,
     as_rows,
     closed,
+    closed_key,
+    closed_sums,
     fold,
-    grouped_counted,
     grouped_named,
     live_rows,
     today_utc,
@@ -36,22 +39,24 @@ def first_day(days: int) -> date:
 
 def _figures(
     rolled: QuerySet[UsageDay],
-    rolled_by_model: list[UsageRow],
+    sums: ClosedSums,
     live: list[UsageRow],
     *,
     days: list[date],
-    per_user: bool,
+    users: dict[int, str] | None,
+    key: str,
 ) -> tuple[list[dict[str, Any]], dict[str, float]]:
-    """The charts (per model; per user with the top CHART_USERS by name and the rest as one) and the totals."""
-    by_model = rolled_by_model + fold(live, by="model")
+    """The charts (per model; over everyone, ``users`` by id, per user too, with the top CHART_USERS by name and the
+    rest as one) and the totals."""
+    by_model = sums.by_model + fold(live, by="model")
     totals = usage.usage_totals(by_model)
     figures = usage.figures_by_day(by_model, metrics=["output_tokens", "turns", "busy_s"], split="model", days=days)
-    if per_user:
-        names = top_users(rolled, live, keep=CHART_USERS)
+    if users is not None:
+        names = top_users(sums.reply_tokens, users, live, keep=CHART_USERS)
         shown = set(names.values())
         live_named = [row if row.user in shown else replace(row, user=OTHERS) for row in live]
-        day_totals = fold(rolled_by_model, by="day")
-        by_user = grouped_named(rolled, names, day_totals) + fold(live_named, by="user")
+        day_totals = fold(sums.by_model, by="day")
+        by_user = grouped_named(rolled, names, day_totals, key=key) + fold(live_named, by="user")
         tokens, busy = usage.figures_by_day(by_user, metrics=["output_tokens", "busy_s"], split="user", days=days)
         figures.insert(1, tokens)
         figures.append(busy)
@@ -79,9 +84,11 @@ def page_context(*, days: int, user_id: int | None, page: int) -> dict[str, Any]
     live = live_rows(lo, user_id=user_id)
     rolled = closed(lo, user_id=user_id)
     day_list = usage.day_range(days, today=today_utc())
-    rolled_by_model, rolled_count = grouped_counted(rolled)
-    rows, pages = _page(rolled, rolled_count, live, page)
-    figures, totals = _figures(rolled, rolled_by_model, live, days=day_list, per_user=user_id is None)
+    users = dict(User.objects.values_list("pk", "username")) if user_id is None else None
+    key = closed_key(lo, user_id=user_id, user_ids=users or ())
+    sums = closed_sums(rolled, key=key, per_user=users is not None)
+    rows, pages = _page(rolled, sums.rows, live, page)
+    figures, totals = _figures(rolled, sums, live, days=day_list, users=users, key=key)
     return {
         "rows": rows,
         "totals": totals,

@@ -7,15 +7,22 @@ year of a team's usage costs a few queries on the rollup. A day is rolled up whe
 
 What the rollup changes: turns deleted after their day was rolled up still count, and a turn waiting in the queue
 for more than a day before it starts counts on both its submit day and its start day.
+
+A rolled-up day does not change, so what the usage page adds up over a range's rolled-up days (``closed_sums``,
+``grouped_named``) is kept in Django's cache until the next day closes: keyed by the range, the last closed day, whose
+range it is (over everyone: the md5 of every user's id, so a deleted user, whose rows CASCADE away, misses it) and a
+generation that ``rollup`` moves on when it writes.
 """
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
 from typing import Any
 
-from django.contrib.auth.models import User
+from django.core.cache import cache
 from django.db import connection, transaction
 from django.db.models import BigIntegerField, Case, Count, DurationField, F, QuerySet, Sum, When
 from django.db.models.expressions import RawSQL
@@ -27,6 +34,8 @@ from inference.turns.usage import UsageRow
 
 CLOSED_AFTER = timedelta(days=2)  # today and yesterday are read live
 OTHERS = "other users"
+CACHE_PREFIX = "rigdash:usage:closed"
+CACHE_TTL_S = 26 * 3600  # a key names its last closed day: after the next one closes nothing reads it
 
 
 def today_utc() -> date:
@@ -74,7 +83,20 @@ def rollup(lo: date, hi: date) -> int:
         UsageRolledDay.objects.bulk_create([UsageRolledDay(day=day) for day in missing], ignore_conflicts=True)
         # The CSV's stored months (inference/turns/usage_csv.py) that these days fall in are written again when read.
         UsageCsvMonth.objects.filter(month__in={day.replace(day=1) for day in missing}).delete()
+        transaction.on_commit(_next_generation)
     return len(missing)
+
+
+def _generation() -> int:
+    return int(cache.get(f"{CACHE_PREFIX}:generation", 0))
+
+
+def _next_generation() -> None:
+    """Every cached sum is read under a new key after this (the old ones expire)."""
+    try:
+        cache.incr(f"{CACHE_PREFIX}:generation")
+    except ValueError:  # not in the cache (yet, or evicted): any value unlike the one read before does
+        cache.set(f"{CACHE_PREFIX}:generation", _generation() + 1, None)
 
 
 def live_rows(lo: date, *, user_id: int | None) -> list[UsageRow]:
@@ -170,29 +192,62 @@ def _sums(rows: QuerySet[UsageDay], key: str) -> QuerySet[Any, tuple[Any, ...]]:
     return sums
 
 
-def _per_named_user(rows: QuerySet[UsageDay], names: dict[int, str]) -> list[UsageRow]:
-    """Sums per (day, user), each user by name from ``names`` (``rows`` holds only those users' rows)."""
-    return [
-        UsageRow(day=day, user=names[user_id], model="", turns=t, prompt_tokens=p, output_tokens=o, busy_s=round(b, 3))
-        for day, user_id, t, p, o, b, _ in _sums(rows, "user_id")
-    ]
+def closed_key(lo: date, *, user_id: int | None, user_ids: Iterable[int] = ()) -> str:
+    """The cache key of the sums over the rolled-up days from ``lo``: of one user, or (None) of everyone, whose
+    ``user_ids`` are every user's id (a deleted user's rows are gone from the sums: a new key)."""
+    whose = (
+        str(user_id)
+        if user_id is not None
+        else hashlib.md5(  # noqa: S324 (a fingerprint, not a secret)
+            ",".join(map(str, sorted(user_ids))).encode()
+        ).hexdigest()
+    )
+    return f"{CACHE_PREFIX}:{_generation()}:{lo}:{today_utc() - CLOSED_AFTER}:{whose}"
 
 
-def grouped_counted(rows: QuerySet[UsageDay]) -> tuple[list[UsageRow], int]:
-    """Sums per (day, model), and how many rows they add up (the table's row count, from the same scan)."""
-    out, count = [], 0
+@dataclass(frozen=True)
+class ClosedSums:
+    """A range's rolled-up rows added up for the usage page."""
+
+    by_model: list[UsageRow]  # per (day, model)
+    rows: int  # how many rolled-up rows (the table's row count)
+    reply_tokens: dict[int, int]  # per user id (over everyone; empty for one user's range)
+
+
+def closed_sums(rows: QuerySet[UsageDay], *, key: str, per_user: bool) -> ClosedSums:
+    """Sums per (day, model), the row count and (``per_user``) each user's reply tokens, from the cache under
+    ``key`` (``closed_key``) or two scans of ``rows``."""
+    if isinstance(found := cache.get(key), ClosedSums):
+        return found
+    by_model, count = [], 0
     for day, model, t, p, o, b, n in _sums(rows, "model_name"):
-        out.append(UsageRow(day=day, user="", model=model, turns=t, prompt_tokens=p, output_tokens=o,
-                            busy_s=round(b, 3)))  # fmt: skip
+        by_model.append(UsageRow(day=day, user="", model=model, turns=t, prompt_tokens=p, output_tokens=o,
+                                 busy_s=round(b, 3)))  # fmt: skip
         count += n
-    return out, count
+    reply_tokens: dict[int, int] = {}
+    if per_user:
+        per = rows.values("user_id").annotate(o=Cast(Sum("output_tokens"), BigIntegerField())).order_by()
+        reply_tokens = dict(per.values_list("user_id", "o"))
+    sums = ClosedSums(by_model=by_model, rows=count, reply_tokens=reply_tokens)
+    cache.set(key, sums, CACHE_TTL_S)
+    return sums
 
 
-def grouped_named(rows: QuerySet[UsageDay], names: dict[int, str], day_totals: Iterable[UsageRow]) -> list[UsageRow]:
+def grouped_named(
+    rows: QuerySet[UsageDay], names: dict[int, str], day_totals: Iterable[UsageRow], *, key: str
+) -> list[UsageRow]:
     """Sums per (day, user) for the users in ``names``, by name, and per day for everyone else as "other users": the
     day's totals (``day_totals``, one row per day) less the named users'. Only the named users' rows are read (the
-    (user, day) index), not every row of the range twice."""
-    named = _per_named_user(rows.filter(user_id__in=list(names)), names) if names else []
+    (user, day) index), not every row of the range twice; their sums are cached under ``key`` and the named ids."""
+    ids = sorted(names)
+    named_key = f"{key}:named:{','.join(map(str, ids))}"
+    if (per_id := cache.get(named_key)) is None:
+        per_id = list(_sums(rows.filter(user_id__in=ids), "user_id")) if ids else []
+        cache.set(named_key, per_id, CACHE_TTL_S)
+    named = [
+        UsageRow(day=day, user=names[user_id], model="", turns=t, prompt_tokens=p, output_tokens=o, busy_s=round(b, 3))
+        for day, user_id, t, p, o, b, _ in per_id
+    ]
     shown = {row.day: row for row in fold(named, by="day")}
     others = []
     for total in day_totals:
@@ -207,14 +262,15 @@ def grouped_named(rows: QuerySet[UsageDay], names: dict[int, str], day_totals: I
     return named + others
 
 
-def top_users(rows: QuerySet[UsageDay], live: list[UsageRow], *, keep: int) -> dict[int, str]:
-    """The ``keep`` users with the most reply tokens in the range, by id."""
-    per_user = rows.values("user_id").annotate(o=Cast(Sum("output_tokens"), BigIntegerField())).order_by()
-    totals: dict[int, int] = dict(per_user.values_list("user_id", "o"))
-    ids = dict(User.objects.values_list("username", "pk"))
+def top_users(
+    reply_tokens: dict[int, int], users: dict[int, str], live: list[UsageRow], *, keep: int
+) -> dict[int, str]:
+    """The ``keep`` users (of ``users``: id -> name) with the most reply tokens in the range (``reply_tokens`` from
+    the rolled-up days, by id, and the live rows, by name), by id."""
+    totals = {pk: tokens for pk, tokens in reply_tokens.items() if pk in users}
+    ids = {name: pk for pk, name in users.items()}
     for row in live:
         if row.user in ids:
             totals[ids[row.user]] = totals.get(ids[row.user], 0) + row.output_tokens
-    names = {pk: name for name, pk in ids.items()}
-    top = sorted(totals, key=lambda pk: (-totals[pk], names.get(pk, "")))[:keep]
-    return {pk: names[pk] for pk in top if pk in names}
+    top = sorted(totals, key=lambda pk: (-totals[pk], users[pk]))[:keep]
+    return {pk: users[pk] for pk in top}
