@@ -16,6 +16,7 @@ from monitoring import plotting, profiles, selectors, services
 from monitoring.health import health_report
 from monitoring.queues import consumers, rig_consumers
 from rigdash.access import is_staff
+from rigdash.fastjson import FastJsonResponse
 
 
 @require_GET
@@ -83,7 +84,7 @@ def rig_dashboard(request: HttpRequest, rig_id: int) -> HttpResponse:
 
 @login_required
 @require_GET
-def api_rig_series(request: HttpRequest, rig_id: int) -> JsonResponse:
+def api_rig_series(request: HttpRequest, rig_id: int) -> HttpResponse:
     rig = get_object_or_404(Rig, pk=rig_id, enabled=True)
     columns = selectors.rig_series(rig, _range_s(request))
     figures = {
@@ -91,15 +92,15 @@ def api_rig_series(request: HttpRequest, rig_id: int) -> JsonResponse:
         "kv": plotting.series_figure(columns, plotting.KV_TRACES, "KV cache"),
         "memory": plotting.series_figure(columns, plotting.MEMORY_TRACES, "Memory"),
     }
-    return JsonResponse({"rig": rig.pk, "columns": columns, "figures": figures})
+    return FastJsonResponse({"rig": rig.pk, "columns": columns, "figures": figures})
 
 
 @login_required
 @require_GET
-def api_rig_latency(request: HttpRequest, rig_id: int) -> JsonResponse:
+def api_rig_latency(request: HttpRequest, rig_id: int) -> HttpResponse:
     rig = get_object_or_404(Rig, pk=rig_id, enabled=True)
     latency = selectors.rig_latency(rig)
-    return JsonResponse({"rig": rig.pk, "latency": latency, "figures": plotting.latency_figures(latency)})
+    return FastJsonResponse({"rig": rig.pk, "latency": latency, "figures": plotting.latency_figures(latency)})
 
 
 def _metrics_allowed(request: HttpRequest) -> bool:

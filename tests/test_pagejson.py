@@ -9,10 +9,12 @@ from datetime import UTC, date, datetime, timedelta
 from decimal import Decimal
 from uuid import UUID
 
+from django.http import JsonResponse
 from django.template import Context, Template
 from django.utils.html import json_script
 from django.utils.translation import gettext_lazy
 
+from rigdash.fastjson import FastJsonResponse
 from rigdash.templatetags.pagejson import json_data
 
 HOSTILE = {
@@ -51,3 +53,11 @@ def test_a_non_finite_float_is_null_not_the_nan_json_parse_refuses():
 def test_templates_have_it_without_a_load_tag():
     html = Template('{{ figures|json_data:"usage-figures" }}').render(Context({"figures": {"x": "<&>"}}))
     assert html == '<script id="usage-figures" type="application/json">{"x":"\\u003C\\u0026\\u003E"}</script>'
+
+
+def test_the_fast_json_response_reads_back_as_django_json_response_does():
+    hostile = {str(key): value for key, value in HOSTILE.items()}
+    ours, django = FastJsonResponse(hostile), JsonResponse(hostile)
+    assert ours["Content-Type"] == django["Content-Type"] == "application/json"
+    assert json.loads(ours.content) == json.loads(django.content)
+    assert json.loads(FastJsonResponse({"tps": float("nan")}).content) == {"tps": None}

@@ -11,21 +11,18 @@ from __future__ import annotations
 
 from typing import Any
 
-import orjson
 from django import template
-from django.core.serializers.json import DjangoJSONEncoder
 from django.utils.html import format_html
 from django.utils.safestring import SafeString, mark_safe
 
-register = template.Library()
+from rigdash import fastjson
 
-_OPTIONS = orjson.OPT_NON_STR_KEYS | orjson.OPT_PASSTHROUGH_DATETIME | orjson.OPT_PASSTHROUGH_DATACLASS
-_default = DjangoJSONEncoder().default
+register = template.Library()
 
 
 def dumps(value: Any) -> str:
     """``value`` as JSON safe inside a script element."""
-    text = orjson.dumps(value, default=_default, option=_OPTIONS).decode()
+    text = fastjson.dumps(value).decode()
     return text.replace("<", "\\u003C").replace(">", "\\u003E").replace("&", "\\u0026")
 
 
