@@ -19,8 +19,12 @@ def turn_run_task(turn_id: int) -> str:
 
 
 @shared_task(name="inference.turns_run")
-def turns_run_task(turn_ids: list[int], tickets: list[dict[str, Any]] | None = None) -> dict[int, str]:
-    return start.turns_run(turn_ids, tickets=tickets)
+def turns_run_task(
+    turn_ids: list[int], tickets: list[dict[str, Any]] | None = None, rig_id: int | None = None, **later: Any
+) -> dict[int, str]:
+    # ``later``: arguments a later release's dispatch adds, which this release does without (a rig agent upgraded
+    # after the central side), rather than fail the task.
+    return start.turns_run(turn_ids, tickets=tickets, rig_id=rig_id)
 
 
 @shared_task(name="inference.turn_reap_stale")

@@ -139,9 +139,9 @@ def test_the_page_hears_of_a_turn_before_it_is_handed_to_a_worker(rig, model_nam
     real_queued, real_send = events.turns_queued_sync, dispatch._send
     monkeypatch.setattr(events, "turns_queued_sync", lambda turns: (order.append("queued"), real_queued(turns))[1])
 
-    def send(ids: list[int], queue: str, *tickets: Any) -> None:
+    def send(ids: list[int], queue: str, *tickets: Any, **kwargs: Any) -> None:
         order.append(f"send {len(ids)}")
-        real_send(ids, queue, *tickets)
+        real_send(ids, queue, *tickets, **kwargs)
 
     monkeypatch.setattr(dispatch, "_send", send)
     submit.turn_submit(session=make_session(owner, rig, model_name), text="hello")

@@ -22,6 +22,7 @@ from inference.live import agents
 from inference.models import ChatSession, Rig, Turn
 from inference.queue import dispatch, placement
 from inference.turns import board_rows, lifecycle, selectors, sessions, submit
+from inference.worker import claim
 from tests.adminkit import make_user
 from tests.conftest import wait_until
 from tests.test_agents import KEY_A, KEY_B, _start_agent
@@ -58,10 +59,10 @@ def sent(monkeypatch: pytest.MonkeyPatch) -> list[tuple[list[int], str, list[Any
     calls: list[tuple[list[int], str, list[Any]]] = []
     real = dispatch._send
 
-    def record(turn_ids: list[int], queue: str, tickets: Any = ()) -> None:
+    def record(turn_ids: list[int], queue: str, tickets: Any = (), **kwargs: Any) -> None:
         if turn_ids:
             calls.append((list(turn_ids), queue, list(tickets)))
-        real(turn_ids, queue, tickets)
+        real(turn_ids, queue, tickets, **kwargs)
 
     monkeypatch.setattr(dispatch, "_send", record)
     return calls
@@ -175,6 +176,65 @@ def test_a_placed_turn_waits_while_no_rig_serving_it_has_an_agent_up_then_fails_
     assert turn.status == Turn.Status.FAILED and turn.finish_reason == "no_rig"
     assert "No rig can run this turn" in turn.error and "agent down" in turn.error
     assert ended and ended[0]["turn"]["status"] == "failed"
+
+
+def _beat(rig: Rig, key: str, *, age_s: float = 0.0) -> None:
+    """The rig's agent's heartbeat, ``age_s`` old (older than RIGDASH_AGENT_TIMEOUT_S: the agent is down)."""
+    beat = {"ts": time.time() - age_s, "host": rig.name, "instance": "i1"}
+    agents.publish(key=key, rig_id=rig.pk, beat=beat, sample=None)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_placed_turn_handed_to_a_rig_whose_agent_dies_goes_to_another_and_the_old_task_cannot_start_it(
+    sent: list[Any],
+) -> None:
+    """The rigs' agents are heartbeats written here (no agent process): the dispatch reads them as it would a real
+    agent's. The claims are the worker's own, called as its task would call them."""
+    rig_a = _rig("strand-a", slots=2, agent_key=KEY_A)
+    rig_b = _rig("strand-b", slots=1, agent_key=KEY_B)
+    _beat(rig_a, KEY_A)
+    _beat(rig_b, KEY_B)
+    owner = make_user("stranded-owner")
+    placed = submit.turn_submit(session=_placed_chat(owner), text="placed")
+    pinned = submit.turn_submit(session=ChatSession.objects.create(owner=owner, rig=rig_a, model_name=MODEL), text="x")
+    assert [Turn.objects.get(pk=t.pk).rig_id for t in (placed, pinned)] == [rig_a.pk, rig_a.pk]
+    [old_ticket] = sent[0][2]
+    assert (sent[0][0], old_ticket.rig_id) == ([placed.pk], rig_a.pk)
+
+    _beat(rig_a, KEY_A, age_s=600)  # A's agent dies before any worker of A claimed the turns
+    passed = dispatch.dispatch_all()
+    assert passed["released"] == [placed.pk] and placed.pk in passed["dispatched"]
+    moved = Turn.objects.get(pk=placed.pk)
+    assert (moved.rig_id, moved.status, moved.dispatched_at is not None) == (rig_b.pk, Turn.Status.QUEUED, True)
+    assert ChatSession.objects.get(pk=placed.session_id).rig_id == rig_b.pk
+    assert sent[-1][:2] == ([placed.pk], rig_b.queue)
+    # The pinned chat's turn can only run on A: it stays handed to A, for A's agent to run when it is back.
+    assert Turn.objects.get(pk=pinned.pk).rig_id == rig_a.pk
+
+    # A comes back and its worker takes the task still in A's queue: with its ticket or without, nothing starts.
+    assert claim.turns_start(turn_ids=[placed.pk], worker="a", tickets={placed.pk: old_ticket}, rig_id=rig_a.pk) == {
+        placed.pk: None
+    }
+    assert claim.turns_start(turn_ids=[placed.pk], worker="a", rig_id=rig_a.pk) == {placed.pk: None}
+    assert Turn.objects.get(pk=placed.pk).status == Turn.Status.QUEUED
+    started = claim.turns_start(turn_ids=[placed.pk], worker="b", rig_id=rig_b.pk)[placed.pk]
+    assert started is not None and started.turn.rig_id == rig_b.pk
+    assert Turn.objects.get(pk=placed.pk).worker == "b"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_placed_turn_whose_rig_is_disabled_before_its_claim_waits_for_any_rig(sent: list[Any]) -> None:
+    rig_a, rig_b = _rig("gone-a"), _rig("gone-b")
+    first = submit.turn_submit(session=_placed_chat(make_user("gone1")), text="one")
+    second = submit.turn_submit(session=_placed_chat(make_user("gone2")), text="two")
+    assert [Turn.objects.get(pk=t.pk).rig_id for t in (first, second)] == [rig_a.pk, rig_b.pk]
+    Rig.objects.filter(pk=rig_a.pk).update(enabled=False)
+    assert dispatch.release_stranded() == [first.pk]
+    turn = Turn.objects.get(pk=first.pk)
+    assert (turn.rig_id, turn.dispatched_at) == (None, None)
+    assert dispatch.queue_position(turn) == 1  # next on B, whose slot the second turn holds
+    _end(second)
+    assert Turn.objects.get(pk=first.pk).rig_id == rig_b.pk
 
 
 @pytest.mark.django_db(transaction=True)

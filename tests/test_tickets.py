@@ -99,7 +99,7 @@ def test_a_submit_hands_its_turn_out_with_a_ticket_that_matches_what_the_worker_
     Turn.objects.filter(pk=turn.pk).update(status=Turn.Status.DONE)
 
     assert dispatch.rig_dispatch(rig_id=rig.pk) == [waiting.pk]
-    assert _task_kwargs(rig.queue)[1] == {}
+    assert _task_kwargs(rig.queue)[1] == {"rig_id": rig.pk}  # no ticket; the rig it was handed to
     redis.Redis.from_url(_broker_url()).delete(rig.queue)
 
 
@@ -121,8 +121,11 @@ def test_the_task_message_shows_turn_ids_and_never_the_conversation_outside_its_
     headers = json.dumps(message["headers"])
     assert "swordfish" not in headers and "secret plan" not in headers and "noted" not in headers
     assert message["headers"]["argsrepr"] == repr([[turn.pk]])
-    assert message["headers"]["kwargsrepr"] == f"{{'tickets': <start tickets of turns [{turn.pk}]>}}"
-    [ticket] = json.loads(base64.b64decode(message["body"]))[1]["tickets"]  # the body still carries the ticket
+    shown = f"{{'tickets': <start tickets of turns [{turn.pk}]>, 'rig_id': {rig.pk}}}"
+    assert message["headers"]["kwargsrepr"] == shown
+    kwargs = json.loads(base64.b64decode(message["body"]))[1]
+    assert kwargs["rig_id"] == rig.pk  # the claim takes the turn only while it is still handed to this rig
+    [ticket] = kwargs["tickets"]  # the body still carries the ticket
     assert ticket["messages"][-1] == {"role": "user", "content": "and the password is swordfish"}
 
 
@@ -135,7 +138,7 @@ def test_an_owner_with_a_daily_allowance_gets_no_ticket_and_the_start_reserves_f
     redis.Redis.from_url(_broker_url()).delete(rig.queue)
     Quota.objects.create(user=owner, max_output_tokens_per_day=30)
     turn = _submit(owner, make_session(owner, rig, "m"), "hi")
-    assert _task_kwargs(rig.queue) == [{}]
+    assert _task_kwargs(rig.queue) == [{"rig_id": rig.pk}]  # no ticket
     claimed = claim.turns_start(turn_ids=[turn.pk], worker="w1")[turn.pk]
     assert claimed is not None and Turn.objects.get(pk=turn.pk).token_cap == 30
     # Another user's turn, through the single submit the HTTP API uses, has its ticket.

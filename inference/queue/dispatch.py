@@ -13,7 +13,10 @@ dispatchers never hand out the same slot or the same turn twice. The worker's cl
 conditional update, so a task delivered twice runs once.
 
 A rig's queue also holds the waiting turns of chats placed by a model it serves (inference/queue/placement.py):
-such a turn waits on every rig serving its model, and the first with a free slot takes it.
+such a turn waits on every rig serving its model, and the first with a free slot takes it. A placed turn handed to
+a rig that cannot take turns any more (its agent went down, or it was disabled) before a worker claimed it waits
+again for any rig (``release_stranded``). Each task names the rig it was handed to, and the claim takes only
+turns still handed to that rig, so the task left in the old rig's queue cannot start the turn once it moved.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
+from typing import Any
 
 from celery import current_app
 from django.db import connection, transaction
@@ -212,7 +216,7 @@ def rig_dispatch(*, rig_id: int, rig: Rig | None = None, tickets: Mapping[int, S
         queue = rig.queue
         # A placed turn's ticket was written before its rig was known.
         sent_tickets = [replace(tickets[t], rig_id=rig.pk) for t in dispatched if t in tickets] if tickets else []
-        transaction.on_commit(lambda: _send(dispatched, queue, sent_tickets))
+        transaction.on_commit(lambda: _send(dispatched, queue, sent_tickets, rig_id=rig_id))
         transaction.on_commit(
             lambda: announce_positions(
                 rig_id=rig_id, waiting_order_now=still_waiting, just_dispatched=dispatched, reason=reason
@@ -226,17 +230,21 @@ def rig_dispatch(*, rig_id: int, rig: Rig | None = None, tickets: Mapping[int, S
     return dispatched
 
 
-def task_reprs(turn_ids: list[int], tickets: Sequence[StartTicket]) -> dict[str, str]:
+def task_reprs(turn_ids: list[int], tickets: Sequence[StartTicket], rig_id: int | None = None) -> dict[str, str]:
     """What Celery shows of the turns' task arguments: in the message's headers, in task events (Flower) and in the
-    worker's log of a task that fails. The turn ids, never a ticket's conversation. Left to Celery, they are
-    ``saferepr`` of the arguments, walked in Python at every send, on every turn's way to its first token."""
-    held = f"<start tickets of turns {[ticket.turn_id for ticket in tickets]}>"
-    return {"argsrepr": repr([turn_ids]), "kwargsrepr": f"{{'tickets': {held}}}" if tickets else "{}"}
+    worker's log of a task that fails. The turn ids and the rig, never a ticket's conversation. Left to Celery, they
+    are ``saferepr`` of the arguments, walked in Python at every send, on every turn's way to its first token."""
+    shown = {"tickets": f"<start tickets of turns {[ticket.turn_id for ticket in tickets]}>"} if tickets else {}
+    if rig_id is not None:
+        shown["rig_id"] = str(rig_id)
+    kwargs = ", ".join(f"{name!r}: {value}" for name, value in shown.items())
+    return {"argsrepr": repr([turn_ids]), "kwargsrepr": f"{{{kwargs}}}"}
 
 
-def _send(turn_ids: list[int], queue: str, tickets: Sequence[StartTicket] = ()) -> None:
+def _send(turn_ids: list[int], queue: str, tickets: Sequence[StartTicket] = (), *, rig_id: int | None = None) -> None:
     """One task for the turns handed out together: one Celery message to send, and the worker claims them together.
-    Their start tickets go with it (inference/queue/tickets.py).
+    Their start tickets go with it (inference/queue/tickets.py), and the rig they were handed to (``rig_id``): the
+    claim takes only turns still handed to it.
 
     When the message cannot be sent (the broker is down), the turns go back to waiting, so the next dispatch
     (after a turn ends, or beat's ``dispatch_all``) hands them out again instead of the 120 s resend; the caller
@@ -245,9 +253,16 @@ def _send(turn_ids: list[int], queue: str, tickets: Sequence[StartTicket] = ()) 
         return
     try:
         # Straight to the queue's list: through the default exchange, kombu has no binding to look up.
-        kwargs = {"tickets": [ticket.as_message() for ticket in tickets]} if tickets else {}
+        kwargs: dict[str, Any] = {"tickets": [ticket.as_message() for ticket in tickets]} if tickets else {}
+        if rig_id is not None:
+            kwargs["rig_id"] = rig_id
         current_app.tasks[TURNS_RUN_TASK].apply_async(
-            args=[turn_ids], kwargs=kwargs, queue=queue, exchange="", routing_key=queue, **task_reprs(turn_ids, tickets)
+            args=[turn_ids],
+            kwargs=kwargs,
+            queue=queue,
+            exchange="",
+            routing_key=queue,
+            **task_reprs(turn_ids, tickets, rig_id),
         )
     except Exception as exc:
         Turn.objects.filter(pk__in=turn_ids, status=Turn.Status.QUEUED).update(dispatched_at=None)
@@ -304,22 +319,48 @@ def announce_positions(
 
 
 def dispatch_resend_stale(*, older_than_s: float) -> list[int]:
-    """Send again the tasks of turns dispatched long ago but never claimed (a lost message); harmless twice."""
+    """Send again the tasks of turns dispatched long ago but never claimed (a lost message), to the rig they were
+    handed to; harmless twice."""
     cutoff = timezone.now() - timedelta(seconds=older_than_s)
     resent: list[int] = []
-    stale = Turn.objects.filter(status=Turn.Status.QUEUED, dispatched_at__lt=cutoff)
-    for turn_id, old, queue in stale.values_list("pk", "dispatched_at", "session__rig__queue"):
-        if Turn.objects.filter(pk=turn_id, status=Turn.Status.QUEUED, dispatched_at=old).update(
+    stale = Turn.objects.filter(status=Turn.Status.QUEUED, dispatched_at__lt=cutoff, rig__isnull=False)
+    for turn_id, old, rig_id, queue in stale.values_list("pk", "dispatched_at", "rig_id", "rig__queue"):
+        if Turn.objects.filter(pk=turn_id, status=Turn.Status.QUEUED, dispatched_at=old, rig_id=rig_id).update(
             dispatched_at=timezone.now()
         ):
-            _send([turn_id], queue)
+            _send([turn_id], queue, rig_id=rig_id)
             resent.append(turn_id)
             log.warning("turn %s was dispatched at %s but never started: task sent again", turn_id, old)
     return resent
 
 
+def release_stranded() -> list[int]:
+    """Placed turns handed to a rig that cannot take turns any more (its agent is down, or it was disabled) and not
+    claimed: waiting again for any rig serving their model, this one too once it is back. Their task stays in the old
+    rig's queue, where its claim, which names that rig, finds nothing to start."""
+    handed = Turn.objects.filter(
+        status=Turn.Status.QUEUED, dispatched_at__isnull=False, rig__isnull=False, session__placement=placement.PLACED
+    )
+    by_rig: dict[int, list[int]] = {}
+    for turn_id, rig_id in handed.order_by().values_list("pk", "rig_id"):
+        by_rig.setdefault(rig_id, []).append(turn_id)
+    released: list[int] = []
+    for rig in Rig.objects.filter(pk__in=list(by_rig)).order_by("pk"):
+        if rig.enabled and not cannot_take_turns(rig):
+            continue
+        ids = by_rig[rig.pk]
+        mine = Turn.objects.filter(pk__in=ids, status=Turn.Status.QUEUED, rig_id=rig.pk, dispatched_at__isnull=False)
+        if mine.update(dispatched_at=None, rig_id=None):
+            moved = list(Turn.objects.filter(pk__in=ids, rig__isnull=True).values_list("pk", flat=True))
+            released += moved
+            log.warning("turns %s were handed to rig %s, which cannot take turns now: waiting for any rig", moved, rig)
+    return released
+
+
 def dispatch_all(*, resend_after_s: float = 120.0) -> dict[str, list[int]]:
-    """The periodic pass: dispatch every rig with waiting turns; resend lost tasks."""
+    """The periodic pass: placed turns stranded on a rig that went down wait again; dispatch every rig with waiting
+    turns; resend lost tasks."""
+    released = release_stranded()
     dispatched: list[int] = []
     waiting = Turn.objects.filter(status=Turn.Status.QUEUED, dispatched_at__isnull=True).order_by()
     rig_ids = set(waiting.exclude(session__placement=placement.PLACED).values_list("session__rig_id", flat=True))
@@ -328,4 +369,5 @@ def dispatch_all(*, resend_after_s: float = 120.0) -> dict[str, list[int]]:
     for rig_id in sorted(rig_ids):
         dispatched += rig_dispatch(rig_id=rig_id)
     announce_waiting_reasons()
-    return {"dispatched": dispatched, "resent": dispatch_resend_stale(older_than_s=resend_after_s)}
+    resent = dispatch_resend_stale(older_than_s=resend_after_s)
+    return {"released": released, "dispatched": dispatched, "resent": resent}

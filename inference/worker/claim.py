@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from django.db import transaction
+from django.db.models import QuerySet
 from django.utils import timezone
 
 from inference.errors import InvalidInput, QuotaExceeded
@@ -31,18 +32,26 @@ class ClaimedTurn:
 
 
 def turns_start(
-    *, turn_ids: Sequence[int], worker: str, tickets: Mapping[int, StartTicket] | None = None
+    *,
+    turn_ids: Sequence[int],
+    worker: str,
+    tickets: Mapping[int, StartTicket] | None = None,
+    rig_id: int | None = None,
 ) -> dict[int, ClaimedTurn | None]:
     """Claim queued turns for this worker and reserve each reply's token cap; for each id its ``ClaimedTurn``,
-    or None if it was not waiting any more (another delivery of its task claimed it, or it was cancelled). A
-    turn that a quota leaves no tokens is claimed all the same and ends as failed with that reason. A ticketed
-    turn (``tickets``, by turn id) is claimed with its ticket's cap and conversation (``_turns_claim_ticketed``)."""
+    or None if it was not waiting any more (another delivery of its task claimed it, or it was cancelled, or, with
+    ``rig_id``, the rig its task was sent to, it has since been handed to another rig). A turn that a quota leaves
+    no tokens is claimed all the same and ends as failed with that reason. A ticketed turn (``tickets``, by turn id)
+    is claimed with its ticket's cap and conversation (``_turns_claim_ticketed``)."""
     tickets = tickets or {}
+    waiting = Turn.objects.filter(status=Turn.Status.QUEUED, cancel_requested=False)
+    if rig_id is not None:
+        waiting = waiting.filter(rig_id=rig_id)
     started: dict[int, ClaimedTurn | None] = dict.fromkeys(turn_ids)
     if ticketed := [t for t in turn_ids if t in tickets]:
-        started.update(_turns_claim_ticketed(tickets=[tickets[t] for t in ticketed], worker=worker))
+        started.update(_turns_claim_ticketed(tickets=[tickets[t] for t in ticketed], worker=worker, waiting=waiting))
     if rest := [t for t in turn_ids if t not in tickets]:
-        started.update(_turns_start_from_read(turn_ids=rest, worker=worker))
+        started.update(_turns_start_from_read(turn_ids=rest, worker=worker, waiting=waiting, rig_id=rig_id))
     return started
 
 
@@ -51,14 +60,15 @@ def _turn_claim_values(worker: str) -> dict[str, Any]:
     return {"status": Turn.Status.PROMPT, "worker": worker, "started_at": now, "heartbeat_at": now}
 
 
-def _turns_claim_ticketed(*, tickets: Sequence[StartTicket], worker: str) -> dict[int, ClaimedTurn | None]:
+def _turns_claim_ticketed(
+    *, tickets: Sequence[StartTicket], worker: str, waiting: QuerySet[Turn]
+) -> dict[int, ClaimedTurn | None]:
     """Claim ticketed turns: one conditional UPDATE per distinct cap, then one read of what this claim got, with
     sessions and rigs. The worker's request already went out (``start.run_ticketed_turn``), so neither is on
     the turn's time to first token. A turn whose ticket says otherwise than that read (a bug, or a message changed
     on its way) is claimed and fails, rather than run a prompt it was not given."""
 
     claim = _turn_claim_values(worker)
-    waiting = Turn.objects.filter(status=Turn.Status.QUEUED, cancel_requested=False)
     by_cap: dict[int, list[int]] = {}
     for ticket in tickets:
         by_cap.setdefault(ticket.max_tokens, []).append(ticket.turn_id)
@@ -80,7 +90,9 @@ def _turns_claim_ticketed(*, tickets: Sequence[StartTicket], worker: str) -> dic
     return started
 
 
-def _turns_start_from_read(*, turn_ids: Sequence[int], worker: str) -> dict[int, ClaimedTurn | None]:
+def _turns_start_from_read(
+    *, turn_ids: Sequence[int], worker: str, waiting: QuerySet[Turn], rig_id: int | None
+) -> dict[int, ClaimedTurn | None]:
     """Claim turns without tickets: read them, their conversations and their owners' limits, then claim.
 
     This is on these turns' time to first token, so it takes as few round trips as it can: one read for the
@@ -92,11 +104,14 @@ def _turns_start_from_read(*, turn_ids: Sequence[int], worker: str) -> dict[int,
 
     started: dict[int, ClaimedTurn | None] = dict.fromkeys(turn_ids)
     turns, history = turns_with_history(turn_ids)
-    turns = [turn for turn in turns if turn.status == Turn.Status.QUEUED and not turn.cancel_requested]
+    turns = [
+        turn
+        for turn in turns
+        if turn.status == Turn.Status.QUEUED and not turn.cancel_requested and rig_id in (None, turn.rig_id)
+    ]
     limits = {owner_id: quotas.limits_for(owner_id) for owner_id in {turn.session.owner_id for turn in turns}}
     claim = _turn_claim_values(worker)
     now = claim["started_at"]
-    waiting = Turn.objects.filter(status=Turn.Status.QUEUED, cancel_requested=False)
     budgets: dict[int, TurnBudget | QuotaExceeded] = {}
     by_cap: dict[int, list[Turn]] = {}
     for turn in turns:

@@ -158,12 +158,13 @@ def turn_run(turn_id: int) -> str:
     return turns_run([turn_id])[turn_id]
 
 
-def turns_run(turn_ids: list[int], tickets: Any = None) -> dict[int, str]:
+def turns_run(turn_ids: list[int], tickets: Any = None, rig_id: int | None = None) -> dict[int, str]:
     """Claim the turns a dispatch handed out together and run them at once on this process's loop; for each:
     "ran", or "not-claimed" when it was not waiting any more (a second delivery is a no-op).
 
     ``tickets``: the message's start tickets (inference/queue/tickets.py). A ticketed turn on a rig this process knows
-    has its backend request sent before the claim, which runs beside it; the rest start once claimed."""
+    has its backend request sent before the claim, which runs beside it; the rest start once claimed. ``rig_id``:
+    the rig the turns were handed to; the claim takes only those still handed to it."""
     ticketed = tickets_by_turn(tickets, turn_ids)
     early: dict[int, tuple[Claim, concurrent.futures.Future[None]]] = {}
     sent: list[concurrent.futures.Future[None]] = []
@@ -176,7 +177,7 @@ def turns_run(turn_ids: list[int], tickets: Any = None) -> dict[int, str]:
     # ends long before a first token, which the backend sends after reading the whole prompt.
     concurrent.futures.wait(sent, timeout=SENT_WAIT_S)
     try:
-        started = _claim_thread().submit(_claim, turn_ids, ticketed).result()
+        started = _claim_thread().submit(_claim, turn_ids, ticketed, rig_id).result()
     except BaseException as exc:
         for claim, _ in early.values():
             claim.set_exception(exc)
@@ -212,9 +213,11 @@ def _claim_thread() -> concurrent.futures.ThreadPoolExecutor:
         return _claims[1]
 
 
-def _claim(turn_ids: list[int], tickets: dict[int, StartTicket]) -> dict[int, claims.ClaimedTurn | None]:
+def _claim(
+    turn_ids: list[int], tickets: dict[int, StartTicket], rig_id: int | None
+) -> dict[int, claims.ClaimedTurn | None]:
     close_old_connections()  # as Celery and Channels do around a unit of work: drop a connection past its age
     try:
-        return gated(claims.turns_start)(turn_ids=turn_ids, worker=WORKER_ID, tickets=tickets)
+        return gated(claims.turns_start)(turn_ids=turn_ids, worker=WORKER_ID, tickets=tickets, rig_id=rig_id)
     finally:
         close_old_connections()
