@@ -6,7 +6,8 @@
 Each page is requested in this process through Django's test client (the whole middleware stack and template
 rendering, no network): once with its queries captured (``CaptureQueriesContext``) and its Python memory peak
 traced, then ``--repeat`` times timed (server time: the request until its last byte, streamed or not). It reads
-only: the generated users' sessions are the one thing it writes (``force_login``).
+only, but for the generated users' sessions (``force_login``) and the usage page's stored sums, which the "cold"
+row deletes before each request (``rigdash_usage_rollup`` stores them again).
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ class Page:
     name: str
     url: str
     staff: bool
-    cold: bool = False  # Django's cache emptied before each request: the first request of the day, or of a process
+    cold: bool = False  # the usage page's stored sums deleted before each request: the day's first visit, unwarmed
 
 
 def pages(*, session_id: int, rig_id: int, oldest_chats: str) -> list[Page]:
@@ -140,8 +141,9 @@ def _oldest_page_cursor(user: Any) -> str:
 
 
 def run(repeat: int, only: str) -> list[PageCost]:
-    from django.core.cache import cache
     from django.test import Client
+
+    from inference.models import UsageRangeSums
 
     heavy, admin, session_id, rig_id, oldest_chats = _subjects()
     clients = {False: Client(HTTP_HOST="localhost"), True: Client(HTTP_HOST="localhost")}
@@ -155,7 +157,7 @@ def run(repeat: int, only: str) -> list[PageCost]:
 
         def get(client: Client = client, page: Page = page) -> Any:
             if page.cold:
-                cache.clear()
+                UsageRangeSums.objects.all().delete()
             return client.get(page.url)
 
         cost = measure(page, get, repeat)

@@ -357,7 +357,7 @@ class UsageRolledDay(models.Model):
 
 class UsageCsvMonth(models.Model):
     """The usage CSV's lines for one closed calendar month of every user, as PostgreSQL writes them
-    (inference/turns/usage_csv_cache.py): read back only while that month's users still have the names they had."""
+    (inference/turns/usage_csv.py): read back only while that month's users still have the names they had."""
 
     month = models.DateField(primary_key=True)  # its first day
     user_ids = models.TextField()  # the month's users, comma-separated ids in ascending order
@@ -366,6 +366,27 @@ class UsageCsvMonth(models.Model):
 
     def __str__(self) -> str:
         return f"usage CSV of {self.month:%Y-%m}"
+
+
+class UsageRangeSums(models.Model):
+    """The usage page's sums over the rolled-up days of one range (inference/turns/usage_rollup.py, ``closed_sums``),
+    as JSON: of everyone (``scope`` "*", read back only while the users are the ones summed, ``user_ids_md5``) or of
+    one user (``scope`` the user's id). The rollup deletes the ranges it writes into; a range ends on the last closed
+    day, so the next day's ranges are new rows and the old ones are deleted as they are replaced."""
+
+    first_day = models.DateField()
+    last_day = models.DateField()
+    scope = models.CharField(max_length=24)
+    user_ids_md5 = models.CharField(max_length=32, blank=True)
+    body = models.TextField()
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["first_day", "last_day", "scope"], name="usage_range_sums_range_scope")
+        ]
+
+    def __str__(self) -> str:
+        return f"usage sums of {self.scope} from {self.first_day} to {self.last_day}"
 
 
 class LastServed(models.Model):

@@ -169,10 +169,6 @@ CHANNEL_LAYERS = {
     }
 }
 
-# Each process's own memory: what it holds is derived and keyed so that a stale entry is never read (the usage
-# page's sums over rolled-up days, inference/turns/usage_rollup.py).
-CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache", "OPTIONS": {"MAX_ENTRIES": 300}}}
-
 CELERY_BROKER_URL = env_str("CELERY_BROKER_URL", REDIS_URL)
 # kombu's Redis transport, with one client object per channel, not one per command (rigdash/broker.py).
 CELERY_BROKER_TRANSPORT = "rigdash.broker:Transport" if CELERY_BROKER_URL.startswith("redis://") else None

@@ -65,14 +65,6 @@ def broker_down(monkeypatch: pytest.MonkeyPatch) -> Callable[[], None]:
     return lambda: monkeypatch.setattr(turns_run_task, "apply_async", real)
 
 
-@pytest.fixture(autouse=True)
-def _empty_cache() -> None:
-    """Django's cache (this process's memory) holds sums of rolled-up usage: each test starts without another's."""
-    from django.core.cache import cache
-
-    cache.clear()
-
-
 @pytest.fixture(scope="session", autouse=True)
 def _clean_redis() -> None:
     """Tests use their own Redis database (REDIS_URL, db 14 in scripts/test): start it empty."""

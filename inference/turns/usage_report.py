@@ -8,26 +8,20 @@ from dataclasses import replace
 from datetime import date, timedelta
 from typing import Any
 
-from django.contrib.auth.models import User
-from django.db.models import QuerySet
-
-from inference.models import UsageDay
 from inference.turns import usage
 from inference.turns.usage import UsageRow
 from inference.turns.usage_rollup import (
     OTHERS,
     ROW_FIELDS,
-    ClosedSums,
     as_rows,
     closed,
-    closed_key,
-    closed_sums,
     fold,
     grouped_named,
     live_rows,
     today_utc,
     top_users,
 )
+from inference.turns.usage_sums import ClosedSums, closed_sums, every_user, keep, range_key, with_named
 
 PAGE_ROWS = 100
 CHART_USERS = 10  # users named in the per-user charts; the rest are stacked as "other users"
@@ -38,25 +32,18 @@ def first_day(days: int) -> date:
 
 
 def _figures(
-    rolled: QuerySet[UsageDay],
-    sums: ClosedSums,
-    live: list[UsageRow],
-    *,
-    days: list[date],
-    users: dict[int, str] | None,
-    key: str,
+    sums: ClosedSums, live: list[UsageRow], *, days: list[date], names: dict[int, str] | None
 ) -> tuple[list[dict[str, Any]], dict[str, float]]:
-    """The charts (per model; over everyone, ``users`` by id, per user too, with the top CHART_USERS by name and the
-    rest as one) and the totals."""
+    """The charts (per model; over everyone, per user too: ``names``, the top CHART_USERS by id, by name and the rest
+    as one) and the totals."""
     by_model = sums.by_model + fold(live, by="model")
     totals = usage.usage_totals(by_model)
     figures = usage.figures_by_day(by_model, metrics=["output_tokens", "turns", "busy_s"], split="model", days=days)
-    if users is not None:
-        names = top_users(sums.reply_tokens, users, live, keep=CHART_USERS)
+    if names is not None:
         shown = set(names.values())
         live_named = [row if row.user in shown else replace(row, user=OTHERS) for row in live]
         day_totals = fold(sums.by_model, by="day")
-        by_user = grouped_named(rolled, names, day_totals, key=key) + fold(live_named, by="user")
+        by_user = grouped_named(names, sums.named, day_totals) + fold(live_named, by="user")
         tokens, busy = usage.figures_by_day(by_user, metrics=["output_tokens", "busy_s"], split="user", days=days)
         figures.insert(1, tokens)
         figures.append(busy)
@@ -84,11 +71,15 @@ def page_context(*, days: int, user_id: int | None, page: int) -> dict[str, Any]
     live = live_rows(lo, user_id=user_id)
     rolled = closed(lo, user_id=user_id)
     day_list = usage.day_range(days, today=today_utc())
-    users = dict(User.objects.values_list("pk", "username")) if user_id is None else None
-    key = closed_key(lo, user_id=user_id, user_ids=users or ())
-    sums = closed_sums(rolled, key=key, per_user=users is not None)
+    users = every_user() if user_id is None else None
+    sums = closed_sums(rolled, range_key(lo, user_id=user_id, user_ids=users or ()))
+    names = None
+    if users is not None:
+        names = top_users(sums.reply_tokens, users, live, keep=CHART_USERS)
+        sums = with_named(sums, rolled, names)
+    keep(sums)
     rows, pages = _page(rolled, sums.rows, live, page)
-    figures, totals = _figures(rolled, sums, live, days=day_list, users=users, key=key)
+    figures, totals = _figures(sums, live, days=day_list, names=names)
     return {
         "rows": rows,
         "totals": totals,

@@ -8,34 +8,27 @@ year of a team's usage costs a few queries on the rollup. A day is rolled up whe
 What the rollup changes: turns deleted after their day was rolled up still count, and a turn waiting in the queue
 for more than a day before it starts counts on both its submit day and its start day.
 
-A rolled-up day does not change, so what the usage page adds up over a range's rolled-up days (``closed_sums``,
-``grouped_named``) is kept in Django's cache until the next day closes: keyed by the range, the last closed day, whose
-range it is (over everyone: the md5 of every user's id, so a deleted user, whose rows CASCADE away, misses it) and a
-generation that ``rollup`` moves on when it writes.
+A rolled-up day does not change, so the usage page's sums over a range's rolled-up days are stored once a day
+(inference/turns/usage_sums.py); ``rollup`` deletes the stored ranges it writes into.
 """
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
 from typing import Any
 
-from django.core.cache import cache
 from django.db import connection, transaction
-from django.db.models import BigIntegerField, Case, Count, DurationField, F, QuerySet, Sum, When
+from django.db.models import BigIntegerField, Case, Count, DurationField, F, Q, QuerySet, Sum, When
 from django.db.models.expressions import RawSQL
 from django.db.models.functions import Cast, Coalesce, TruncDate
 from django.utils import timezone
 
-from inference.models import ChatSession, Turn, UsageCsvMonth, UsageDay, UsageRolledDay
+from inference.models import ChatSession, Turn, UsageCsvMonth, UsageDay, UsageRangeSums, UsageRolledDay
 from inference.turns.usage import UsageRow
 
 CLOSED_AFTER = timedelta(days=2)  # today and yesterday are read live
 OTHERS = "other users"
-CACHE_PREFIX = "rigdash:usage:closed"
-CACHE_TTL_S = 26 * 3600  # a key names its last closed day: after the next one closes nothing reads it
 
 
 def today_utc() -> date:
@@ -83,20 +76,12 @@ def rollup(lo: date, hi: date) -> int:
         UsageRolledDay.objects.bulk_create([UsageRolledDay(day=day) for day in missing], ignore_conflicts=True)
         # The CSV's stored months (inference/turns/usage_csv.py) that these days fall in are written again when read.
         UsageCsvMonth.objects.filter(month__in={day.replace(day=1) for day in missing}).delete()
-        transaction.on_commit(_next_generation)
+        # So are the usage page's stored sums of the ranges they fall in (inference/turns/usage_sums.py), and of
+        # ranges that end before the newest of them: the pages read ranges to the last closed day.
+        UsageRangeSums.objects.filter(
+            Q(first_day__lte=missing[-1], last_day__gte=missing[0]) | Q(last_day__lt=missing[-1])
+        ).delete()
     return len(missing)
-
-
-def _generation() -> int:
-    return int(cache.get(f"{CACHE_PREFIX}:generation", 0))
-
-
-def _next_generation() -> None:
-    """Every cached sum is read under a new key after this (the old ones expire)."""
-    try:
-        cache.incr(f"{CACHE_PREFIX}:generation")
-    except ValueError:  # not in the cache (yet, or evicted): any value unlike the one read before does
-        cache.set(f"{CACHE_PREFIX}:generation", _generation() + 1, None)
 
 
 def live_rows(lo: date, *, user_id: int | None) -> list[UsageRow]:
@@ -161,20 +146,26 @@ ROW_FIELDS = ("day", "user__username", "model_name", "turns", "prompt_tokens", "
 
 
 def fold(rows: Iterable[UsageRow], *, by: str) -> list[UsageRow]:
-    """Rows summed per (day, model), per (day, user) or per day (``by``: "model", "user", "day")."""
-    sums: dict[tuple[date, str], UsageRow] = {}
+    """Rows summed per (day, model), per (day, user) or per day (``by``: "model", "user", "day"), busy seconds
+    rounded to the millisecond once summed."""
+    sums: dict[tuple[date, str], list[Any]] = {}  # key -> [turns, prompt, output, busy]
     for row in rows:
         key = (row.day, row.model if by == "model" else row.user if by == "user" else "")
-        base = UsageRow(day=row.day, user=row.user if by == "user" else "", model=row.model if by == "model" else "")
-        total = sums.setdefault(key, base)
-        total.turns += row.turns
-        total.prompt_tokens += row.prompt_tokens
-        total.output_tokens += row.output_tokens
-        total.busy_s = round(total.busy_s + row.busy_s, 3)
-    return list(sums.values())
+        if (total := sums.get(key)) is None:
+            sums[key] = [row.turns, row.prompt_tokens, row.output_tokens, row.busy_s]
+        else:
+            total[0] += row.turns
+            total[1] += row.prompt_tokens
+            total[2] += row.output_tokens
+            total[3] += row.busy_s
+    return [
+        UsageRow(day=day, user=name if by == "user" else "", model=name if by == "model" else "", turns=t,
+                 prompt_tokens=p, output_tokens=o, busy_s=round(b, 3))
+        for (day, name), (t, p, o, b) in sums.items()
+    ]  # fmt: skip
 
 
-def _sums(rows: QuerySet[UsageDay], key: str) -> QuerySet[Any, tuple[Any, ...]]:
+def sums_per_day(rows: QuerySet[UsageDay], key: str) -> QuerySet[Any, tuple[Any, ...]]:
     """(day, key, turns, prompt, output, busy, rows) per (day, key). The token sums are cast back to bigint, so
     PostgreSQL's SUM (numeric for bigint) reaches Python as int, not Decimal."""
     sums: QuerySet[Any, tuple[Any, ...]] = (
@@ -192,61 +183,15 @@ def _sums(rows: QuerySet[UsageDay], key: str) -> QuerySet[Any, tuple[Any, ...]]:
     return sums
 
 
-def closed_key(lo: date, *, user_id: int | None, user_ids: Iterable[int] = ()) -> str:
-    """The cache key of the sums over the rolled-up days from ``lo``: of one user, or (None) of everyone, whose
-    ``user_ids`` are every user's id (a deleted user's rows are gone from the sums: a new key)."""
-    whose = (
-        str(user_id)
-        if user_id is not None
-        else hashlib.md5(  # noqa: S324 (a fingerprint, not a secret)
-            ",".join(map(str, sorted(user_ids))).encode()
-        ).hexdigest()
-    )
-    return f"{CACHE_PREFIX}:{_generation()}:{lo}:{today_utc() - CLOSED_AFTER}:{whose}"
-
-
-@dataclass(frozen=True)
-class ClosedSums:
-    """A range's rolled-up rows added up for the usage page."""
-
-    by_model: list[UsageRow]  # per (day, model)
-    rows: int  # how many rolled-up rows (the table's row count)
-    reply_tokens: dict[int, int]  # per user id (over everyone; empty for one user's range)
-
-
-def closed_sums(rows: QuerySet[UsageDay], *, key: str, per_user: bool) -> ClosedSums:
-    """Sums per (day, model), the row count and (``per_user``) each user's reply tokens, from the cache under
-    ``key`` (``closed_key``) or two scans of ``rows``."""
-    if isinstance(found := cache.get(key), ClosedSums):
-        return found
-    by_model, count = [], 0
-    for day, model, t, p, o, b, n in _sums(rows, "model_name"):
-        by_model.append(UsageRow(day=day, user="", model=model, turns=t, prompt_tokens=p, output_tokens=o,
-                                 busy_s=round(b, 3)))  # fmt: skip
-        count += n
-    reply_tokens: dict[int, int] = {}
-    if per_user:
-        per = rows.values("user_id").annotate(o=Cast(Sum("output_tokens"), BigIntegerField())).order_by()
-        reply_tokens = dict(per.values_list("user_id", "o"))
-    sums = ClosedSums(by_model=by_model, rows=count, reply_tokens=reply_tokens)
-    cache.set(key, sums, CACHE_TTL_S)
-    return sums
-
-
 def grouped_named(
-    rows: QuerySet[UsageDay], names: dict[int, str], day_totals: Iterable[UsageRow], *, key: str
+    names: dict[int, str], per_id: Iterable[tuple[Any, ...]], day_totals: Iterable[UsageRow]
 ) -> list[UsageRow]:
     """Sums per (day, user) for the users in ``names``, by name, and per day for everyone else as "other users": the
-    day's totals (``day_totals``, one row per day) less the named users'. Only the named users' rows are read (the
-    (user, day) index), not every row of the range twice; their sums are cached under ``key`` and the named ids."""
-    ids = sorted(names)
-    named_key = f"{key}:named:{','.join(map(str, ids))}"
-    if (per_id := cache.get(named_key)) is None:
-        per_id = list(_sums(rows.filter(user_id__in=ids), "user_id")) if ids else []
-        cache.set(named_key, per_id, CACHE_TTL_S)
+    day's totals (``day_totals``, one row per day) less the named users'. ``per_id``: the named users' sums, (day,
+    user id, turns, prompt, output, busy), read from their rows only (``usage_sums.with_named``), not every row."""
     named = [
         UsageRow(day=day, user=names[user_id], model="", turns=t, prompt_tokens=p, output_tokens=o, busy_s=round(b, 3))
-        for day, user_id, t, p, o, b, _ in per_id
+        for day, user_id, t, p, o, b in per_id
     ]
     shown = {row.day: row for row in fold(named, by="day")}
     others = []

@@ -1,4 +1,5 @@
-"""Roll up closed UTC days of usage ahead of the first usage page that needs them (inference/usage_rollup.py)."""
+"""Roll up closed UTC days of usage ahead of the first usage page that needs them (inference/turns/usage_rollup.py),
+and store what the usage page and the CSV add up over them for everyone's usual ranges (usage_sums.py, usage_csv.py)."""
 
 from __future__ import annotations
 
@@ -9,9 +10,11 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandParser
 from django.db import connection
 
-from inference.turns import usage_csv
+from inference.turns import usage_csv, usage_report
 from inference.turns.usage import MAX_DAYS
 from inference.turns.usage_rollup import CLOSED_AFTER, rollup, today_utc
+
+WARMED_DAYS = (30, MAX_DAYS)  # the page's default range and the longest
 
 
 class Command(BaseCommand):
@@ -32,3 +35,7 @@ class Command(BaseCommand):
             start = time.perf_counter()
             months = usage_csv.warm_months(today - timedelta(days=options["days"] - 1), today - CLOSED_AFTER)
             self.stdout.write(f"CSV: {months} closed months ready in {time.perf_counter() - start:.1f} s")
+        start = time.perf_counter()
+        for days in WARMED_DAYS:  # everyone's page over its usual ranges: its first visit of the day reads them
+            usage_report.page_context(days=days, user_id=None, page=1)
+        self.stdout.write(f"usage page: the sums of {WARMED_DAYS} days stored in {time.perf_counter() - start:.1f} s")

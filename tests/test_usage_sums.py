@@ -1,6 +1,7 @@
-"""The usage page's sums over rolled-up days, kept in Django's cache (inference/turns/usage_rollup.py): a second
-request reads no rolled-up rows and shows the same page; a deleted user, a renamed one and a day the rollup writes
-are seen at once; one user's range never reads another's."""
+"""The usage page's stored sums over rolled-up days (inference/turns/usage_sums.py): a second request reads no
+rolled-up rows but the table's page and shows the same page; a deleted user, a renamed one and a day the rollup writes
+are seen at once; one user's range never reads another's; the next day's ranges replace the old ones; the rollup
+command stores everyone's usual ranges ahead of the first visit."""
 
 from __future__ import annotations
 
@@ -13,16 +14,17 @@ from django.contrib.auth.models import User
 from django.core.management import call_command
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
 
-from inference.models import Turn, UsageDay, UsageRolledDay
-from inference.turns import usage_report, usage_rollup
+from inference.models import ChatSession, Turn, UsageDay, UsageRangeSums, UsageRolledDay
+from inference.turns import usage_report, usage_rollup, usage_sums
 
 pytestmark = pytest.mark.django_db
 USAGE_DAY = UsageDay._meta.db_table
 
 
 def _generate() -> None:
-    call_command("rigdash_generate", days=40, users=8, turns=300, rigs=1, sample_days=1, raw_hours=0.2,
+    call_command("rigdash_generate", days=40, users=14, turns=300, rigs=1, sample_days=1, raw_hours=0.2,
                  long_chat=10, stdout=io.StringIO())  # fmt: skip
 
 
@@ -59,27 +61,35 @@ def test_a_deleted_user_leaves_the_sums_at_once():
     assert after["totals"]["output_tokens"] == before["totals"]["output_tokens"] - lost
 
 
-def test_a_renamed_user_is_shown_by_the_new_name_from_the_cached_sums():
+def test_a_renamed_user_is_shown_by_the_new_name_from_the_stored_sums():
     _generate()
-    _page()
-    top = usage_rollup.top_users(
-        usage_rollup.closed_sums(
-            usage_rollup.closed(usage_report.first_day(366), user_id=None),
-            key=_everyone_key(),
-            per_user=True,
-        ).reply_tokens,
-        dict(User.objects.values_list("pk", "username")),
-        [],
-        keep=1,
-    )
-    ((pk, old),) = top.items()
-    User.objects.filter(pk=pk).update(username="renamed-top")  # no signal: names are read on every request
-    context, _ = _page()
+    first, _ = _page()
+    top = max(first["figures"][1]["data"], key=lambda trace: sum(trace["y"]))["name"]
+    assert top != usage_rollup.OTHERS
+    User.objects.filter(username=top).update(username="renamed-top")  # no signal: names are read on every request
+    context, reads = _page()
+    assert reads == 1
     names = {trace["name"] for trace in context["figures"][1]["data"]}
-    assert "renamed-top" in names and old not in names
+    assert "renamed-top" in names and top not in names
 
 
-def test_a_day_the_rollup_writes_is_counted_at_once(django_capture_on_commit_callbacks):
+def test_a_user_who_joins_the_top_ten_today_is_charted_with_their_closed_days_too():
+    _generate()
+    first, _ = _page()
+    charted = {trace["name"] for trace in first["figures"][1]["data"]}
+    assert len(charted) == usage_report.CHART_USERS + 1
+    have_days = UsageDay.objects.values("user_id")
+    newcomer = User.objects.exclude(username__in=charted).filter(pk__in=have_days)[0]
+    session = ChatSession.objects.filter(owner=newcomer)[0]
+    now = timezone.now()
+    Turn.objects.create(session=session, user_text="a long one", status=Turn.Status.DONE, output_tokens=10**7,
+                        started_at=now, finished_at=now)  # fmt: skip
+    context, _ = _page()
+    trace = next(t for t in context["figures"][1]["data"] if t["name"] == newcomer.username)
+    assert sum(trace["y"]) == 10**7 + _reply_tokens(newcomer.pk)  # today's turn and their rolled-up days
+
+
+def test_a_day_the_rollup_writes_is_counted_at_once():
     _generate()
     _page()  # rolls the closed days up
     day = UsageDay.objects.order_by("-day").values_list("day", flat=True).first()
@@ -90,8 +100,7 @@ def test_a_day_the_rollup_writes_is_counted_at_once(django_capture_on_commit_cal
     before, _ = _page()
     UsageRolledDay.objects.filter(day=day).delete()  # as if that day had never been rolled up
     UsageDay.objects.filter(day=day).delete()
-    with django_capture_on_commit_callbacks(execute=True):  # the rollup moves the cache on when it commits
-        assert usage_rollup.rollup(day, day + timedelta(days=1)) == 1
+    assert usage_rollup.rollup(day, day + timedelta(days=1)) == 1  # and deletes the stored ranges holding the day
     after, reads = _page()
     assert reads >= 3
     assert after["totals"]["turns"] == before["totals"]["turns"] - 1
@@ -121,6 +130,17 @@ def _live_tokens(context: dict[str, Any], user_id: int) -> int:
     return sum(row.output_tokens for row in context["rows"] if row.user == name and row.day > closed)
 
 
-def _everyone_key() -> str:
-    users = User.objects.values_list("pk", flat=True)
-    return usage_rollup.closed_key(usage_report.first_day(366), user_id=None, user_ids=users)
+def test_the_next_days_ranges_replace_the_old_ones_and_the_rollup_command_stores_the_usual_ones(monkeypatch):
+    _generate()
+    call_command("rigdash_usage_rollup", stdout=io.StringIO())
+    stored = set(UsageRangeSums.objects.values_list("first_day", "scope"))
+    assert stored == {(usage_report.first_day(days), "*") for days in (30, 366)}
+    assert _page()[1] == 1  # the first visit reads only the table's page
+
+    tomorrow = usage_rollup.today_utc() + timedelta(days=1)
+    monkeypatch.setattr(usage_rollup, "today_utc", lambda: tomorrow)
+    monkeypatch.setattr(usage_sums, "today_utc", lambda: tomorrow)
+    monkeypatch.setattr(usage_report, "today_utc", lambda: tomorrow)
+    _, reads = _page()
+    assert reads >= 3
+    assert set(UsageRangeSums.objects.values_list("last_day", flat=True)) == {tomorrow - usage_rollup.CLOSED_AFTER}
