@@ -369,10 +369,10 @@ class UsageCsvMonth(models.Model):
 
 
 class UsageRangeSums(models.Model):
-    """The usage page's sums over the rolled-up days of one range (inference/turns/usage_rollup.py, ``closed_sums``),
-    as JSON: of everyone (``scope`` "*", read back only while the users are the ones summed, ``user_ids_md5``) or of
-    one user (``scope`` the user's id). The rollup deletes the ranges it writes into; a range ends on the last closed
-    day, so the next day's ranges are new rows and the old ones are deleted as they are replaced."""
+    """The usage page's sums over the rolled-up days of one range (inference/turns/usage_sums.py), as JSON: of
+    everyone (``scope`` "*", read back only while the users are the ones summed, ``user_ids_md5``) or of one user
+    (``scope`` the user's id). A range ends on the last closed day, so the next day's ranges are new rows; the rollup
+    deletes the ranges it writes into and those ending before the newest day it closes."""
 
     first_day = models.DateField()
     last_day = models.DateField()
