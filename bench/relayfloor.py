@@ -5,11 +5,13 @@ It speaks as much of RigDash's websocket protocol as the benchmark's client read
 (``/ws/chat/<n>/``) gets ``session.snapshot``; a ``turn.send`` on it makes the relay read the synthetic source's
 stream for that prompt itself and send every socket of that session ``turn.queued``, a ``token`` frame per flush tick
 (the same interval as RigDash's, ticks shared by every turn), then ``turn.end``. Every other socket (the dashboards
-and the board) gets a ``rig.sample`` frame of the given size once a second, all at once, as the sampler's publication
-reaches them. What is left is the cost of the same frames on the same cores, read by the same client: the floor of
-display lag at that many sockets on this machine.
+and the board) gets a ``rig.sample`` frame once a second, all at once, as the sampler's publication reaches them: one
+of RigDash's own sample frames from the same run (``--sample-file``, so the client parses the same structure), or
+padding of the given size. What is left is the cost of the same frames on the same cores, read by the same client:
+the floor of display lag at that many sockets on this machine.
 
-Run: ``python -m bench.relayfloor --port P --source-port S [--interval-ms 20] [--sample-bytes N]``; prints READY.
+Run: ``python -m bench.relayfloor --port P --source-port S [--interval-ms 20] [--sample-file F | --sample-bytes N]``;
+prints READY.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import asyncio
 import itertools
 import signal
 import time
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -30,8 +33,10 @@ from inference.worker.pace import TICK_EPSILON_S, FlushPace
 
 
 class Relay:
-    def __init__(self, source_port: int, interval_s: float, sample_bytes: int) -> None:
-        self.source_port, self.sample_bytes = source_port, sample_bytes
+    def __init__(
+        self, source_port: int, interval_s: float, sample_bytes: int, sample: dict[str, Any] | None = None
+    ) -> None:
+        self.source_port, self.sample_bytes, self.sample = source_port, sample_bytes, sample
         self.pace = FlushPace(interval_s, interval_s)
         self.sessions: dict[int, set[asyncio.StreamWriter]] = {}
         self.passive: set[asyncio.StreamWriter] = set()
@@ -125,10 +130,10 @@ class Relay:
 
     async def samples(self) -> None:
         """A sample to every passive socket once a second, all at once (the sampler's one publication)."""
-        pad = "x" * max(0, self.sample_bytes - 80)
+        sample = self.sample or {"pad": "x" * max(0, self.sample_bytes - 80)}
         while True:
             await asyncio.sleep(1.0 - time.time() % 1.0)
-            sample = {"ts": time.time(), "pad": pad}
+            sample = {**sample, "ts": time.time()}
             self.send(self.passive, orjson.dumps({"type": "rig.sample", "rig": 1, "sample": sample}))
 
 
@@ -150,8 +155,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--source-port", type=int, required=True)
     parser.add_argument("--interval-ms", type=float, default=20.0)
     parser.add_argument("--sample-bytes", type=int, default=6000)
+    parser.add_argument("--sample-file", help="a rig.sample frame as RigDash sent it: sent in place of padding")
     args = parser.parse_args(argv)
-    asyncio.run(serve(args.port, Relay(args.source_port, args.interval_ms / 1000, args.sample_bytes)))
+    sample = orjson.loads(Path(args.sample_file).read_bytes())["sample"] if args.sample_file else None
+    asyncio.run(serve(args.port, Relay(args.source_port, args.interval_ms / 1000, args.sample_bytes, sample)))
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import bisect
 import gc
 import json
 import os
@@ -90,6 +91,7 @@ class Seen:
     """Every client's view of every turn, checked against the source: lags in ms, rate ratios, failures."""
 
     lags_ms: list[float] = field(default_factory=list)
+    emitted_s: list[float] = field(default_factory=list)  # each lag's token's emission time (time.time())
     rate_ratios: list[float] = field(default_factory=list)
     clients: int = 0
     complete: int = 0
@@ -115,6 +117,7 @@ class Seen:
         """A client that got every token, in order: each token's lag, and its rate against the source's."""
         self.complete += 1
         self.lags_ms += [(a - e) * 1000 for a, e in zip(arrivals, emitted, strict=True)]
+        self.emitted_s += emitted
         ratio = stats.ratio(stats.decode_rate(arrivals), stats.decode_rate(emitted))
         if ratio is not None:
             self.rate_ratios.append(ratio)
@@ -131,6 +134,18 @@ class Seen:
             },
             "failures": self.failures[:10],
         }
+
+
+def lag_by_sample_phase(seen: Seen, sample_ts: Sequence[float], window_s: float = 0.2) -> dict[str, Any]:
+    """The tokens' lags split by when the token was emitted: within ``window_s`` after a sample was taken (while
+    its frames go out to the dashboards) or at any other time. Where the tail comes from."""
+    starts = sorted(set(sample_ts))
+    near: list[float] = []
+    rest: list[float] = []
+    for lag, emitted in zip(seen.lags_ms, seen.emitted_s, strict=True):
+        i = bisect.bisect_right(starts, emitted) - 1
+        (near if i >= 0 and emitted - starts[i] < window_s else rest).append(lag)
+    return {"window_s": window_s, "after_a_sample": stats.summarize(near, 2), "otherwise": stats.summarize(rest, 2)}
 
 
 async def direct_floor(port: int, prompts: list[str], max_tokens: int) -> dict[str, Any]:
@@ -178,6 +193,8 @@ class Passive:
     frames: int = 0
     sample_delays_ms: list[float] = field(default_factory=list)
     sample_bytes: list[int] = field(default_factory=list)  # each sample frame's size (the relay floor's samples)
+    sample_ts: list[float] = field(default_factory=list)  # when each sample was taken
+    largest_sample: str = ""  # the largest sample frame seen (the relay floor sends it)
     error: str | None = None
 
 
@@ -190,6 +207,9 @@ async def read_passive(client: WSClient, passive: Passive) -> None:
             if frame.get("type") == "rig.sample" and frame.get("sample", {}).get("ts"):
                 passive.sample_delays_ms.append((arrived - float(frame["sample"]["ts"])) * 1000)
                 passive.sample_bytes.append(len(text.encode()))
+                passive.sample_ts.append(float(frame["sample"]["ts"]))
+                if len(text) > len(passive.largest_sample):
+                    passive.largest_sample = text
     except (WSClosed, OSError, asyncio.IncompleteReadError) as exc:
         passive.error = repr(exc)
 
@@ -223,7 +243,7 @@ class Pool:
 
     def reset_counts(self) -> None:
         for _, passive, _ in self.passive:
-            passive.frames, passive.sample_delays_ms = 0, []
+            passive.frames, passive.sample_delays_ms, passive.sample_ts = 0, [], []
 
     async def close(self) -> None:
         for _, _, task in self.passive:
@@ -483,16 +503,20 @@ async def _open_passive(pool: Pool, dashboards: int, board: int, rig_id: int) ->
 
 
 async def relay_floor(
-    stack: BenchStack, sockets: int, turns: int, *, rate: int, tokens: int, sample_bytes: int
+    stack: BenchStack, sockets: int, turns: int, *, rate: int, tokens: int, sample: str
 ) -> dict[str, Any]:
     """The same round with no RigDash: one minimal relay (bench/relayfloor.py) sends the same frames to the same mix
-    of sockets, the turns' tokens at RigDash's flush ceiling and a sample of RigDash's size to every passive socket
-    once a second, read by the same client. What its lag shows is this machine's, with these sockets."""
+    of sockets, the turns' tokens at RigDash's flush ceiling and one of RigDash's sample frames from the round (its
+    own structure, so the client parses as much) to every passive socket once a second, read by the same client. What
+    its lag shows is this machine's, with these sockets."""
     from django.conf import settings
 
     port = free_port()
+    sample_file = stack.log_dir / f"relay-sample-{sockets}.json"
+    sample_file.write_text(sample)
+    what = f"--sample-file={sample_file}" if sample else "--sample-bytes=6000"  # a round too short for a sample
     command = [PYTHON, "-m", "bench.relayfloor", f"--port={port}", f"--source-port={stack.ports['synthetic']}",
-               f"--interval-ms={settings.RIGDASH.flush_interval_ms}", f"--sample-bytes={sample_bytes}"]  # fmt: skip
+               f"--interval-ms={settings.RIGDASH.flush_interval_ms}", what]  # fmt: skip
     relay = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, text=True)
     try:
         assert relay.stdout is not None
@@ -506,11 +530,14 @@ async def relay_floor(
         seen, wall, _, counts = await stream_turns(stack, pool, list(range(1, turns + 1)), watchers, rate=rate,
                                                    tokens=tokens, tag=f"relay{sockets}")  # fmt: skip
         relay_s = sum(psutil.Process(relay.pid).cpu_times()[:2]) - cpu0
+        pool_samples = list(pool.passive)
         await pool.close()
     finally:
         relay.terminate()
         relay.wait(10)
-    return {"sockets": turns * (watchers + 1) + dashboards + board, "sample_bytes": sample_bytes, **seen.summary(),
+    phases = lag_by_sample_phase(seen, [ts for _, p, _ in pool_samples for ts in p.sample_ts])
+    return {"sockets": turns * (watchers + 1) + dashboards + board, "sample_bytes": len(sample.encode()) or 6000,
+            **seen.summary(), "display_lag_by_sample_phase_ms": phases,
             "relay_cpu_pct_of_a_core": round(100 * relay_s / wall, 1), "client": counts["machine"]["client"],
             "loadavg": counts["machine"]["loadavg"]}  # fmt: skip
 
@@ -540,7 +567,9 @@ async def part_viewers(stack: BenchStack, prepared: dict[str, Any], size: Size) 
         delays = [d for _, p, _ in pool.passive for d in p.sample_delays_ms]
         sample_sizes = [n for _, p, _ in pool.passive for n in p.sample_bytes]
         board_frames = sum(p.frames for _, p, _ in pool.passive if p.path == "/ws/board/")
+        phases = lag_by_sample_phase(seen, [ts for _, p, _ in pool.passive for ts in p.sample_ts])
         errors = sorted({p.error for _, p, _ in pool.passive if p.error})[:5]
+        pool_passive = list(pool.passive)
         await pool.close()
         web_s = sum(cpu.get(name, 0.0) for name in stack.web_names())
         frames = counts["frames"] + passive_frames
@@ -554,6 +583,7 @@ async def part_viewers(stack: BenchStack, prepared: dict[str, Any], size: Size) 
             "frames_delivered": frames,
             "board_frames": board_frames,
             "dashboard_sample_to_browser_ms": stats.summarize(delays, 1),
+            "display_lag_by_sample_phase_ms": phases,
             "web_cpu_s": round(web_s, 3),
             "web_cpu_pct_of_a_core": round(100 * web_s / wall, 1),
             "web_cpu_us_per_frame": round(1e6 * web_s / frames, 1) if frames else None,
@@ -566,13 +596,25 @@ async def part_viewers(stack: BenchStack, prepared: dict[str, Any], size: Size) 
             f"lag p50 {r['display_lag_ms'].get('p50')} p99 {r['display_lag_ms'].get('p99')} ms, "
             f"web {r['web_cpu_pct_of_a_core']} % of a core, {r['web_cpu_us_per_frame']} us/frame, "
             f"load {loadavg()}")  # fmt: skip
-        sample_bytes = round(sum(sample_sizes) / len(sample_sizes)) if sample_sizes else 6000
-        r["relay_floor"] = await relay_floor(stack, sockets, len(sessions), rate=rate, tokens=tokens,
-                                             sample_bytes=sample_bytes)  # fmt: skip
+        log(
+            f"  lag p99 after a sample {phases['after_a_sample'].get('p99')} ms "
+            f"({phases['after_a_sample'].get('n')} tokens), otherwise {phases['otherwise'].get('p99')} ms"
+        )
+        dashboards_seen = (p for _, p, _ in pool_passive if p.path != "/ws/monitoring/")
+        largest = max((p.largest_sample for p in dashboards_seen), key=len, default="")
+        r["relay_floor"] = await relay_floor(stack, sockets, len(sessions), rate=rate, tokens=tokens, sample=largest)
+        r["relay_floor"]["mean_rigdash_sample_bytes"] = (
+            round(sum(sample_sizes) / len(sample_sizes)) if sample_sizes else None
+        )
         f = r["relay_floor"]
         log(f"  relay floor, {f['sockets']} sockets: in order {f['every_token_in_order']} lag p50 "
             f"{f['display_lag_ms'].get('p50')} p99 {f['display_lag_ms'].get('p99')} ms, relay "
             f"{f['relay_cpu_pct_of_a_core']} % of a core, client {f['client']['cpu_pct_of_a_core']} %")  # fmt: skip
+        fp = f["display_lag_by_sample_phase_ms"]
+        log(
+            f"  relay floor lag p99 after a sample {fp['after_a_sample'].get('p99')} ms, "
+            f"otherwise {fp['otherwise'].get('p99')} ms"
+        )
     slope = None
     if len(rounds) >= 2:
         fit = stats.linear_fit([r["sockets"] for r in rounds], [r["web_cpu_pct_of_a_core"] for r in rounds])

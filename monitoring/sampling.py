@@ -189,7 +189,7 @@ class RigSampler:
                 {
                     "id": slot.id, "phase": slot.phase, "n_ctx": slot.n_ctx, "context_tokens": slot.context_tokens,
                     "prompt_tokens": slot.prompt_tokens, "prompt_processed": slot.prompt_processed,
-                    "decoded": slot.decoded, "decode_tps": tps,
+                    "decoded": slot.decoded, "decode_tps": None if tps is None else round(tps, 2),
                 }
             )  # fmt: skip
         detail["slots"] = slots

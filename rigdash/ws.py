@@ -11,6 +11,7 @@ import asyncio
 import logging
 import time
 import weakref
+from collections.abc import Callable
 from typing import Any
 
 from channels.auth import AuthMiddleware
@@ -20,7 +21,7 @@ from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from channels.sessions import CookieMiddleware, InstanceSessionWrapper, SessionMiddleware
 from django.conf import settings
 
-from rigdash import strictjson
+from rigdash import fastjson, strictjson
 from rigdash.access import Rights, is_staff, rights_now, staff_id_now
 from rigdash.groups import user_group
 
@@ -49,6 +50,23 @@ def parse_frame(text_data: str | None) -> dict[str, Any] | tuple[str, str]:
 
 
 _slow_sends: set[asyncio.Task[Any]] = set()  # referenced until done
+
+# id(event) -> (event, frame). The event is held with its frame, so its id cannot be reused meanwhile.
+_shared_frames: dict[int, tuple[dict[str, Any], str]] = {}
+_SHARED_FRAMES_KEPT = 256
+
+
+def shared_frame(event: dict[str, Any], build: Callable[[], dict[str, Any]]) -> str:
+    """The frame ``build`` makes of a channel-layer event, serialised once in this process for every socket handed
+    that same event (rigdash.channel_layer hands one event object to each member socket). Only for a frame that is
+    the same for every socket that gets the event."""
+    if (hit := _shared_frames.get(id(event))) is not None and hit[0] is event:
+        return hit[1]
+    frame = fastjson.dumps(build()).decode()
+    if len(_shared_frames) >= _SHARED_FRAMES_KEPT:
+        _shared_frames.clear()  # events come and go in order: nothing this old is handed out again
+    _shared_frames[id(event)] = (event, frame)
+    return frame
 
 
 async def _finish(coro: Any, waiting_on: Any) -> None:

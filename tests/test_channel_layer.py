@@ -183,6 +183,52 @@ async def test_a_chat_socket_takes_tokens_directly_once_connected(owner: Any, ch
     await _until(lambda: not layer._get_layer().direct, "the closed socket left the layer")
 
 
+@pytest.mark.django_db(transaction=True)
+async def test_board_sockets_share_one_frame_of_an_event_without_a_thread_hop(
+    admin_user: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The board's events are direct (rigdash/ws.py, ``direct_events``): no close_old_connections hop through
+    the sync thread per socket per event, and the frame is serialised once for every board socket."""
+    import channels.consumer
+    from channels.layers import get_channel_layer
+
+    from rigdash import fastjson
+    from tests.conftest import session_cookie_for
+    from tests.wsclient import BoardSocket
+
+    hops, dumps = [], []
+    real_hop, real_dumps = channels.consumer.aclose_old_connections, fastjson.dumps
+
+    async def counted_hop() -> None:
+        hops.append(1)
+        await real_hop()
+
+    def counted_dumps(value: Any) -> bytes:
+        dumps.append(value.get("type") if isinstance(value, dict) else None)
+        return real_dumps(value)
+
+    layer = get_channel_layer()
+    cookie = await sync_to_async(session_cookie_for)(admin_user)
+    socks = [BoardSocket(cookie) for _ in range(3)]
+    for sock in socks:
+        assert (await sock.connect())[0]
+        assert (await sock.recv())["type"] == "board.snapshot"
+    try:
+        await _until(lambda: len(layer._get_layer().direct) == 3, "every board socket takes events directly")
+        monkeypatch.setattr(channels.consumer, "aclose_old_connections", counted_hop)
+        monkeypatch.setattr(fastjson, "dumps", counted_dumps)
+        for n in range(1, 4):
+            await events.board_progress(progress={"turn": 7, "tokens": n, "decode_tps": 10.5})
+        got = [[await sock.recv_until(lambda f: f["type"] == "progress") for _ in range(3)] for sock in socks]
+        assert all([f["tokens"] for f in frames] == [1, 2, 3] for frames in got)
+        assert got[0] == got[1] == got[2]
+        assert hops == []
+        assert dumps.count("progress") == 3  # once per event, not once per socket
+    finally:
+        for sock in socks:
+            await sock.close()
+
+
 async def test_a_subscribe_wakes_an_idle_reader_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
     """With nothing subscribed the reader waits for the next subscribe; channels_redis' own loop sleeps 0.1 s and looks
     again, so a /v1/ request's first token on a web process with no socket open could wait up to that long. (A

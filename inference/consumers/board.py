@@ -16,10 +16,13 @@ from inference import events
 from inference.board import actions
 from inference.errors import InvalidInput
 from inference.turns import board_rows, sweep_rows
-from rigdash.ws import StaffConsumer, parse_frame
+from rigdash.ws import StaffConsumer, parse_frame, shared_frame
 
 
 class BoardConsumer(StaffConsumer):
+    # Each handler below only sends a frame built from the event (rigdash/ws.py, ``direct_events``).
+    direct_events = frozenset({"board.turn", "board.progress", "board.queue", "board.sweep"})
+
     async def connect(self) -> None:
         if await self.staff_user_or_close() is None:
             return
@@ -57,15 +60,17 @@ class BoardConsumer(StaffConsumer):
     async def _error(self, code: str, message: str, **extra: Any) -> None:
         await self.send_json({"type": "error", "code": code, "message": message, **extra})
 
-    # Channel-layer events (built in inference/events.py), one handler each.
+    # Channel-layer events (built in inference/events.py), one handler each. Every socket here is staff's and gets
+    # the same frame of an event, so it is serialised once per event in this process.
     async def board_turn(self, event: dict[str, Any]) -> None:
-        await self.send_json({"type": "turn", "turn": event["turn"]})
+        await self.send(text_data=shared_frame(event, lambda: {"type": "turn", "turn": event["turn"]}))
 
     async def board_progress(self, event: dict[str, Any]) -> None:
-        await self.send_json({**event, "type": "progress"})
+        await self.send(text_data=shared_frame(event, lambda: {**event, "type": "progress"}))
 
     async def board_queue(self, event: dict[str, Any]) -> None:
-        await self.send_json({"type": "queue", "rig": event["rig"], "positions": event["positions"]})
+        frame = shared_frame(event, lambda: {"type": "queue", "rig": event["rig"], "positions": event["positions"]})
+        await self.send(text_data=frame)
 
     async def board_sweep(self, event: dict[str, Any]) -> None:
-        await self.send_json({"type": "sweep", "sweep": event["sweep"]})
+        await self.send(text_data=shared_frame(event, lambda: {"type": "sweep", "sweep": event["sweep"]}))

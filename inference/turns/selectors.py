@@ -193,12 +193,13 @@ def _active_turns_query(rig_id: int) -> QuerySet[Turn, Any]:
             status__in=Turn.ACTIVE,
         )
         .order_by("created_at")
-        .values("id", "status", "created_at", "started_at", "session__owner__username", "session__model_name")
+        .values("id", "status", "session__owner__username", "session__model_name")
     )
 
 
 def rig_active_turns(rig_id: int) -> list[dict[str, Any]]:
-    """The rig's queued and running turns, oldest first, as the monitoring sampler shows them."""
+    """The rig's queued and running turns, oldest first, with what the rig's page draws of each (every sample holds
+    them, and every dashboard of the rig gets each sample)."""
     rows = _active_turns_query(rig_id).all()  # a fresh copy each tick: the cached one never holds results
     return [
         {
@@ -206,8 +207,6 @@ def rig_active_turns(rig_id: int) -> list[dict[str, Any]]:
             "status": row["status"],
             "user": row["session__owner__username"],
             "model": row["session__model_name"],
-            "created_at": row["created_at"].isoformat(),
-            "started_at": row["started_at"].isoformat() if row["started_at"] else None,
         }
         for row in rows
     ]

@@ -51,7 +51,7 @@ def detail(rng: random.Random, rig: RigShape, busy: int) -> str:
     ]  # fmt: skip
     ok = {"ok": True, "error": ""}
     turns = [
-        {"id": 1000 + i, "status": "decoding", "created_at": 0.0, "started_at": 0.0, "user": f"gen-user-{i:03d}",
+        {"id": 1000 + i, "status": "decoding", "user": f"gen-user-{i:03d}",
          "model": rig.model, "live": {"decode_tps": rig.tps, "tokens": 200}}
         for i in range(busy)
     ]  # fmt: skip
