@@ -1,4 +1,8 @@
-"""Content-Security-Policy: no inline script anywhere, so HTML that slips past the sanitiser cannot run."""
+"""Content-Security-Policy: no inline script anywhere, so HTML that slips past the sanitiser cannot run.
+
+Images may also be ``data:`` and ``blob:`` URLs, which Plotly makes of a chart for its "Download plot as a PNG"
+button and to probe WebP support; neither can run anything, and the reply renderer keeps no ``<img>`` of model
+output (static/rigdash/markdown.js), so no image reaches another host."""
 
 from __future__ import annotations
 
@@ -11,7 +15,7 @@ CSP = "; ".join(
         "default-src 'self'",
         "script-src 'self'",
         "style-src 'self'",
-        "img-src 'self'",
+        "img-src 'self' data: blob:",
         "connect-src 'self'",
         "object-src 'none'",
         "base-uri 'none'",
