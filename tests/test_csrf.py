@@ -64,7 +64,7 @@ def test_every_post_route_is_in_the_list(world, owner):
                 yield prefix + str(pattern.pattern)
 
     tops = {route.split("/")[0] for route in walk(get_resolver().url_patterns) if route}
-    read_only = {"healthz", "metrics", "monitoring", "usage", "usage.csv", "static", "rigs"}  # GET pages and feeds
+    read_only = {"healthz", "favicon.ico", "metrics", "monitoring", "usage", "usage.csv", "static", "rigs"}  # GET only
     bearer_only = {"v1"}  # the OpenAI API: an API key in Authorization, never a session cookie (test_openai_api)
     assert tops - read_only - bearer_only <= listed
 

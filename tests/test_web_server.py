@@ -103,6 +103,15 @@ def test_answers_carry_a_date_and_do_not_name_the_server(web_url):
     assert "date" in answer.headers and "server" not in answer.headers
 
 
+@over_the_network
+def test_the_favicon_a_browser_asks_for_is_rigdashs_icon(web_url):
+    """Pages that name no icon (Django's admin) make the browser ask for /favicon.ico: it must not be a 404."""
+    answer = httpx.get(f"{web_url}/favicon.ico", timeout=10, follow_redirects=True)
+    assert answer.status_code == 200 and answer.headers["content-type"].startswith("image/svg+xml")
+    assert answer.url.path.endswith("/rigdash/favicon.svg") and b"<svg" in answer.content
+    assert httpx.post(f"{web_url}/favicon.ico", timeout=10).status_code in (403, 405)  # CSRF first, then the view
+
+
 async def test_the_quiet_main_loop_refreshes_the_date_at_every_tick(monkeypatch):
     """uvicorn refreshes the Date header when its tick counter is a multiple of 10 (every tenth 0.1 s tick); the
     quiet loop ticks ten times less often, so it must refresh at every tick."""
