@@ -13,8 +13,7 @@ from inference.models import Rig
 from inference.turns import sweep_rows
 from monitoring import events
 from monitoring.selectors import redact_users
-from rigdash import fastjson
-from rigdash.ws import CLOSE_NOT_FOUND, GroupJsonConsumer, StaffConsumer
+from rigdash.ws import CLOSE_NOT_FOUND, GroupJsonConsumer, StaffConsumer, shared_frame
 
 
 class RigMonitorConsumer(GroupJsonConsumer):
@@ -48,23 +47,16 @@ class RigMonitorConsumer(GroupJsonConsumer):
         await self.send(text_data=sample_frame(event, viewer=user.get_username(), is_staff=self.staff_seen))
 
 
-_frames: dict[tuple[Any, ...], str] = {}
-_FRAMES_KEPT = 512
-
-
 def sample_frame(event: dict[str, Any], *, viewer: str, is_staff: bool) -> str:
     """A rig sample's browser frame, serialised once per sample and kind of viewer in this process: staff see
     it whole, every other user with the others' names hidden. A user with no turn in the sample sees what every
     such user sees, so they share one frame: hundreds of dashboards of one rig cost a serialisation a second per
     user running a turn there, not one per dashboard."""
-    ts = event["sample"].get("ts")
     if is_staff:
-        return _frame((event["rig"], ts, True, ""), lambda: event["sample"], event)
+        return _frame(event, lambda: event["sample"], "staff")
     turns = (event["sample"].get("detail") or {}).get("turns") or ()
     seen_as = viewer if any(turn.get("user") == viewer for turn in turns) else ""
-    return _frame(
-        (event["rig"], ts, False, seen_as), lambda: redact_users(event["sample"], viewer=seen_as, is_staff=False), event
-    )
+    return _frame(event, lambda: redact_users(event["sample"], viewer=seen_as, is_staff=False), "user", seen_as)
 
 
 def overview_frame(event: dict[str, Any], *, is_staff: bool) -> str:
@@ -81,20 +73,12 @@ def overview_frame(event: dict[str, Any], *, is_staff: bool) -> str:
         slim = {"ts": sample.get("ts"), "series": sample.get("series", {}), "detail": kept}
         return redact_users(slim, viewer="", is_staff=is_staff)
 
-    return _frame((event["rig"], event["sample"].get("ts"), "overview", is_staff), slim, event)
+    return _frame(event, slim, "overview", is_staff)
 
 
-def _frame(key: tuple[Any, ...], sample: Callable[[], dict[str, Any]], event: dict[str, Any]) -> str:
-    """The frame under ``key``, serialised at most once per sample (a sample without a time is not kept)."""
-    ts = event["sample"].get("ts")
-    if ts is not None and (frame := _frames.get(key)) is not None:
-        return frame
-    frame = fastjson.dumps({"type": "rig.sample", "rig": event["rig"], "sample": sample()}).decode()
-    if ts is not None:
-        if len(_frames) >= _FRAMES_KEPT:
-            _frames.clear()  # samples come once a second: nothing older than the last few is asked for again
-        _frames[key] = frame
-    return frame
+def _frame(event: dict[str, Any], sample: Callable[[], dict[str, Any]], *variant: Any) -> str:
+    """The sample's frame for one kind of viewer (``variant``), serialised once per sample in this process."""
+    return shared_frame(event, lambda: {"type": "rig.sample", "rig": event["rig"], "sample": sample()}, *variant)
 
 
 class SweepConsumer(StaffConsumer):

@@ -51,21 +51,22 @@ def parse_frame(text_data: str | None) -> dict[str, Any] | tuple[str, str]:
 
 _slow_sends: set[asyncio.Task[Any]] = set()  # referenced until done
 
-# id(event) -> (event, frame). The event is held with its frame, so its id cannot be reused meanwhile.
-_shared_frames: dict[int, tuple[dict[str, Any], str]] = {}
-_SHARED_FRAMES_KEPT = 256
+# (id(event), variant) -> (event, frame). The event is held with its frame, so its id cannot be reused meanwhile.
+_shared_frames: dict[tuple[Any, ...], tuple[dict[str, Any], str]] = {}
+_SHARED_FRAMES_KEPT = 512
 
 
-def shared_frame(event: dict[str, Any], build: Callable[[], dict[str, Any]]) -> str:
+def shared_frame(event: dict[str, Any], build: Callable[[], dict[str, Any]], *variant: Any) -> str:
     """The frame ``build`` makes of a channel-layer event, serialised once in this process for every socket handed
-    that same event (rigdash.channel_layer hands one event object to each member socket). Only for a frame that is
-    the same for every socket that gets the event."""
-    if (hit := _shared_frames.get(id(event))) is not None and hit[0] is event:
+    that same event (rigdash.channel_layer hands one event object to each member socket) and the same ``variant``
+    (what else the frame depends on: a kind of viewer, say)."""
+    key = (id(event), *variant)
+    if (hit := _shared_frames.get(key)) is not None and hit[0] is event:
         return hit[1]
     frame = fastjson.dumps(build()).decode()
     if len(_shared_frames) >= _SHARED_FRAMES_KEPT:
         _shared_frames.clear()  # events come and go in order: nothing this old is handed out again
-    _shared_frames[id(event)] = (event, frame)
+    _shared_frames[key] = (event, frame)
     return frame
 
 
