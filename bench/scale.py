@@ -502,6 +502,9 @@ async def _open_passive(pool: Pool, dashboards: int, board: int, rig_id: int) ->
     pool.reset_counts()
 
 
+PADDING_BYTES = 6000  # the relay floor's sample when RigDash sent none in the round
+
+
 async def relay_floor(
     stack: BenchStack, sockets: int, turns: int, *, rate: int, tokens: int, sample: str
 ) -> dict[str, Any]:
@@ -512,9 +515,11 @@ async def relay_floor(
     from django.conf import settings
 
     port = free_port()
-    sample_file = stack.log_dir / f"relay-sample-{sockets}.json"
-    sample_file.write_text(sample)
-    what = f"--sample-file={sample_file}" if sample else "--sample-bytes=6000"  # a round too short for a sample
+    what = f"--sample-bytes={PADDING_BYTES}"  # a round too short for a sample: padding
+    if sample:
+        sample_file = stack.log_dir / f"relay-sample-{sockets}.json"
+        sample_file.write_text(sample)
+        what = f"--sample-file={sample_file}"
     command = [PYTHON, "-m", "bench.relayfloor", f"--port={port}", f"--source-port={stack.ports['synthetic']}",
                f"--interval-ms={settings.RIGDASH.flush_interval_ms}", what]  # fmt: skip
     relay = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, text=True)
@@ -536,8 +541,9 @@ async def relay_floor(
         relay.terminate()
         relay.wait(10)
     phases = lag_by_sample_phase(seen, [ts for _, p, _ in pool_samples for ts in p.sample_ts])
-    return {"sockets": turns * (watchers + 1) + dashboards + board, "sample_bytes": len(sample.encode()) or 6000,
-            **seen.summary(), "display_lag_by_sample_phase_ms": phases,
+    return {"sockets": turns * (watchers + 1) + dashboards + board,
+            "sample_bytes": len(sample.encode()) or PADDING_BYTES, **seen.summary(),
+            "display_lag_by_sample_phase_ms": phases,
             "relay_cpu_pct_of_a_core": round(100 * relay_s / wall, 1), "client": counts["machine"]["client"],
             "loadavg": counts["machine"]["loadavg"]}  # fmt: skip
 
