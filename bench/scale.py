@@ -342,7 +342,7 @@ async def part_rigs(stack: BenchStack, prepared: dict[str, Any], size: Size) -> 
     conf = settings.RIGDASH
     rig_ids = _make_rigs(stack, max(size.rig_counts))
     # The floor: what a bare read of one rig's /slots and /metrics takes from here, no RigDash in between.
-    from monitoring.collectors import llamacpp
+    from inference.backends.llamacpp import metrics as llamacpp
 
     reads = []
     for _ in range(20):

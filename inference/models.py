@@ -19,6 +19,7 @@ class Rig(models.Model):
     class Kind(models.TextChoices):
         LLAMACPP = "llamacpp", "llama.cpp server"
         OLLAMA = "ollama", "Ollama"
+        OPENAI = "openai", "OpenAI-compatible server"
 
     name = models.SlugField(max_length=64, unique=True)
     kind = models.CharField(max_length=16, choices=Kind.choices)

@@ -14,18 +14,23 @@ from urllib.parse import urlparse
 
 from channels.db import database_sync_to_async
 
-from inference.backends import backend_for
+from inference.backends import backend_for, monitor_for
 from inference.backends.base import BackendError, ModelArchitecture
+from inference.backends.monitor import BackendMonitor, MonitorContext
 from inference.live import served
 from inference.live import state as live
 from inference.models import Rig
 from inference.turns import selectors as turn_selectors
-from monitoring import decode
-from monitoring.collectors import Unavailable, host, llamacpp, nvml
+from monitoring import decode, gpus, placement
+from monitoring.collectors import Unavailable, host
 
 LOOPBACK = {"127.0.0.1", "localhost", "::1"}
-METRICS_EVERY_S = 5.0  # llama-server's /metrics counters move when a request ends; /slots is read every tick
-GIB = 1024**3
+# A sample's per-GPU series: gpu<i>_<key> from each reading's field.
+GPU_SERIES = (
+    ("memory_used_bytes", "memory_used_bytes"), ("memory_total_bytes", "memory_total_bytes"),
+    ("memory_reserved_bytes", "memory_reserved_bytes"), ("utilization_pct", "utilization_pct"),
+    ("power_w", "power_w"), ("temperature_c", "temperature_c"),
+)  # fmt: skip
 
 
 def is_local(rig: Rig) -> bool:
@@ -43,7 +48,8 @@ class Sample:
 
 @dataclass
 class RigSampler:
-    """Sampling state kept between ticks of one rig (previous counters, cached model facts)."""
+    """Sampling state kept between ticks of one rig: its backend's monitor (inference/backends/<kind>/monitor.py)
+    and what the host readings need (the backend's pid)."""
 
     rig: Rig
     kv_cache_type: str = "f16"
@@ -52,23 +58,23 @@ class RigSampler:
     # This process runs on the rig's host (an agent, or a backend on loopback without an agent); None: by the URL.
     local_host: bool | None = None
     profile_arch: ModelArchitecture | None = None  # KV geometry an admin typed, where the backend cannot say
-    props: dict[str, Any] = field(default_factory=dict)
-    arch: ModelArchitecture | None = None
-    arch_error: str = ""
-    arch_source: str = ""
-    weight_bytes: float | None = None
-    weights_error: str = ""
-    params: float | None = None
     backend_pid: int | None = None
-    previous_slots: dict[int, tuple[int | None, int, float]] = field(default_factory=dict)
-    ollama_arch: dict[str, ModelArchitecture | None] = field(default_factory=dict)
-    metrics: dict[str, float] = field(default_factory=dict)
-    metrics_at: float = 0.0
     served_at: float = 0.0
+    monitor: BackendMonitor = field(init=False)
 
     def __post_init__(self) -> None:
         if self.local_host is None:
             self.local_host = is_local(self.rig)
+        self.monitor = monitor_for(
+            MonitorContext(
+                rig=self.rig, kv_cache_type=self.kv_cache_type, local_host=self.local_host,
+                profile_arch=self.profile_arch,
+            )
+        )  # fmt: skip
+
+    @property
+    def weight_bytes(self) -> float | None:
+        return self.monitor.weight_bytes
 
     async def take(self) -> Sample:
         """One sample, stored nowhere: ``read`` here, then ``complete`` in the database's thread."""
@@ -97,8 +103,8 @@ class RigSampler:
         now = time.time()
         series: dict[str, float] = {}
         detail: dict[str, Any] = {"sources": {}, "rig": self.rig.name, "kind": self.rig.kind, "provenance": {}}
-        await self._backend(now, series, detail)
-        self._kv(series, detail)
+        await self.monitor.read(now, series, detail)
+        self.monitor.kv(series, detail)
         if self.local_host:
             detail["provenance"]["host"] = "this host (the backend's)"
             self._memory(series, detail)
@@ -116,29 +122,25 @@ class RigSampler:
         detail["provenance"]["host"] = None
         if self.weight_bytes:
             series["weight_bytes"] = self.weight_bytes
-        loaded = detail.get("loaded_models")
-        detail["placement"] = (
-            self._placement(detail)
-            if loaded
-            else {"vram_fraction": None, "spill": None, "label": f"Where the weights are is unknown: {why}"}
-        )
+        detail["placement"] = self.monitor.placement(detail) or {
+            "vram_fraction": None, "spill": None, "label": f"Where the weights are is unknown: {why}",
+        }  # fmt: skip
 
     def _bandwidth(self, detail: dict[str, Any]) -> dict[str, Any]:
-        """The memory bandwidth the roofline divides by, and where it comes from: an admin's setting; else the GPU's
-        peak (NVML: memory clock x bus width) where the weights are in its memory; else the host RAM's, measured by
-        the probe on the rig's host."""
+        """The memory bandwidth the roofline divides by, and where it comes from: an admin's setting; else the peak of
+        the GPUs that hold the weights (monitoring/placement.py); else the host RAM's, measured by the probe on the
+        rig's host."""
         if self.bandwidth_source == "setting" and self.bandwidth_gbs:
             return {"gbs": self.bandwidth_gbs, "source": "set by an admin in the rig's profile"}
-        placement = detail.get("placement") or {}
-        peaks = [g for g in detail.get("gpus") or [] if g.get("memory_bandwidth_gbs")]
-        on_gpu = placement.get("vram_fraction") is not None and placement["vram_fraction"] >= 0.5
-        held = (detail.get("process") or {}).get("vram_bytes") or 0
-        if peaks and (on_gpu or (held and self.weight_bytes and held >= self.weight_bytes)):
-            gpu = peaks[0]
-            return {
-                "gbs": gpu["memory_bandwidth_gbs"],
-                "source": f"{gpu['name']}: memory clock x bus width (NVML peak)",
-            }
+        gpus = detail.get("gpus") or []
+        fraction = (detail.get("placement") or {}).get("vram_fraction")
+        held = placement.process_gpu_bytes(gpus) or 0.0
+        weights = self.weight_bytes
+        on_gpu = placement.all_unified(gpus) or (fraction is not None and fraction >= 0.5)
+        if on_gpu or (held and weights and held >= weights):
+            found = placement.gpu_bandwidth(gpus, weights_on_gpu=on_gpu)
+            if found is not None:
+                return found
         if self.bandwidth_gbs and self.local_host:
             return {"gbs": self.bandwidth_gbs, "source": "host RAM, measured by RigDash's probe on the rig's host"}
         return {"gbs": None, "source": "unknown: no agent on the rig's host, and no bandwidth set in its profile"}
@@ -149,172 +151,7 @@ class RigSampler:
         (``sampler.rig_loop``): one thread hop a tick instead of one for the turns and one for the store."""
         self._queue_and_turns(sample.series, sample.detail)
         self._roofline(sample.series, sample.detail)
-
-    async def _backend(self, now: float, series: dict[str, float], detail: dict[str, Any]) -> None:
-        if self.rig.kind == Rig.Kind.OLLAMA:
-            await self._ollama(series, detail)
-            return
-        if self.rig.kind != Rig.Kind.LLAMACPP:
-            detail["sources"]["backend"] = {"ok": False, "error": f"no monitoring collector for {self.rig.kind} yet"}
-            return
-        fresh_metrics = now - self.metrics_at >= METRICS_EVERY_S
-        try:
-            reading = await llamacpp.collect(
-                self.rig.base_url, props_cache=self.props, metrics_cache=None if fresh_metrics else self.metrics
-            )
-        except Unavailable as exc:
-            self.props, self.metrics_at = {}, 0.0  # re-read /props and /metrics when the server is back
-            detail["sources"]["backend"] = {"ok": False, "error": str(exc)}
-            return
-        self.props = reading.props
-        if fresh_metrics:
-            self.metrics, self.metrics_at = reading.metrics, now
-        detail["sources"]["backend"] = {"ok": True, "error": ""}
-        await self._model_facts()
-        metrics = reading.metrics
-        for name in ("prompt_tokens_total", "tokens_predicted_total", "requests_processing", "requests_deferred",
-                     "n_decode_total", "n_busy_slots_per_decode", "prompt_tokens_seconds", "predicted_tokens_seconds",
-                     "spec_decode_num_draft_tokens_total", "spec_decode_num_accepted_tokens_total"):  # fmt: skip
-            if name in metrics:
-                series[f"llamacpp_{name}"] = metrics[name]
-        drafts = metrics.get("spec_decode_num_draft_tokens_total") or 0
-        if drafts:
-            series["spec_acceptance"] = metrics.get("spec_decode_num_accepted_tokens_total", 0) / drafts
-        slots = []
-        total_tps = 0.0
-        for slot in reading.slots:
-            tps = self._slot_rate(slot, now)
-            total_tps += tps or 0.0
-            slots.append(
-                {
-                    "id": slot.id, "phase": slot.phase, "n_ctx": slot.n_ctx, "context_tokens": slot.context_tokens,
-                    "prompt_tokens": slot.prompt_tokens, "prompt_processed": slot.prompt_processed,
-                    "decoded": slot.decoded, "decode_tps": None if tps is None else round(tps, 2),
-                }
-            )  # fmt: skip
-        detail["slots"] = slots
-        detail["model"] = self.props.get("model_alias") or self.props.get("model_path", "")
-        series["decode_tps"] = round(total_tps, 3)
-        series["busy_slots"] = float(sum(1 for s in reading.slots if s.processing))
-        series["total_slots"] = float(len(reading.slots))
-        series["deferred_requests"] = metrics.get("requests_deferred", 0.0)
-
-    async def _ollama(self, series: dict[str, float], detail: dict[str, Any]) -> None:
-        """Ollama has no metrics endpoint: loaded models and their memory come from /api/ps, the KV geometry
-        from /api/show; decode speed is the sum of RigDash's own running turns (see _queue_and_turns)."""
-        backend = backend_for(self.rig, timeout_s=0.8)
-        try:
-            loaded = await backend.loaded_models()
-        except BackendError as exc:
-            detail["sources"]["backend"] = {"ok": False, "error": str(exc)}
-            return
-        detail["sources"]["backend"] = {"ok": True, "error": ""}
-        models: list[dict[str, Any]] = []
-        for model in loaded:
-            arch = await self._ollama_arch(backend, model.name)
-            per_token = decode.kv_bytes_per_token(arch, self.kv_cache_type) if arch else None
-            on_gpu = model.size_vram_bytes or 0
-            # /api/ps's context_length is one sequence's (num_ctx); the runner holds it for each of
-            # OLLAMA_NUM_PARALLEL sequences, which the rig's slots stand for.
-            allocated = (
-                decode.kv_allocated_bytes(arch, model.context_length, self.kv_cache_type, parallel=self.rig.slots or 1)
-                if arch and model.context_length
-                else None
-            )
-            models.append(
-                {
-                    "name": model.name, "size_bytes": model.size_bytes, "size_vram_bytes": on_gpu,
-                    "cpu_fraction": 1 - on_gpu / model.size_bytes if model.size_bytes else None,
-                    "context_length": model.context_length, "expires_at": model.expires_at,
-                    "kv_bytes_per_token": per_token,
-                    "kv_allocated_bytes": allocated,
-                    "arch": vars(arch) if arch else None,
-                }
-            )  # fmt: skip
-        detail["loaded_models"] = models
-        detail["model"] = ", ".join(m["name"] for m in models)
-        series["loaded_models"] = float(len(models))
-        series["weight_bytes"] = float(sum(m["size_bytes"] for m in models))
-        series["vram_bytes"] = float(sum(m["size_vram_bytes"] for m in models))
-        if models and models[0]["kv_bytes_per_token"]:
-            series["kv_bytes_per_token"] = models[0]["kv_bytes_per_token"]
-        if any(m["kv_allocated_bytes"] for m in models):
-            series["kv_allocated_bytes"] = float(sum(m["kv_allocated_bytes"] or 0 for m in models))
-
-    async def _ollama_arch(self, backend: Any, name: str) -> ModelArchitecture | None:
-        if name not in self.ollama_arch:
-            try:
-                self.ollama_arch[name] = await backend.model_architecture(name)
-            except BackendError:
-                self.ollama_arch[name] = None
-        return self.ollama_arch[name]
-
-    def _slot_rate(self, slot: llamacpp.SlotReading, now: float) -> float | None:
-        """Tokens/s of a slot since the last tick (0 when idle; None on its first tick)."""
-        previous = self.previous_slots.get(slot.id)
-        self.previous_slots[slot.id] = (slot.task, slot.decoded, now)
-        if not slot.processing:
-            return 0.0
-        if previous is None or previous[0] != slot.task:
-            return None
-        return decode.rate_from_counters(previous[1], slot.decoded, now - previous[2])
-
-    async def _model_facts(self) -> None:
-        """The weights' size (the backend's model list) and the KV geometry (the GGUF file, read where it is: on the
-        rig's host; else the rig profile's), each on its own, once."""
-        backend = backend_for(self.rig, timeout_s=2.0)
-        if self.weight_bytes is None and not self.weights_error:
-            try:
-                models = await backend.list_models()
-                self.weight_bytes = float(models[0].size_bytes) if models and models[0].size_bytes else None
-                n_params = models[0].details.get("n_params") if models else None
-                self.params = float(n_params) if isinstance(n_params, int | float) and n_params > 0 else None
-            except BackendError as exc:
-                self.weights_error = str(exc)
-        if self.arch is None and not self.arch_error:
-            if not self.local_host:
-                self._arch_from_profile("the model file is on the rig's host, which runs no agent")
-                return
-            try:
-                self.arch = await backend.model_architecture(self.props.get("model_alias", ""))
-                self.arch_source = "the GGUF file's header"
-            except BackendError as exc:
-                self._arch_from_profile(str(exc))
-
-    def _arch_from_profile(self, why: str) -> None:
-        if self.profile_arch is not None:
-            self.arch, self.arch_source = self.profile_arch, "the rig's profile (typed by an admin)"
-        else:
-            self.arch_error = f"{why}; type the model's geometry in the rig's profile"
-
-    def _kv(self, series: dict[str, float], detail: dict[str, Any]) -> None:
-        if self.rig.kind == Rig.Kind.OLLAMA:
-            ok = "kv_bytes_per_token" in series
-            error = "" if ok else "no loaded model, or /api/show gave no KV geometry"
-            detail["sources"]["kv"] = {"ok": ok, "error": error}
-            detail["kv"] = {"cache_type": self.kv_cache_type, "arch": None}
-            detail["provenance"]["kv"] = "the backend's /api/show" if ok else None
-            return
-        if self.arch is None:
-            detail["sources"]["kv"] = {"ok": False, "error": self.arch_error or "model architecture not known yet"}
-            return
-        per_token = decode.kv_bytes_per_token(self.arch, self.kv_cache_type)
-        slots = detail.get("slots", [])
-        for slot in slots:
-            slot["kv_bytes"] = decode.kv_bytes(self.arch, slot["context_tokens"], self.kv_cache_type)
-            slot["fill"] = slot["context_tokens"] / slot["n_ctx"] if slot["n_ctx"] else None
-        series["kv_bytes_per_token"] = per_token
-        series["kv_used_bytes"] = sum(slot["kv_bytes"] for slot in slots)
-        # Each slot's n_ctx is its sequence's share of -c, already padded as llama.cpp allocates it.
-        series["kv_allocated_bytes"] = (
-            decode.kv_allocated_bytes(self.arch, slots[0]["n_ctx"], self.kv_cache_type, parallel=len(slots))
-            if slots
-            else 0.0
-        )
-        series["context_tokens"] = float(sum(slot["context_tokens"] for slot in slots))
-        detail["kv"] = {"cache_type": self.kv_cache_type, "arch": _arch_summary(self.arch), "params": self.params}
-        detail["provenance"]["kv"] = self.arch_source
-        detail["sources"]["kv"] = {"ok": True, "error": ""}
+        self._energy(sample.series, sample.detail)
 
     def _memory(self, series: dict[str, float], detail: dict[str, Any]) -> None:
         try:
@@ -324,22 +161,21 @@ class RigSampler:
         except Unavailable as exc:
             detail["sources"]["host"] = {"ok": False, "error": str(exc)}
         self._backend_process(series, detail)
-        try:
-            gpus = nvml.gpus()
-            for gpu in gpus:
-                i = gpu["index"]
-                series[f"gpu{i}_memory_used_bytes"] = gpu["memory_used_bytes"]
-                series[f"gpu{i}_memory_total_bytes"] = gpu["memory_total_bytes"]
-                series[f"gpu{i}_memory_reserved_bytes"] = gpu["memory_reserved_bytes"]
-                series[f"gpu{i}_utilization_pct"] = gpu["utilization_gpu_pct"]
-                series[f"gpu{i}_power_w"] = gpu["power_w"]
-                series[f"gpu{i}_temperature_c"] = gpu["temperature_c"]
-            detail["gpus"] = gpus
+        survey = gpus.gpus(self.backend_pid if "process" in detail else None)
+        rows = []
+        for index, reading in enumerate(survey.readings):
+            row = reading.as_dict()
+            row["vendor_index"], row["index"] = reading.index, index  # series keys number every vendor's GPUs
+            rows.append(row)
+            for key, name in GPU_SERIES:
+                if row.get(name) is not None:
+                    series[f"gpu{index}_{key}"] = float(row[name])
+        detail["gpus"] = rows
+        if rows:
             detail["sources"]["gpu"] = {"ok": True, "error": ""}
             self._backend_vram(series, detail)
-        except Unavailable as exc:
-            detail["gpus"] = []
-            detail["sources"]["gpu"] = {"ok": False, "error": str(exc)}
+        else:
+            detail["sources"]["gpu"] = {"ok": False, "error": survey.why_none}
         if self.weight_bytes:
             series["weight_bytes"] = self.weight_bytes
         detail["placement"] = self._placement(detail)
@@ -362,60 +198,33 @@ class RigSampler:
         detail["sources"]["process"] = {"ok": True, "error": ""}
 
     def _backend_vram(self, series: dict[str, float], detail: dict[str, Any]) -> None:
-        """The backend process's own VRAM, as NVML attributes it to the pid found for its port."""
-        if self.backend_pid is None or "process" not in detail:
+        """The backend process's own GPU memory, as the GPUs' tools attribute it to the pid found for its port."""
+        if "process" not in detail:
             return
-        try:
-            vram = nvml.process_vram(self.backend_pid)
-        except Unavailable as exc:
-            detail["process"]["vram_error"] = str(exc)
-            return
+        vram = placement.process_gpu_bytes(detail["gpus"])
         detail["process"]["vram_bytes"] = vram
         if vram is not None:
             series["backend_vram_bytes"] = vram
+        for row in detail["gpus"]:
+            if row.get("process_memory_bytes") is not None:
+                series[f"gpu{row['index']}_backend_memory_bytes"] = float(row["process_memory_bytes"])
 
     def _placement(self, detail: dict[str, Any]) -> dict[str, Any]:
-        """Where the weights live. Ollama says (size vs size_vram in /api/ps). llama.cpp reports no layer
-        split over HTTP, so with no GPU the answer is "system RAM". With GPUs, the VRAM NVML attributes to its
-        process (the CUDA context included) bounds it: less VRAM than the weights take means some of them are in
-        system RAM; more tells nothing about the split."""
-        loaded = detail.get("loaded_models")
-        if loaded:
-            size = sum(m["size_bytes"] for m in loaded)
-            vram = sum(m["size_vram_bytes"] for m in loaded)
-            fraction = vram / size if size else 0.0
-            spill = 0 < fraction < 1 or (fraction == 0 and bool(detail.get("gpus")))
-            label = f"Ollama: {fraction:.0%} of the loaded models in VRAM, {1 - fraction:.0%} in system RAM"
-            return {"vram_fraction": round(fraction, 4), "spill": spill, "label": label}
-        if not detail.get("gpus"):
+        """Where the weights live: unified memory never spills; else what the backend says (Ollama's /api/ps);
+        else, with no GPU, system RAM; else the GPU memory attributed to the backend's process bounds it."""
+        rows = detail.get("gpus") or []
+        if placement.all_unified(rows):
+            return placement.unified_placement(rows)
+        told = self.monitor.placement(detail)
+        if told is not None:
+            return told
+        if not rows:
             return {"vram_fraction": 0.0, "spill": False, "label": "CPU only: weights and KV cache in system RAM"}
-        return self._llamacpp_gpu_placement(detail)
-
-    def _llamacpp_gpu_placement(self, detail: dict[str, Any]) -> dict[str, Any]:
-        unknown = {"vram_fraction": None, "spill": None}
         process = detail.get("process")
-        vram = process.get("vram_bytes") if process else None
-        if vram is None:
-            if not process:
-                why = detail["sources"].get("process", {}).get("error") or "its process was not found"
-            else:
-                why = process.get("vram_error") or "NVML attributes no VRAM to its process"
-            label = f"GPU present: layer split not reported by llama-server ({why})"
-            return {**unknown, "label": label, "why": why}  # why: for staff (monitoring.selectors.redact_users)
-        weights = self.weight_bytes
-        if weights and vram < weights:
-            return {
-                **unknown,
-                "spill": True,
-                "label": f"llama.cpp: its process holds {vram / GIB:.2f} GiB of VRAM, less than the"
-                f" {weights / GIB:.2f} GiB of weights: at least {(weights - vram) / GIB:.2f} GiB of them in system RAM",
-            }
-        of_weights = f" for {weights / GIB:.2f} GiB of weights" if weights else ""
-        return {
-            **unknown,
-            "label": f"llama.cpp: its process holds {vram / GIB:.2f} GiB of VRAM{of_weights} (CUDA context"
-            " included; the layer split is not reported)",
-        }
+        why = "" if process else detail["sources"].get("process", {}).get("error") or "its process was not found"
+        return placement.process_placement(
+            rows, weight_bytes=self.weight_bytes, server=self.monitor.server, label=self.monitor.label, why_unseen=why
+        )
 
     def _queue_and_turns(self, series: dict[str, float], detail: dict[str, Any]) -> None:
         try:
@@ -433,7 +242,7 @@ class RigSampler:
                     turn["live"] = live.latest_stats(raw) or {}
             detail["turns"] = turns
             series["active_turns"] = float(len(turns))
-            if self.rig.kind == Rig.Kind.OLLAMA:  # no per-slot view: the rig's rate is its running turns'
+            if self.monitor.rate_from_turns:  # no per-slot view: the rig's rate is its running turns'
                 series["decode_tps"] = float(sum((t["live"].get("decode_tps") or 0) for t in turns if "live" in t))
             detail["sources"]["queue"] = {"ok": True, "error": ""}
         except Exception as exc:
@@ -463,6 +272,19 @@ class RigSampler:
             "streams": streams,
         }
 
+    def _energy(self, series: dict[str, float], detail: dict[str, Any]) -> None:
+        """Energy per decoded token: the power of the GPUs that hold the backend's memory over the rig's decode rate
+        at this sample (J/token = W / (tokens/s)); absent where no GPU reports power or nothing is decoding."""
+        watts = placement.power_w(detail.get("gpus") or [])
+        rate = series.get("decode_tps") or 0.0
+        if watts is None:
+            detail["energy"] = {"ok": False, "error": "power is not measurable here: no GPU reports its power draw"}
+            return
+        series["gpu_power_w"] = round(watts, 2)
+        if rate > 0:
+            series["energy_j_per_token"] = round(watts / rate, 4)
+        detail["energy"] = {"ok": True, "error": "" if rate > 0 else "nothing is decoding"}
+
 
 def is_idle(sample: Sample) -> bool:
     """Nothing on the rig to watch: no busy slot (a client other than RigDash counts too), no request the backend
@@ -472,11 +294,3 @@ def is_idle(sample: Sample) -> bool:
     if "active_turns" not in series:
         return False
     return not any(series.get(name, 0.0) for name in ("active_turns", "queue_depth", "busy_slots", "deferred_requests"))
-
-
-def _arch_summary(arch: ModelArchitecture) -> dict[str, Any]:
-    """The architecture for the page: its fields, the per-layer cache counted by kind."""
-    summary = {key: value for key, value in vars(arch).items() if key != "layers"}
-    summary["attention_layers"] = sum(1 for layer in arch.layers if layer.kv_heads) if arch.layers else arch.block_count
-    summary["sliding_layers"] = sum(1 for layer in arch.layers if layer.kv_heads and layer.window)
-    return summary

@@ -21,7 +21,7 @@ from django.db.models import Max, Q
 from django.utils import timezone
 from prometheus_client.utils import floatToGoString
 
-from inference.backends import llamacpp
+from inference.backends.llamacpp import chat as llamacpp
 from inference.models import Turn
 
 FINISHED = (Turn.Status.DONE, Turn.Status.FAILED, Turn.Status.CANCELLED, Turn.Status.INTERRUPTED)

@@ -29,7 +29,7 @@ def preload_before_fork(**_: Any) -> None:
     for module in ("anyio._backends._asyncio", "httpcore._async", "httpcore._backends.anyio"):
         with contextlib.suppress(ImportError):  # another httpx/anyio layout: the child imports what it needs
             importlib.import_module(module)
-    from inference.backends import llamacpp
+    from inference.backends.llamacpp import chat as llamacpp
     from inference.worker import pace
     from rigdash import channel_layer, cpushare  # noqa: F401
 

@@ -24,9 +24,9 @@ from inference.live import agents
 from inference.live import state as live
 from inference.models import ChatSession, Rig, Turn
 from inference.turns import lifecycle, selectors, submit
+from monitoring import gpus, services
 from monitoring import sampler as central
-from monitoring import services
-from monitoring.collectors import host, nvml
+from monitoring.collectors import host
 from monitoring.models import RigProfile
 from rigdash.launcher import ROOT
 from tests.conftest import LOG_DIR, wait_until
@@ -127,7 +127,7 @@ def test_each_rig_shows_its_own_agents_figures_and_the_central_side_reads_no_hos
     def forbidden(*_: Any, **__: Any) -> Any:
         raise AssertionError("the central side read a host figure for a rig that has an agent")
 
-    for module, name in ((host, "host_memory"), (host, "find_listening_pid"), (host, "process_memory"), (nvml, "gpus")):
+    for module, name in ((host, "host_memory"), (host, "find_listening_pid"), (host, "process_memory"), (gpus, "gpus")):
         monkeypatch.setattr(module, name, forbidden)
     samples = {}
     for rig in (rig_a, rig_b):
@@ -221,7 +221,7 @@ def test_a_rig_with_only_a_url_gets_what_http_gives_and_its_profiles_geometry_la
         raise AssertionError("read this host for a rig on another host")
 
     monkeypatch.setattr(host, "host_memory", forbidden)
-    monkeypatch.setattr(nvml, "gpus", forbidden)
+    monkeypatch.setattr(gpus, "gpus", forbidden)
     no_profile = asyncio.run(services.sampler_for(rig, local_host=False).read())
     assert "type the model's geometry in the rig's profile" in no_profile.detail["sources"]["kv"]["error"]
     assert "run an agent beside it" in no_profile.detail["sources"]["host"]["error"]
@@ -258,7 +258,11 @@ def test_the_roofline_takes_the_gpus_peak_where_the_weights_are_in_its_memory(db
     from monitoring.sampling import RigSampler
 
     rig = Rig(pk=1, name="g", kind=Rig.Kind.OLLAMA, base_url="http://127.0.0.1:1", queue="rig.g")
-    gpu = {"name": "NVIDIA H200", "memory_bandwidth_gbs": 4814.3}
+    gpu = {
+        "name": "NVIDIA H200",
+        "memory_bandwidth_gbs": 4814.3,
+        "bandwidth_source": "memory clock x bus width (NVML peak)",
+    }
     on_gpu = {"gpus": [gpu], "placement": {"vram_fraction": 1.0}}
     cpu = RigSampler(rig=rig, bandwidth_gbs=25.0, bandwidth_source="probe", local_host=True)
     assert cpu._bandwidth(on_gpu)["gbs"] == 4814.3 and "NVML" in cpu._bandwidth(on_gpu)["source"]

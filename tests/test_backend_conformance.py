@@ -1,7 +1,7 @@
 """One conformance suite for every backend plug-in: the same tests, parameterised by backend.
 
-llama.cpp runs against the real llama-server; Ollama against the protocol replay in
-tests/ollama_replay.py (no Ollama binary can run here; the replay speaks Ollama's documented wire format).
+llama.cpp and the generic OpenAI-compatible plug-in run against the real llama-server; Ollama against the
+protocol replay in tests/ollama_replay.py (no Ollama binary can run here; the replay speaks Ollama's documented wire format).
 Each runs twice: thinking off (``think`` left to the server, a model that does not reason) and on (a reasoning
 model asked to think: a second llama-server whose chat template makes SmolLM2 reason, tests/reasoning_llama.py;
 the replay's reasoning model).
@@ -23,6 +23,7 @@ from inference.backends import BACKENDS
 from inference.backends.base import Backend, BackendUnavailable, ChatRequest, ModelNotFound
 from inference.backends.llamacpp import LlamaCppBackend
 from inference.backends.ollama import OllamaBackend
+from inference.backends.openai import OpenAICompatBackend
 from tests.conftest import free_port, llama_busy_slots
 from tests.ollama_replay import ollama_fixture, reasoner  # noqa: F401  (the ``ollama`` fixture)
 from tests.reasoning_llama import reasoning_llama_fixture  # noqa: F401  (the ``reasoning_llama_url`` fixture)
@@ -58,6 +59,21 @@ def _llamacpp(request: pytest.FixtureRequest, think: bool) -> Target:
     )
 
 
+def _openai(request: pytest.FixtureRequest, think: bool) -> Target:
+    """The generic OpenAI-compatible plug-in against llama-server's own /v1/ endpoint: the standard protocol only (no
+    timings, no template switches), as vLLM, LM Studio or LocalAI would be read. The reasoning server separates its
+    thoughts by default, which is how such servers send them (``reasoning_content``)."""
+    target = _llamacpp(request, think)
+    url = target.backend.base_url
+    return Target(
+        think=target.think,
+        backend=OpenAICompatBackend(url + "/v1"),  # as these servers' docs write the URL
+        model=target.model,
+        generating=target.generating,
+        unknown_model_skip=target.unknown_model_skip,
+    )
+
+
 def _ollama(request: pytest.FixtureRequest, think: bool) -> Target:
     replay = request.getfixturevalue("ollama")
     replay.reply_tokens = 5000  # about 10 s at the replay's pace: long enough to be cancelled mid-reply
@@ -73,8 +89,12 @@ def _ollama(request: pytest.FixtureRequest, think: bool) -> Target:
     )
 
 
-TARGETS: dict[str, Callable[[pytest.FixtureRequest, bool], Target]] = {"llamacpp": _llamacpp, "ollama": _ollama}
-NEEDS_LLAMA = {"llamacpp"}
+TARGETS: dict[str, Callable[[pytest.FixtureRequest, bool], Target]] = {
+    "llamacpp": _llamacpp,
+    "ollama": _ollama,
+    "openai": _openai,
+}
+NEEDS_LLAMA = {"llamacpp", "openai"}
 
 
 @pytest.fixture(

@@ -157,7 +157,7 @@ async def test_token_batches_skip_the_per_message_database_hop(monkeypatch):
 def test_backend_clients_share_one_tls_context_that_still_verifies_certificates():
     import ssl
 
-    from inference.backends import llamacpp
+    from inference.backends.llamacpp import chat as llamacpp
 
     context = llamacpp.tls_context()
     assert context is llamacpp.tls_context()  # built once per process, not per turn

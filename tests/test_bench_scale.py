@@ -17,7 +17,7 @@ import httpx
 from bench import scale
 from inference.backends.base import ChatRequest
 from inference.backends.llamacpp import LlamaCppBackend
-from monitoring.collectors import llamacpp
+from inference.backends.llamacpp import metrics as llamacpp
 from rigdash.launcher import ROOT
 
 

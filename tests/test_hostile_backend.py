@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 
 from inference.backends import sse
 from inference.backends.base import UNREADABLE_EVENT, BackendError, ChatRequest
-from inference.backends.llamacpp import _chunk
+from inference.backends.llamacpp.chat import _chunk
 from inference.backends.ollama import OllamaBackend
 from inference.models import ChatSession, Rig, Turn
 from inference.worker import start as starts

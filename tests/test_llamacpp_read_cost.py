@@ -9,9 +9,10 @@ import asyncio
 
 import pytest
 
-from inference.backends import llamacpp
 from inference.backends.base import BackendError, ChatRequest
-from inference.backends.llamacpp import LlamaCppBackend, _chunk
+from inference.backends.llamacpp import LlamaCppBackend
+from inference.backends.llamacpp import chat as llamacpp
+from inference.backends.llamacpp.chat import _chunk
 
 
 async def test_the_running_timings_are_read_once_per_socket_read_not_per_token(synthetic_llama, monkeypatch):

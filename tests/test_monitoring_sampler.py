@@ -20,7 +20,7 @@ from inference import events
 from inference.models import Rig, Turn
 from inference.turns import submit
 from monitoring import sampler, services
-from monitoring.collectors import Unavailable, nvml
+from monitoring.gpus import gpus
 from monitoring.models import RigProfile, RigSample
 from monitoring.sampling import RigSampler, Sample, is_idle
 from tests.conftest import free_port, llama_busy_slots, session_cookie_for, wait_until
@@ -136,21 +136,17 @@ def test_a_down_backend_is_reported_unavailable_with_its_reason():
     assert "decode_tps" not in sample.series
 
 
-def test_nvml_reads_gpus_where_a_gpu_exists():
-    try:
-        gpus = nvml.gpus()
-    except Unavailable as exc:
-        pytest.skip(f"no GPU on this machine: {exc}")
-    assert gpus and all(g["memory_total_bytes"] >= g["memory_used_bytes"] > 0 for g in gpus)
+def test_gpus_are_read_where_a_gpu_exists():
+    survey = gpus()
+    if not survey.readings:
+        pytest.skip(f"no GPU on this machine: {survey.why_none}")
+    assert all((g.memory_total_bytes or 0) >= (g.memory_used_bytes or 0) > 0 for g in survey.readings)
 
 
 @pytest.mark.django_db
 def test_without_a_gpu_memory_falls_back_to_system_ram(rig):
-    try:
-        nvml.gpus()
+    if gpus().readings:
         pytest.skip("this machine has a GPU: the fallback is not taken")
-    except Unavailable:
-        pass
     sample = asyncio.run(_take(rig))[0]
     assert sample.detail["sources"]["gpu"]["ok"] is False
     assert "no GPU" in sample.detail["sources"]["gpu"]["error"]

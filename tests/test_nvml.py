@@ -1,4 +1,5 @@
-"""The NVML collector's memory figures, against a stand-in for ``pynvml``: this machine has no GPU, so NVML is mocked.
+"""The NVIDIA GPU reader's memory figures (monitoring/gpus/nvidia.py), against a stand-in for ``pynvml``: this
+machine has no GPU, so NVML is mocked.
 
 The stand-in answers with the figures a real idle H200 gave on 2026-12-04 (driver 580.159.04, nvidia-ml-py 13.610):
 v1 ``used`` 644,939,776 bytes, all of it the driver's reservation, where v2 says used 0 and reserved 644,939,776 (and
@@ -15,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from monitoring.collectors import nvml
+from monitoring.gpus import nvidia
 from monitoring.prometheus import render
 from monitoring.sampling import RigSampler
 
@@ -75,31 +76,40 @@ def _fake_pynvml(
     return fake
 
 
+def _rows() -> list[dict[str, Any]]:
+    return [reading.as_dict() for reading in nvidia.read()]
+
+
+def _process_vram(pid: int) -> float | None:
+    held = [r.process_memory_bytes for r in nvidia.read(pid) if r.process_memory_bytes is not None]
+    return sum(held) if held else None
+
+
 @pytest.fixture
 def fake_nvml(monkeypatch):
     def install(**kwargs: Any) -> None:
         monkeypatch.setitem(sys.modules, "pynvml", _fake_pynvml(**kwargs))
-        monkeypatch.setattr(nvml, "_initialised", False)
-        monkeypatch.setattr(nvml, "_failed", None)
+        monkeypatch.setattr(nvidia, "_initialised", False)
+        monkeypatch.setattr(nvidia, "_failed", None)
 
     return install
 
 
 def test_used_memory_leaves_out_what_the_driver_reserves_as_nvidia_smi_does(fake_nvml):
     fake_nvml(has_v2=True, driver_knows_v2=True)
-    (gpu,) = nvml.gpus()
+    (gpu,) = _rows()
     assert gpu["memory_used_bytes"] == 0  # idle: nothing of a process's
     assert gpu["memory_reserved_bytes"] == RESERVED
     assert gpu["memory_total_bytes"] == TOTAL
     fake_nvml(has_v2=True, driver_knows_v2=True, used=9_238_806_528)  # the device check's 8 GiB and its context
-    assert nvml.gpus()[0]["memory_used_bytes"] == 9_238_806_528
+    assert _rows()[0]["memory_used_bytes"] == 9_238_806_528
 
 
 @pytest.mark.parametrize("has_v2, driver_knows_v2", [(False, False), (True, False)])
 def test_without_v2_the_v1_figure_is_kept_and_nothing_is_called_reserved(fake_nvml, has_v2, driver_knows_v2):
     """An nvidia-ml-py without nvmlMemory_v2, or a driver that refuses it: the old figure, not an error."""
     fake_nvml(has_v2=has_v2, driver_knows_v2=driver_knows_v2)
-    (gpu,) = nvml.gpus()
+    (gpu,) = _rows()
     assert gpu["memory_used_bytes"] == RESERVED
     assert gpu["memory_reserved_bytes"] == 0
     assert gpu["name"] == "NVIDIA H200" and gpu["power_w"] == 690.0
@@ -115,9 +125,9 @@ def test_the_reservation_is_exported_beside_used_memory():
 
 def test_a_process_vram_is_what_nvml_attributes_to_its_pid(fake_nvml):
     fake_nvml(processes={488: 9_229_565_952, 77: 1024, 99: None})  # 99: NVML cannot tell (WDDM, MIG)
-    assert nvml.process_vram(488) == 9_229_565_952
-    assert nvml.process_vram(99) is None
-    assert nvml.process_vram(12345) is None
+    assert _process_vram(488) == 9_229_565_952
+    assert _process_vram(99) is None
+    assert _process_vram(12345) is None
 
 
 MIB = 2**20
@@ -163,12 +173,14 @@ def test_a_gpus_peak_bandwidth_is_its_memory_clock_times_its_bus_width(fake_nvml
     """4,814 GB/s for the H200's readings: its spec sheet says 4.8 TB/s, and torch measured 4,358 GB/s reading and
     4,272 copying there (91 % and 89 % of the peak)."""
     fake_nvml()
-    (gpu,) = nvml.gpus()
-    assert (gpu["memory_clock_max_mhz"], gpu["memory_bus_width_bits"]) == (3201, 6016)
+    (gpu,) = _rows()
+    assert nvidia.memory_bandwidth(sys.modules["pynvml"], None)["memory_bus_width_bits"] == 6016
+    assert gpu["bandwidth_source"] == "memory clock x bus width (NVML peak)"
     assert gpu["memory_bandwidth_gbs"] == pytest.approx(3201e6 * 2 * 6016 / 8 / 1e9, abs=0.1) == 4814.3
 
 
 def test_a_driver_that_does_not_say_its_bus_width_leaves_the_peak_unknown(fake_nvml):
     fake_nvml(knows_bus_width=False)
-    (gpu,) = nvml.gpus()
+    (gpu,) = _rows()
     assert gpu["memory_bandwidth_gbs"] is None and gpu["memory_used_bytes"] == 0  # the rest is still read
+    assert gpu["bandwidth_source"] == ""

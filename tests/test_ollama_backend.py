@@ -19,7 +19,8 @@ from inference.backends.base import (
     ModelNotFound,
 )
 from inference.backends.llamacpp import LlamaCppBackend
-from inference.backends.ollama import OllamaBackend, stats_from_final
+from inference.backends.ollama import OllamaBackend
+from inference.backends.ollama.chat import stats_from_final
 from inference.models import Rig
 from tests.ollama_replay import API_VERSION, WORDS, ollama_fixture  # noqa: F401  (the ``ollama`` fixture)
 

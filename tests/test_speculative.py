@@ -16,7 +16,8 @@ from django.utils import timezone
 from prometheus_client.parser import text_string_to_metric_families
 
 from inference.backends.base import ChatRequest
-from inference.backends.llamacpp import LlamaCppBackend, draft_counts
+from inference.backends.llamacpp import LlamaCppBackend
+from inference.backends.llamacpp.chat import draft_counts
 from inference.models import ChatSession, Rig, Turn
 from inference.turns import submit
 from monitoring import prometheus, selectors, turn_metrics

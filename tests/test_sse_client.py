@@ -195,7 +195,8 @@ async def test_get_refuses_an_oversized_body_and_gives_up_on_a_silent_server():
 async def test_the_llama_cpp_collector_turns_every_failed_read_into_unavailable():
     """What the sampler shows as the backend source's error: a refused connection, a non-200 answer, and an
     answer that is not JSON."""
-    from monitoring.collectors import Unavailable, llamacpp
+    from inference.backends.llamacpp import metrics as llamacpp
+    from monitoring.collectors import Unavailable
 
     with pytest.raises(Unavailable, match="unreachable"):
         await llamacpp.collect("http://127.0.0.1:9", props_cache={"x": 1}, metrics_cache={})

@@ -217,8 +217,32 @@ class StreamChunk:
     thinking: str = ""
 
 
+@dataclass(frozen=True)
+class Capabilities:
+    """What code outside a backend asks of it, instead of testing its kind (docs/architecture.md, "Backends").
+
+    Optional operations (pull, delete, unload, count a prompt, ...) are methods of ``Backend``; whether a backend has
+    one is ``backend_supports(kind, method)``. These are the facts about the server that shape requests and figures."""
+
+    # Chat settings the server takes per request beyond the common samplers (Ollama's ``num_ctx``): the chat's
+    # settings form shows them, and a chat on another kind of rig refuses them.
+    request_settings: frozenset[str] = frozenset()
+    # A request chooses the context window it runs in (Ollama loads the model with ``num_ctx``); otherwise it is
+    # fixed when the server starts (llama-server's ``-c``) and a request cannot change it.
+    context_per_request: bool = False
+    # Each model has a window of its own, so a cached window is per model; otherwise one window serves every request.
+    context_per_model: bool = False
+    # An over-long prompt is cut to the window, oldest messages first (Ollama's chatPrompt), rather than refused.
+    truncates_to_window: bool = False
+    # Reasoning can be switched per request (``think``); the thoughts stream apart from the answer.
+    reasoning_switch: bool = True
+
+
 class Backend(ABC):
     kind: str
+    # A human name for the kind, as the rig pages show it.
+    label: ClassVar[str] = ""
+    capabilities: ClassVar[Capabilities] = Capabilities()
     # Whether ``stream_chat`` awaits ``read_gate`` after every read that brought text. The worker publishes its
     # batches there (inference/worker/stream.py); a plug-in that cannot (its client reads the stream itself) is read
     # on a task of its own, and the worker calls the gate after whatever that task read together.

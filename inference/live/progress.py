@@ -16,7 +16,7 @@ from typing import Any
 import redis.asyncio as aioredis
 
 from inference import events
-from inference.backends import backend_for
+from inference.backends import backend_for, capabilities
 from inference.backends.base import BackendError
 from inference.live import state
 from inference.models import Rig, Turn
@@ -41,7 +41,7 @@ def context_fill(prompt_tokens: int | None, tokens: int | None, n_ctx: int | Non
 async def slot_context_tokens(rig: Rig, model: str) -> int | None:
     """The rig's context per slot (llama-server ``/props``; Ollama's loaded model, per model), cached a minute per
     worker; None if unknown (not cached: an Ollama model not loaded yet has its context once it is)."""
-    key = (rig.kind, rig.base_url, model if rig.kind == Rig.Kind.OLLAMA else "")
+    key = (rig.kind, rig.base_url, model if capabilities(rig.kind).context_per_model else "")
     cached = _n_ctx_cache.get(key)
     if cached and time.monotonic() - cached[0] < _N_CTX_TTL_S:
         return cached[1]
@@ -125,7 +125,7 @@ async def progress_start(turn: Turn, messages: list[dict[str, str]], redis: aior
 def _asked_context(turn: Turn) -> int | None:
     """The context the turn asked for (``num_ctx``): Ollama loads the model with it; llama-server's is fixed."""
     asked = (turn.params or {}).get("num_ctx")
-    return int(asked) if asked and turn.session.rig.kind == Rig.Kind.OLLAMA else None
+    return int(asked) if asked and capabilities(turn.session.rig.kind).context_per_request else None
 
 
 def forget(turn_id: int) -> None:

@@ -24,9 +24,10 @@ from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
+from inference.backends import capabilities
 from inference.db import lock_rows
 from inference.errors import QuotaExceeded
-from inference.models import ChatSession, Quota, Rig, Turn
+from inference.models import ChatSession, Quota, Turn
 from inference.tokens import estimate_prompt_tokens, estimate_tokens
 
 LIMIT_NAMES = {
@@ -135,7 +136,7 @@ def ollama_window(session: ChatSession, turns: list[Turn], num_ctx: int | None) 
     """The context window an Ollama rig reads this chat's next prompt in, where known: the turn's ``num_ctx`` (Ollama
     loads the model with it), else the one the chat's last turn ran with (its stats' ``context_limit``, from
     /api/ps). None on llama-server, whose over-long prompt fails rather than being cut."""
-    if session.rig.kind != Rig.Kind.OLLAMA:
+    if not capabilities(session.rig.kind).truncates_to_window:
         return None
     if num_ctx:
         return int(num_ctx)

@@ -9,10 +9,11 @@ from typing import Any
 from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
 from django.db import IntegrityError, transaction
 
+from inference.backends import capabilities
 from inference.errors import InvalidInput
 from inference.live import progress
 from inference.live import state as live
-from inference.models import ChatPreset, ChatSession, Rig, Turn
+from inference.models import ChatPreset, ChatSession, Turn
 from inference.queue import dispatch
 from inference.turns import params as chat_settings
 
@@ -64,7 +65,7 @@ def _forget_live(turn_ids: list[int], running: list[int]) -> None:
 def session_settings_save(*, session: ChatSession, values: Any) -> ChatSession:
     """Store a chat's settings (checked first; a refusal stores nothing). New turns use them."""
     clean = chat_settings.params_validate(values)
-    chat_settings.rig_settings_check(clean, ollama=session.rig.kind == Rig.Kind.OLLAMA)
+    chat_settings.rig_settings_check(clean, accepted=capabilities(session.rig.kind).request_settings)
     session.settings = clean
     session.save(update_fields=["settings", "updated_at"])
     return session
@@ -84,8 +85,8 @@ def preset_save(*, owner: AbstractBaseUser | AnonymousUser, name: Any, values: A
 
 
 def preset_apply(*, session: ChatSession, preset: ChatPreset) -> ChatSession:
-    ollama = session.rig.kind == Rig.Kind.OLLAMA
-    return session_settings_save(session=session, values=chat_settings.rig_settings(preset.settings, ollama=ollama))
+    accepted = capabilities(session.rig.kind).request_settings
+    return session_settings_save(session=session, values=chat_settings.rig_settings(preset.settings, accepted=accepted))
 
 
 def preset_delete(*, preset: ChatPreset) -> None:

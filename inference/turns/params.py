@@ -33,8 +33,9 @@ NUMBER_RULES: dict[str, tuple[type, float, float]] = {
     "seed": (int, 0, 2**31 - 1),
     "num_ctx": (int, 256, 1_048_576),  # Ollama's context window (reloads the model); llama-server sets its own
 }
-# Settings only an Ollama rig applies: llama-server's context is fixed when it starts (-c), for every chat at once.
-OLLAMA_ONLY = ("num_ctx",)
+# Settings a server takes per request only where its backend says so (``Capabilities.request_settings``):
+# llama-server's context is fixed when it starts (-c), for every chat at once; Ollama's follows num_ctx.
+SERVER_SETTINGS = ("num_ctx",)
 SYSTEM_MAX_CHARS = 8000
 STOP_MAX_STRINGS = 8
 STOP_MAX_CHARS = 64
@@ -136,17 +137,20 @@ def params_validate(raw: Any, *, turn: bool = False) -> dict[str, Any]:
     return clean
 
 
-def rig_settings_check(values: Mapping[str, Any], *, ollama: bool) -> None:
-    """Refuse a chat setting the chat's rig does not apply (``num_ctx`` on llama-server)."""
-    if not ollama and any(name in values for name in OLLAMA_ONLY):
+def rig_settings_check(values: Mapping[str, Any], *, accepted: frozenset[str]) -> None:
+    """Refuse a chat setting the chat's rig does not apply (``num_ctx`` on llama-server); ``accepted``: the server
+    settings its backend takes per request."""
+    refused = [name for name in SERVER_SETTINGS if name in values and name not in accepted]
+    if refused:
         raise _bad(
-            "num_ctx (the context window) applies to Ollama rigs only: llama-server's is set when it starts (-c)."
+            f"{refused[0]} (the context window) applies to rigs whose server takes it per request (Ollama rigs only"
+            " among the kinds RigDash knows): llama-server's is set when it starts (-c)."
         )
 
 
-def rig_settings(values: Mapping[str, Any], *, ollama: bool) -> dict[str, Any]:
+def rig_settings(values: Mapping[str, Any], *, accepted: frozenset[str]) -> dict[str, Any]:
     """``values`` less what the rig does not apply (a preset made on an Ollama chat, applied to a llama-server one)."""
-    return {name: value for name, value in values.items() if ollama or name not in OLLAMA_ONLY}
+    return {name: value for name, value in values.items() if name not in SERVER_SETTINGS or name in accepted}
 
 
 def turn_params(*, session: ChatSession, raw: Any) -> dict[str, Any]:

@@ -17,8 +17,9 @@ from django.urls import reverse
 from django.utils.text import slugify
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
+from inference.backends import capabilities
 from inference.errors import InvalidInput
-from inference.models import ChatPreset, ChatSession, Rig
+from inference.models import ChatPreset, ChatSession
 from inference.turns import branch as chat_branch
 from inference.turns import chats as chat_manage
 from inference.turns import compare as chat_compare
@@ -38,7 +39,7 @@ SETTING_FIELDS = [
     ("repeat_penalty", "Repeat penalty", "0.01", "0-2, 1 off"),
     ("max_tokens", "Max tokens", "1", ""),
     ("seed", "Seed", "1", "0-2147483647"),
-    # Ollama rigs only (chat_settings.OLLAMA_ONLY): Ollama loads the model again with a new window.
+    # Rigs whose backend takes it per request (chat_settings.SERVER_SETTINGS): Ollama reloads the model with it.
     ("num_ctx", "Context window (num_ctx)", "1", "tokens, 256-1048576; a change reloads the model"),
 ]
 
@@ -69,9 +70,9 @@ def _chat_page(
     initial = form if form is not None else _form_initial(values)
     limit = settings.RIGDASH.max_reply_tokens
     fields = []
-    ollama = session.rig.kind == Rig.Kind.OLLAMA
+    accepted = capabilities(session.rig.kind).request_settings
     for name, label, step, hint in SETTING_FIELDS:
-        if name in chat_settings.OLLAMA_ONLY and not ollama:
+        if name in chat_settings.SERVER_SETTINGS and name not in accepted:
             continue
         _kind, low, high = chat_settings.NUMBER_RULES[name]
         high = min(high, limit) if name == "max_tokens" else high

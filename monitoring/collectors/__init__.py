@@ -1,7 +1,10 @@
-"""One module per source of rig readings; each returns plain data or raises ``Unavailable`` with a reason."""
+"""One module per source of rig readings on the host; each returns plain data or raises ``Unavailable`` with a reason.
+
+Backends' own readings live with each backend (inference/backends/<kind>/monitor.py), GPUs in monitoring/gpus/.
+"""
 
 from __future__ import annotations
 
+from inference.backends.monitor import Unavailable
 
-class Unavailable(Exception):
-    """A reading could not be taken; the message says why (shown on the panel)."""
+__all__ = ["Unavailable"]

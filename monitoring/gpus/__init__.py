@@ -41,4 +41,4 @@ def gpus(pid: int | None = None) -> GpuSurvey:
     return survey
 
 
-__all__ = ["GpuReading", "GpuSurvey", "VENDORS", "gpus"]
+__all__ = ["VENDORS", "GpuReading", "GpuSurvey", "gpus"]

@@ -112,7 +112,9 @@ def read(pid: int | None = None) -> list[GpuReading]:
                     power_w=_power_w(nvml, handle),
                     temperature_c=float(nvml.nvmlDeviceGetTemperature(handle, nvml.NVML_TEMPERATURE_GPU)),
                     memory_bandwidth_gbs=bandwidth["memory_bandwidth_gbs"],
-                    bandwidth_source="memory clock x bus width (NVML peak)" if bandwidth["memory_bandwidth_gbs"] else "",
+                    bandwidth_source="memory clock x bus width (NVML peak)"
+                    if bandwidth["memory_bandwidth_gbs"]
+                    else "",
                     process_memory_bytes=_process_memory(nvml, handle, pid),
                 )
             )

@@ -1,4 +1,4 @@
-"""The one shape every GPU vendor module returns: a typed reading of one device (docs/architecture.md, "GPU vendors")."""
+"""The one shape every GPU vendor module returns: a typed reading of one device (docs/architecture.md)."""
 
 from __future__ import annotations
 
@@ -39,7 +39,9 @@ class GpuReading:
         return values
 
 
-def peak_bandwidth_gbs(*, memory_clock_mhz: float | None, bus_width_bits: float | None, transfers_per_clock: int = 2) -> float | None:
+def peak_bandwidth_gbs(
+    *, memory_clock_mhz: float | None, bus_width_bits: float | None, transfers_per_clock: int = 2
+) -> float | None:
     """A memory's theoretical peak: clock (MHz) x transfers per clock x bus width (bytes), the figure spec sheets give.
     ``transfers_per_clock`` is 2 for the clocks NVML and amdsmi report (DDR: the data rate is twice that clock)."""
     if not memory_clock_mhz or not bus_width_bits or memory_clock_mhz <= 0 or bus_width_bits <= 0:

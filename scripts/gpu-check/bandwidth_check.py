@@ -14,7 +14,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from monitoring.collectors import nvml  # the repository root is on the path now
+from monitoring.gpus import nvidia  # the repository root is on the path now
 
 
 def measured_gbs(gib: int = 4, rounds: int = 20) -> dict[str, float]:
@@ -46,8 +46,8 @@ def measured_gbs(gib: int = 4, rounds: int = 20) -> dict[str, float]:
 
 def main() -> int:
     started = time.monotonic()
-    readings = nvml.gpus()
-    pynvml = nvml._nvml()
+    readings = [reading.as_dict() for reading in nvidia.read()]
+    pynvml = nvidia._nvml()
     raw = []
     for index in range(pynvml.nvmlDeviceGetCount()):
         handle = pynvml.nvmlDeviceGetHandleByIndex(index)

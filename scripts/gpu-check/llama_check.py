@@ -27,21 +27,27 @@ for _name, _error in (("ollama", "ResponseError"), ("pydantic", "ValidationError
         _stub = sys.modules[_name] = types.ModuleType(_name)
         setattr(_stub, _error, type(_error, (Exception,), {}))
 from inference.backends import gguf  # noqa: E402
-from monitoring.collectors import llamacpp, nvml  # noqa: E402
+from inference.backends.llamacpp import metrics as llamacpp  # noqa: E402
+from monitoring.gpus import nvidia  # noqa: E402
 
 MIB = 1024**2
 PORT = 18080
 URL = f"http://127.0.0.1:{PORT}"
 LOG_LINES = re.compile(r"offload|buffer size|CUDA0|llama_kv_cache: size|memory_breakdown|params_fit|n_ctx_slot")
 
-if os.environ.get("DRY"):
-    nvml.gpus = lambda: [{"memory_used_bytes": 0.0, "utilization_gpu_pct": 0.0}]
-    nvml.process_vram = lambda pid: None
+DRY = bool(os.environ.get("DRY"))
+
+
+def gpu_rows() -> list[dict[str, Any]]:
+    if DRY:
+        return [{"memory_used_bytes": 0.0, "utilization_gpu_pct": 0.0}]
+    return [reading.as_dict() for reading in nvidia.read()]
 
 
 def vram_of(pid: int) -> float | None:
-    vram = nvml.process_vram(pid)  # what the sampler reads for the backend's pid
-    return None if vram is None else vram / MIB
+    """What the sampler reads for the backend's pid: the memory every GPU attributes to it."""
+    held = [] if DRY else [r.process_memory_bytes for r in nvidia.read(pid) if r.process_memory_bytes is not None]
+    return sum(held) / MIB if held else None
 
 
 def complete(body: dict[str, Any]) -> dict[str, Any]:
@@ -73,7 +79,7 @@ def check(binary: str, model: str, layers: int) -> None:
         )  # fmt: skip
     try:
         wait_healthy(server, log_path)
-        idle_gpu, idle_own = nvml.gpus()[0]["memory_used_bytes"] / MIB, vram_of(server.pid)
+        idle_gpu, idle_own = gpu_rows()[0]["memory_used_bytes"] / MIB, vram_of(server.pid)
         result: dict[str, Any] = {}
         decode = threading.Thread(
             target=lambda: result.update(
@@ -83,7 +89,7 @@ def check(binary: str, model: str, layers: int) -> None:
         decode.start()
         time.sleep(0.1)
         reading = asyncio.run(llamacpp.collect(URL))
-        gpu = nvml.gpus()[0]
+        gpu = gpu_rows()[0]
         during = (gpu["memory_used_bytes"] / MIB, vram_of(server.pid), gpu["utilization_gpu_pct"])
         decode.join()
         timings = result.get("timings", {})

@@ -1,6 +1,6 @@
-"""On a GPU machine: RigDash's NVML collector (monitoring/collectors/nvml.py) against what the GPU really holds.
+"""On a GPU machine: RigDash's NVIDIA GPU reader (monitoring/gpus/nvidia.py) against what the GPU really holds.
 
-Reads ``nvml.gpus()`` idle, while a child process holds 8 GiB, while the child runs bf16 matrix products, and after it
+Reads ``nvidia.read()`` idle, while a child process holds 8 GiB, while the child runs bf16 matrix products, and after it
 exits; also NVML's per-process memory (can a backend's own VRAM be told by its pid?). Needs torch and nvidia-ml-py,
 as the device machine's python3 has. Prints ``NVML CHECK PASSED`` or ``FAILED``.
 """
@@ -16,7 +16,7 @@ from typing import Any
 sys.path.insert(0, os.getcwd())
 import pynvml
 
-from monitoring.collectors import nvml
+from monitoring.gpus import nvidia
 
 GIB = 1024**3
 HELD_GIB = 8
@@ -53,11 +53,21 @@ def memory_versions() -> dict[str, Any]:
     return out
 
 
+def gpu_rows() -> list[dict[str, Any]]:
+    return [reading.as_dict() for reading in nvidia.read()]
+
+
+def process_vram(pid: int) -> float | None:
+    """What the sampler reads for a backend's pid: the memory every GPU attributes to it."""
+    held = [r.process_memory_bytes for r in nvidia.read(pid) if r.process_memory_bytes is not None]
+    return sum(held) if held else None
+
+
 def main() -> int:
     pynvml.nvmlInit()
     print("driver", pynvml.nvmlSystemGetDriverVersion())
     started = time.perf_counter()
-    idle = nvml.gpus()
+    idle = gpu_rows()
     print(f"first gpus() call: {1000 * (time.perf_counter() - started):.1f} ms")
     print("idle:", json.dumps(idle))
     print("idle NVML memory v1/v2:", memory_versions())
@@ -70,27 +80,27 @@ def main() -> int:
     costs = []
     for _ in range(50):
         started = time.perf_counter()
-        nvml.gpus()
+        gpu_rows()
         costs.append(time.perf_counter() - started)
     print(f"gpus() per call: median {1e3 * statistics.median(costs):.2f} ms, max {1e3 * max(costs):.2f} ms (50 calls)")
 
     child = subprocess.Popen([sys.executable, "-c", CHILD], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     assert child.stdin is not None and child.stdout is not None
     print("child:", child.stdout.readline().strip(), "pid", child.pid)
-    held = nvml.gpus()
+    held = gpu_rows()
     print(f"child holds {HELD_GIB} GiB:", json.dumps(held))
     rise = held[0]["memory_used_bytes"] - idle[0]["memory_used_bytes"]
     print(f"used rose by {rise / GIB:.3f} GiB (the tensor and the child's CUDA context)")
     print("NVML memory v1/v2:", memory_versions())
     print("NVML's processes (pid: bytes):", processes())
-    own = nvml.process_vram(child.pid)  # what the sampler reads for a backend's pid
-    print(f"nvml.process_vram(child): {own / GIB:.3f} GiB" if own else f"the child's pid is not attributed ({own})")
+    own = process_vram(child.pid)  # what the sampler reads for a backend's pid
+    print(f"process_vram(child): {own / GIB:.3f} GiB" if own else f"the child's pid is not attributed ({own})")
     child.stdin.write("go\n")
     child.stdin.flush()
     series = []
     started = time.time()
     while time.time() - started < 6.5:
-        g = nvml.gpus()[0]
+        g = gpu_rows()[0]
         series.append(
             (round(time.time() - started, 1), g["utilization_gpu_pct"], round(g["power_w"]), g["temperature_c"])
         )
@@ -101,7 +111,7 @@ def main() -> int:
     child.stdin.flush()
     child.wait(timeout=30)
     time.sleep(1.0)
-    after = nvml.gpus()
+    after = gpu_rows()
     print("after the child exited:", json.dumps(after))
     ok = (
         idle[0]["memory_total_bytes"] > 16 * GIB

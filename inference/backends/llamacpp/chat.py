@@ -18,7 +18,7 @@ from typing import Any
 import httpx
 import orjson
 
-from inference.backends import failures, sse
+from inference.backends import failures
 from inference.backends.base import (
     Backend,
     BackendBadEvent,
@@ -35,6 +35,7 @@ from inference.backends.base import (
     ReadGate,
     StreamChunk,
 )
+from inference.backends.openai.stream import stream_chat_events
 
 
 def draft_counts(timings: dict[str, Any]) -> tuple[int | None, int | None]:
@@ -96,6 +97,7 @@ def _error(status: int | None, message: str) -> BackendError:
 
 class LlamaCppBackend(Backend):
     kind = "llamacpp"
+    label = "llama.cpp server"
     calls_read_gate = True
 
     def _client(self, *, read_timeout: float | None) -> httpx.AsyncClient:
@@ -209,56 +211,38 @@ class LlamaCppBackend(Backend):
             payload["stop"] = list(request.stop)
         return payload
 
-    async def stream_chat(
+    def stream_chat(
         self, request: ChatRequest, *, read_gate: ReadGate | None = None, on_sent: OnSent | None = None
     ) -> AsyncIterator[StreamChunk]:
         # The stream is read with the lean client in sse.py (httpx's line iterator was the worker's largest
-        # cost per token). No read timeout here: the worker enforces first-token and stall timeouts.
-        try:
-            response = await sse.post_json_stream(
-                self.base_url,
-                "/v1/chat/completions",
-                self._payload(request),
-                connect_timeout_s=self.timeout_s,
-                tls=tls_context(),
-                on_sent=on_sent,
-            )
-        except (OSError, TimeoutError, sse.ProtocolError) as exc:
-            raise BackendUnavailable(f"llama-server at {self.base_url} is unreachable: {exc!r}") from exc
-        try:
-            if response.status != 200:
-                try:
-                    body = await response.read_body()
-                except (OSError, sse.ProtocolError):
-                    body = b""
-                raise _error(response.status, _error_message(body))
-            finished = done = False
-            async for batch in response.event_batches():
-                text_seen = False
-                # The running timings of the last event a read brought are the ones read: the events before it in
-                # the same read are parsed for their text, their timings only type-checked (_chunk's ``timings``).
-                last = len(batch) - (2 if batch[-1] == "[DONE]" else 1)
-                for index, data in enumerate(batch):
-                    if data == "[DONE]":
-                        done = True
-                        break
-                    chunk = _chunk(data, timings=index >= last)
-                    finished = finished or bool(chunk.finish_reason)
-                    text_seen = text_seen or bool(chunk.text or chunk.thinking)
-                    yield chunk
-                if done:
-                    break
-                if text_seen and read_gate is not None:
-                    async with response.reads_paused():  # the next tokens gather in the socket meanwhile
-                        await read_gate()
-            if not finished:
-                raise BackendUnavailable("llama-server closed the stream before the reply finished")
-        except sse.EventError as exc:
-            raise BackendBadEvent(str(exc)) from exc
-        except (OSError, sse.ProtocolError) as exc:
-            raise BackendUnavailable(f"llama-server stream failed: {exc!r}") from exc
-        finally:
-            await response.aclose()
+        # cost per token).
+        return stream_chat_events(
+            server="llama-server",
+            base_url=self.base_url,
+            payload=self._payload(request),
+            reader=_Events(),
+            error=lambda status, body: _error(status, _error_message(body)),
+            connect_timeout_s=self.timeout_s,
+            tls=tls_context(),
+            read_gate=read_gate,
+            on_sent=on_sent,
+        )
+
+
+class _Events:
+    """llama-server's events: the running timings of the last event a read brought are the ones read; the events
+    before it in the same read are parsed for their text, their timings only type-checked."""
+
+    def __init__(self) -> None:
+        self.finished = False
+
+    def event(self, data: str, *, last_in_read: bool) -> StreamChunk:
+        chunk = _chunk(data, timings=last_in_read)
+        self.finished = self.finished or bool(chunk.finish_reason)
+        return chunk
+
+    def done(self) -> None:
+        return None
 
 
 def _chunk(data: str, *, timings: bool = True) -> StreamChunk:

@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from inference.backends import sse
-from inference.backends.llamacpp import tls_context
-from monitoring.collectors import Unavailable
+from inference.backends.llamacpp.chat import tls_context
+from inference.backends.monitor import Unavailable
 
 
 def parse_prometheus(text: str, prefix: str = "llamacpp:") -> dict[str, float]:
@@ -68,11 +68,17 @@ def parse_slot(raw: dict[str, Any]) -> SlotReading:
     )
 
 
+class Refused(Unavailable):
+    """The server answered, but not this endpoint (``/metrics`` without ``--metrics``, ``/slots`` with
+    ``--no-slots``, a router that wants ``?model=``): that panel is missing, the server is not down."""
+
+
 @dataclass
 class LlamaCppReading:
     metrics: dict[str, float]
     slots: list[SlotReading]
     props: dict[str, Any] = field(default_factory=dict)
+    refused: dict[str, str] = field(default_factory=dict)  # endpoint ("metrics", "slots", "props") -> why
 
 
 async def collect(
@@ -85,7 +91,10 @@ async def collect(
     """Read /slots, /metrics unless ``metrics_cache`` is given (its counters move only when a request ends), and
     /props once (it only changes when the server restarts). Every request is one the server answers between
     decode steps, so the sampler asks for as little as it can. The reads go through the lean client
-    (``inference.backends.sse.get``), since the sampler makes them every second for as long as RigDash runs."""
+    (``inference.backends.sse.get``), since the sampler makes them every second for as long as RigDash runs.
+
+    Each endpoint counts on its own: one the server refuses is named in ``refused`` and the others still count;
+    only a server that cannot be reached at all raises ``Unavailable``."""
 
     async def get(path: str) -> bytes:
         try:
@@ -93,27 +102,54 @@ async def collect(
         except (OSError, TimeoutError, sse.ProtocolError) as exc:
             raise Unavailable(f"llama-server unreachable: {exc!r}") from exc
         if status != 200:
-            raise Unavailable(f"llama-server {path} answered {status}")
+            raise Refused(f"llama-server {path} answered {status}")
         return body
 
     def parse_json(path: str, body: bytes) -> Any:
         try:
             return json.loads(body)
         except ValueError as exc:
-            raise Unavailable(f"llama-server {path} answered something that is not JSON") from exc
+            raise Refused(f"llama-server {path} answered something that is not JSON") from exc
 
     wanted = {"slots": get("/slots")}
     if metrics_cache is None:
         wanted["metrics"] = get("/metrics")
     if not props_cache:
         wanted["props"] = get("/props")
-    bodies = dict(zip(wanted, await asyncio.gather(*wanted.values()), strict=True))
-    props = props_cache if props_cache else parse_json("/props", bodies["props"])
-    metrics = bodies.get("metrics")
+    bodies: dict[str, bytes] = {}
+    refused: dict[str, str] = {}
+    for name, result in zip(wanted, await asyncio.gather(*wanted.values(), return_exceptions=True), strict=True):
+        if isinstance(result, Refused):
+            refused[name] = str(result)
+        elif isinstance(result, BaseException):
+            raise result
+        else:
+            bodies[name] = result
+    props: dict[str, Any] = dict(props_cache or {})
+    if "props" in bodies:
+        props = _json_object("/props", bodies["props"], parse_json, refused, "props")
+    slots: list[SlotReading] = []
+    if "slots" in bodies:
+        try:
+            raw_slots = parse_json("/slots", bodies["slots"])
+            slots = [parse_slot(slot) for slot in raw_slots]
+        except (Refused, TypeError, KeyError, ValueError, AttributeError) as exc:
+            refused["slots"] = f"llama-server /slots answered a shape RigDash cannot read ({exc})"
+    metrics = dict(metrics_cache or {})
+    if "metrics" in bodies:
+        metrics = parse_prometheus(bodies["metrics"].decode("utf-8", "replace"))
     return LlamaCppReading(
-        metrics=parse_prometheus(metrics.decode("utf-8", "replace"))
-        if metrics is not None
-        else dict(metrics_cache or {}),
-        slots=[parse_slot(slot) for slot in parse_json("/slots", bodies["slots"])],
-        props={k: v for k, v in props.items() if k != "chat_template"},
+        metrics=metrics, slots=slots, props={k: v for k, v in props.items() if k != "chat_template"}, refused=refused
     )
+
+
+def _json_object(path: str, body: bytes, parse: Any, refused: dict[str, str], name: str) -> dict[str, Any]:
+    try:
+        value = parse(path, body)
+    except Refused as exc:
+        refused[name] = str(exc)
+        return {}
+    if not isinstance(value, dict):
+        refused[name] = f"llama-server {path} answered something that is not an object"
+        return {}
+    return value

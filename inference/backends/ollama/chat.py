@@ -28,6 +28,7 @@ from inference.backends.base import (
     BackendProtocolError,
     BackendStats,
     BackendUnavailable,
+    Capabilities,
     ChatRequest,
     Health,
     LoadedModel,
@@ -116,6 +117,11 @@ def _chat_part(line: bytes) -> ollama.ChatResponse:
 
 class OllamaBackend(Backend):
     kind = "ollama"
+    label = "Ollama"
+    capabilities = Capabilities(
+        request_settings=frozenset({"num_ctx"}), context_per_request=True, context_per_model=True,
+        truncates_to_window=True,
+    )  # fmt: skip
     transport: httpx.AsyncBaseTransport | None = None  # the HTTP transport; None: httpx's own
 
     def _client(self, *, read_timeout: float | None) -> ollama.AsyncClient:
