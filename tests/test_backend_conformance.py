@@ -1,7 +1,7 @@
 """One conformance suite for every backend plug-in: the same tests, parameterised by backend.
 
 llama.cpp and the generic OpenAI-compatible plug-in run against the real llama-server; Ollama against the
-protocol replay in tests/ollama_replay.py (no Ollama binary can run here; the replay speaks Ollama's documented wire format).
+protocol replay in tests/ollama_replay.py (no Ollama binary can run here; the replay speaks Ollama's wire format).
 Each runs twice: thinking off (``think`` left to the server, a model that does not reason) and on (a reasoning
 model asked to think: a second llama-server whose chat template makes SmolLM2 reason, tests/reasoning_llama.py;
 the replay's reasoning model).
