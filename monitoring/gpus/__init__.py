@@ -11,10 +11,10 @@ from dataclasses import dataclass, field
 from types import ModuleType
 
 from monitoring.collectors import Unavailable
-from monitoring.gpus import nvidia
+from monitoring.gpus import amd, apple, nvidia
 from monitoring.gpus.reading import GpuReading
 
-VENDORS: tuple[ModuleType, ...] = (nvidia,)
+VENDORS: tuple[ModuleType, ...] = (nvidia, amd, apple)
 
 
 @dataclass(frozen=True)
