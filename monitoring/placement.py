@@ -71,7 +71,7 @@ def process_placement(
 
 def _runtime(gpus: list[dict[str, Any]]) -> str:
     """The GPU runtime whose context a process's GPU memory includes."""
-    vendors = {g.get("vendor") for g in gpus}
+    vendors = {str(g.get("vendor", "")) for g in gpus}
     return {"nvidia": "CUDA", "amd": "HIP"}.get(vendors.pop(), "GPU") if len(vendors) == 1 else "GPU"
 
 

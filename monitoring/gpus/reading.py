@@ -43,7 +43,8 @@ def peak_bandwidth_gbs(
     *, memory_clock_mhz: float | None, bus_width_bits: float | None, transfers_per_clock: int = 2
 ) -> float | None:
     """A memory's theoretical peak: clock (MHz) x transfers per clock x bus width (bytes), the figure spec sheets give.
-    ``transfers_per_clock`` is 2 for the clocks NVML and amdsmi report (DDR: the data rate is twice that clock)."""
+    ``transfers_per_clock`` is 2 for the clock NVML reports (its data rate is twice that clock); other tools' clocks
+    differ by memory type (monitoring/gpus/amd.py)."""
     if not memory_clock_mhz or not bus_width_bits or memory_clock_mhz <= 0 or bus_width_bits <= 0:
         return None
     return round(memory_clock_mhz * 1e6 * transfers_per_clock * bus_width_bits / 8 / 1e9, 1)
