@@ -5,6 +5,7 @@ Trace order is part of the contract with static/rigdash/dashboard.js, which exte
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -27,6 +28,32 @@ MEMORY_TRACES = [
     ("backend_vram_bytes", "backend process VRAM (GiB)", GIB),
     ("gpu0_memory_used_bytes", "GPU 0 memory used (GiB)", GIB),
 ]
+ENERGY_TRACES = [("energy_j_per_token", "joules per decoded token", 1)]
+GPU_SERIES = re.compile(r"gpu(\d+)_memory_used_bytes")
+
+
+def gpu_traces(columns: dict[str, Any]) -> list[tuple[str, str, float]]:
+    """One pair of traces per GPU the range has samples of: its memory used, and what the backend holds there."""
+    indexes = sorted(int(found[1]) for name in columns["series"] if (found := GPU_SERIES.fullmatch(name)))
+    return [
+        trace
+        for i in indexes or [0]
+        for trace in (
+            (f"gpu{i}_memory_used_bytes", f"GPU {i} used (GiB)", GIB),
+            (f"gpu{i}_backend_memory_bytes", f"GPU {i} backend (GiB)", GIB),
+        )
+    ]
+
+
+def rig_series_figures(columns: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The rig page's time-series panels (dashboard.js extends each live from the samples)."""
+    return {
+        "decode": series_figure(columns, DECODE_TRACES, "Decode tokens/s (rig total) and the bandwidth bound"),
+        "kv": series_figure(columns, KV_TRACES, "KV cache"),
+        "memory": series_figure(columns, MEMORY_TRACES, "Memory"),
+        "gpus": series_figure(columns, gpu_traces(columns), "Memory per GPU"),
+        "energy": series_figure(columns, ENERGY_TRACES, "Energy per token (GPU power / decode rate)"),
+    }
 
 
 def _x(ts: list[float]) -> list[float]:
@@ -99,9 +126,4 @@ def latency_figures(latency: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 
 def dashboard_figures(columns: dict[str, Any], latency: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    return {
-        "decode": series_figure(columns, DECODE_TRACES, "Decode tokens/s (rig total) and the bandwidth bound"),
-        "kv": series_figure(columns, KV_TRACES, "KV cache"),
-        "memory": series_figure(columns, MEMORY_TRACES, "Memory"),
-        **latency_figures(latency),
-    }
+    return {**rig_series_figures(columns), **latency_figures(latency)}

@@ -8,6 +8,7 @@ worker code or shared metrics directory is needed (https://prometheus.github.io/
 
 from __future__ import annotations
 
+import re
 from collections import Counter, defaultdict
 from collections.abc import Iterator
 from typing import Any
@@ -42,7 +43,12 @@ GAUGES = {
     "host_used_bytes": ("rigdash_host_memory_used_bytes", "System RAM in use"),
     "host_total_bytes": ("rigdash_host_memory_total_bytes", "System RAM"),
     "backend_rss_bytes": ("rigdash_backend_resident_bytes", "Resident memory of the backend process"),
-    "backend_vram_bytes": ("rigdash_backend_vram_bytes", "GPU memory NVML attributes to the backend process"),
+    "backend_vram_bytes": ("rigdash_backend_vram_bytes", "GPU memory the GPUs' tools attribute to the backend process"),
+    "energy_j_per_token": (
+        "rigdash_energy_joules_per_token",
+        "GPU power over the rig's decode rate at the sample: joules per decoded token (GPUs that report power only)",
+    ),
+    "power_gpus_w": ("rigdash_backend_gpus_power_watts", "Power of the GPUs that hold the backend's memory"),
     "spec_acceptance": (
         "rigdash_backend_draft_acceptance_ratio",
         "Draft tokens accepted over drafted since the backend started (llama-server's counters)",
@@ -57,6 +63,7 @@ BACKEND_COUNTERS = {
     "llamacpp_spec_decode_num_accepted_tokens_total": (
         "rigdash_backend_draft_accepted_tokens", "Backend counter of draft tokens the model accepted"),
 }  # fmt: skip
+GPU_SERIES = re.compile(r"gpu(\d+)_(\w+)")  # a sample's per-GPU series: gpu<index>_<reading>
 GPU_GAUGES = {
     "memory_used_bytes": ("rigdash_gpu_memory_used_bytes", "GPU memory used"),
     "memory_total_bytes": ("rigdash_gpu_memory_total_bytes", "GPU memory"),
@@ -64,6 +71,7 @@ GPU_GAUGES = {
     "utilization_pct": ("rigdash_gpu_utilization_percent", "GPU utilisation"),
     "power_w": ("rigdash_gpu_power_watts", "GPU power draw"),
     "temperature_c": ("rigdash_gpu_temperature_celsius", "GPU temperature"),
+    "backend_memory_bytes": ("rigdash_gpu_backend_memory_bytes", "GPU memory held by the backend process, per GPU"),
 }
 HISTOGRAMS = {
     "ttft": ("rigdash_time_to_first_token_seconds", "Backend request to first token of finished turns"),
@@ -101,8 +109,9 @@ def rig_metrics(rigs: list[dict[str, Any]]) -> Iterator[Metric]:
         for r in rigs:
             for name, raw in r["series"].items():
                 value = _number(raw)
-                if name.startswith("gpu") and name.endswith("_" + key) and value is not None:
-                    gauge.add_metric([r["name"], r["model"], name[3 : -len(key) - 1]], value)
+                found = GPU_SERIES.fullmatch(name)
+                if found and found[2] == key and value is not None:
+                    gauge.add_metric([r["name"], r["model"], found[1]], value)
         yield gauge
     by_user = GaugeMetricFamily("rigdash_active_turns_by_user", "Turns queued or running, by user",
                                 labels=[*RIG_MODEL, "user"])  # fmt: skip

@@ -280,7 +280,7 @@ class RigSampler:
         if watts is None:
             detail["energy"] = {"ok": False, "error": "power is not measurable here: no GPU reports its power draw"}
             return
-        series["gpu_power_w"] = round(watts, 2)
+        series["power_gpus_w"] = round(watts, 2)
         if rate > 0:
             series["energy_j_per_token"] = round(watts / rate, 4)
         detail["energy"] = {"ok": True, "error": "" if rate > 0 else "nothing is decoding"}

@@ -87,11 +87,7 @@ def rig_dashboard(request: HttpRequest, rig_id: int) -> HttpResponse:
 def api_rig_series(request: HttpRequest, rig_id: int) -> HttpResponse:
     rig = get_object_or_404(Rig, pk=rig_id, enabled=True)
     columns = selectors.rig_series(rig, _range_s(request))
-    figures = {
-        "decode": plotting.series_figure(columns, plotting.DECODE_TRACES, "Decode tokens/s"),
-        "kv": plotting.series_figure(columns, plotting.KV_TRACES, "KV cache"),
-        "memory": plotting.series_figure(columns, plotting.MEMORY_TRACES, "Memory"),
-    }
+    figures = plotting.rig_series_figures(columns)
     return FastJsonResponse({"rig": rig.pk, "columns": columns, "figures": figures})
 
 

@@ -139,8 +139,12 @@
     $("[data-testid=spill]").hidden = !placement.spill;
     const gpu = sources.gpu;
     $("[data-testid=gpu]").textContent = gpu && gpu.ok
-      ? (d.gpus || []).map((g) => `GPU ${g.index} ${g.name}: ${gib(g.memory_used_bytes)} / ${gib(g.memory_total_bytes)}${g.memory_reserved_bytes ? ` (${gib(g.memory_reserved_bytes)} reserved by the driver)` : ""}, ${g.utilization_gpu_pct} %, ${fmt(g.power_w, 0)} W, ${g.temperature_c} °C`).join(" · ")
+      ? (d.gpus || []).map((g) => `GPU ${g.index} ${g.name}${g.unified ? " (unified memory)" : ""}: ${gib(g.memory_used_bytes)} / ${gib(g.memory_total_bytes)}${g.memory_reserved_bytes ? ` (${gib(g.memory_reserved_bytes)} reserved by the driver)` : ""}${g.process_memory_bytes ? `, backend ${gib(g.process_memory_bytes)}` : ""}, ${fmt(g.utilization_gpu_pct, 0)} %, ${fmt(g.power_w, 0)} W, ${fmt(g.temperature_c, 0)} °C`).join(" · ")
       : `GPU: unavailable (${gpu ? gpu.error : "no reading"})`;
+    const energy = d.energy || {};
+    $("[data-testid=energy]").textContent = energy.ok && sample.series.energy_j_per_token !== undefined
+      ? `${fmt(sample.series.energy_j_per_token, 3)} J per token at ${fmt(sample.series.power_gpus_w, 0)} W`
+      : `Energy per token: ${energy.error || "not measured yet"}`;
 
     const signals = [
       ["busy slots", s.total_slots === undefined ? "–" : `${s.busy_slots} / ${s.total_slots}`],
@@ -162,6 +166,8 @@
     extendSeries("decode", sample);
     extendSeries("kv", sample);
     extendSeries("memory", sample);
+    extendSeries("gpus", sample);
+    extendSeries("energy", sample);
   }
 
   async function refetch(path) {
@@ -185,7 +191,7 @@
     range = event.target.value;
     const body = await refetch(`/monitoring/api/rigs/${cfg.rig}/series?range=${encodeURIComponent(range)}`);
     Object.assign(figures, body.figures);
-    for (const name of ["decode", "kv", "memory"]) draw(name, figures[name]);
+    for (const name of ["decode", "kv", "memory", "gpus", "energy"]) draw(name, figures[name]);
     history.replaceState(null, "", `?range=${encodeURIComponent(range)}`);
   });
 
