@@ -9,6 +9,8 @@ from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest
 
 from inference.audit import audit_record
+from inference.board import actions, rigs
+from inference.errors import InvalidInput
 from inference.forms import QuotaForm, RigForm
 from inference.models import AuditLog, ChatSession, Quota, Rig, Turn
 from rigdash.access import other_active_superusers, outranks
@@ -23,9 +25,19 @@ class RigAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     readonly_fields = ("queue",)
     fields = ("name", "kind", "base_url", "queue", "slots", "is_default", "enabled")
 
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return bool(getattr(request.user, "is_superuser", False) and super().has_add_permission(request))
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> tuple[str, ...]:
+        fields = tuple(super().get_readonly_fields(request, obj))
+        return fields if getattr(request.user, "is_superuser", False) else (*fields, *rigs.SUPERUSER_FIELDS)
+
     def save_model(self, request: HttpRequest, obj: Rig, form: Any, change: bool) -> None:
         obj.queue = Rig.queue_for(obj.name)
-        super().save_model(request, obj, form, change)
+        try:
+            rigs.rig_save(actor=request.user, rig=obj)
+        except InvalidInput as exc:
+            raise PermissionDenied(exc.message) from None
 
 
 @admin.register(ChatSession)
@@ -50,14 +62,20 @@ class QuotaAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
 
     def save_model(self, request: HttpRequest, obj: Quota, form: Any, change: bool) -> None:
         before = {name: form.initial.get(name) for name in Quota.LIMIT_FIELDS} if change else None
-        super().save_model(request, obj, form, change)
-        after = {name: getattr(obj, name) for name in Quota.LIMIT_FIELDS}
-        action = "quota.update" if change else "quota.create"
-        audit_record(actor=request.user, action=action, target=str(obj), detail={"before": before, "after": after})
+        try:
+            actions.quota_save(actor=request.user, quota=obj, before=before)
+        except InvalidInput as exc:
+            raise PermissionDenied(exc.message) from None
 
     def delete_model(self, request: HttpRequest, obj: Quota) -> None:
-        audit_record(actor=request.user, action="quota.delete", target=str(obj))
-        super().delete_model(request, obj)
+        try:
+            actions.quota_delete(actor=request.user, quota=obj)
+        except InvalidInput as exc:
+            raise PermissionDenied(exc.message) from None
+
+    def delete_queryset(self, request: HttpRequest, queryset: Any) -> None:
+        for quota in queryset:  # each through the role check and the audit log
+            self.delete_model(request, quota)
 
 
 @admin.register(AuditLog)

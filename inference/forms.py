@@ -10,6 +10,20 @@ from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 
 from inference.models import Quota, Rig
+from rigdash import numbers
+
+
+class StrictIntegerField(forms.IntegerField):
+    """Django's IntegerField reads what ``int()`` reads (``"1_000"``, ``"٣"``): here ASCII digits only, bounded
+    (rigdash/numbers.py), or the field's "invalid" error."""
+
+    def to_python(self, value: Any) -> int | None:
+        if value in self.empty_values:
+            return None
+        try:
+            return numbers.parse_int(value, name=str(self.label or "value"))
+        except numbers.BadNumber:
+            raise forms.ValidationError(self.error_messages["invalid"], code="invalid") from None
 
 
 class RigForm(forms.ModelForm):  # type: ignore[type-arg]
@@ -19,6 +33,7 @@ class RigForm(forms.ModelForm):  # type: ignore[type-arg]
     class Meta:
         model = Rig
         fields = ["name", "kind", "base_url", "slots", "is_default", "enabled"]
+        field_classes = {"slots": StrictIntegerField}
         widgets = {"base_url": forms.TextInput(attrs={"placeholder": "http://ollama:11434", "size": 60})}
 
     def save(self, commit: bool = True) -> Rig:
@@ -48,7 +63,7 @@ class QuotaForm(forms.ModelForm):  # type: ignore[type-arg]
         for name in Quota.LIMIT_FIELDS:
             model_field = _limit_field(name)
             low, high = _bounds(model_field)
-            self.fields[name] = forms.IntegerField(
+            self.fields[name] = StrictIntegerField(
                 required=False,
                 min_value=low,
                 max_value=high,
@@ -89,7 +104,7 @@ class UserGroupsForm(forms.Form):
 
 class ApiKeyForm(forms.Form):
     name = forms.CharField(max_length=100, help_text="What will use it, e.g. “editor on my laptop”.")
-    expires_in_days = forms.IntegerField(
+    expires_in_days = StrictIntegerField(
         required=False, min_value=1, max_value=3650, label="Expires in (days)",
         help_text="Leave empty for a key that does not expire.",
         widget=forms.NumberInput(attrs={"placeholder": "never"}),

@@ -103,9 +103,11 @@ def rigs_latest(rigs: Iterable[Rig]) -> dict[int, dict[str, Any]]:
     }
 
 
-def rig_latency(rig: Rig, *, turns: int = 20) -> dict[str, Any]:
+def rig_latency(rig: Rig, *, turns: int = 20, own_turns_of: int | None = None) -> dict[str, Any]:
     """Inter-token gaps and TTFT of the rig's most recent finished turns, with gap percentiles, and the draft
-    tokens their speculative decoding accepted (llama-server's per-reply counts)."""
+    tokens their speculative decoding accepted (llama-server's per-reply counts). ``own_turns_of``: a user who is
+    not staff, who sees per-turn timings of their own turns only; the percentiles and the speculative totals stay
+    over everyone's, which no single turn can be read back from."""
     recent = turn_selectors.rig_recent_finished(rig.pk, limit=turns)
     gaps: list[float] = []
     per_turn = []
@@ -115,6 +117,8 @@ def rig_latency(rig: Rig, *, turns: int = 20) -> dict[str, Any]:
             drafted, accepted, drafted_turns = drafted + drafts[0], accepted + drafts[1], drafted_turns + 1
         turn_gaps = [float(g) for g in row["stats"].get("inter_token_gaps_ms") or []]
         gaps.extend(turn_gaps)
+        if own_turns_of is not None and row["owner_id"] != own_turns_of:
+            continue
         per_turn.append(
             {
                 "id": row["id"],

@@ -35,6 +35,12 @@ def _range_s(request: HttpRequest) -> int:
     return selectors.RANGES_S.get(request.GET.get("range", "15m"), selectors.RANGES_S["15m"])
 
 
+def _viewer_latency(request: HttpRequest, rig: Rig) -> dict[str, Any]:
+    """The rig's latency as the viewer may see it: staff, every turn's timings; others, their own turns' and the
+    aggregates over everyone's (per-turn gaps and acceptance tell what someone else's turn was)."""
+    return selectors.rig_latency(rig, own_turns_of=None if is_staff(request.user) else request.user.pk)
+
+
 def _viewer_sample(request: HttpRequest, latest: dict[str, Any] | None) -> dict[str, object] | None:
     if latest is None:
         return None
@@ -70,7 +76,7 @@ def rig_profile(request: HttpRequest, rig_id: int) -> HttpResponse:
 def rig_dashboard(request: HttpRequest, rig_id: int) -> HttpResponse:
     rig = get_object_or_404(Rig, pk=rig_id, enabled=True)
     range_key = request.GET.get("range", "15m")
-    latency = selectors.rig_latency(rig)
+    latency = _viewer_latency(request, rig)
     figures = plotting.dashboard_figures(selectors.rig_series(rig, _range_s(request)), latency)
     config = {
         "rig": rig.pk, "range": range_key, "figures": figures,
@@ -95,7 +101,7 @@ def api_rig_series(request: HttpRequest, rig_id: int) -> HttpResponse:
 @require_GET
 def api_rig_latency(request: HttpRequest, rig_id: int) -> HttpResponse:
     rig = get_object_or_404(Rig, pk=rig_id, enabled=True)
-    latency = selectors.rig_latency(rig)
+    latency = _viewer_latency(request, rig)
     return FastJsonResponse({"rig": rig.pk, "latency": latency, "figures": plotting.latency_figures(latency)})
 
 

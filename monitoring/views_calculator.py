@@ -19,6 +19,7 @@ from monitoring import calculator_forms as forms
 from monitoring import calculator_plots as plots
 from monitoring import calculator_presets as presets
 from monitoring import calculator_selectors as selectors
+from rigdash import numbers
 
 GROUPS = [
     ("Model", "model layers heads kv_heads embd head_dim params_b quant weight_gib kv_type"),
@@ -32,8 +33,11 @@ def _rig(query: Any) -> tuple[Rig | None, str]:
     raw = str(query.get("rig", "")).strip()
     if not raw:
         return None, ""
-    valid = raw.isdigit() and int(raw) < 2**31  # the primary key's range: a longer number is no rig, not a 500
-    rig = Rig.objects.filter(pk=int(raw), enabled=True).first() if valid else None
+    try:
+        rig_id = numbers.parse_int(raw, name="rig", low=1, high=2**31 - 1)  # the primary key's range
+    except numbers.BadNumber:
+        return None, f"no enabled rig with id {raw[:20]!r}"
+    rig = Rig.objects.filter(pk=rig_id, enabled=True).first()
     return rig, "" if rig else f"no enabled rig with id {raw!r}"
 
 
@@ -114,7 +118,7 @@ def calculator_page(request: HttpRequest) -> HttpResponse:
         "rigs": rigs,
         "groups": groups,
         "page_config": config,
-        "selected_rig": int(selected) if selected.isdigit() else None,
+        "selected_rig": numbers.optional_int(selected, name="rig", default=0) if _rig(form.data)[0] else None,
     }
     return render(
         request,

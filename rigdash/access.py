@@ -55,6 +55,15 @@ def outranks(actor: Any, target: Any) -> bool:
     return role_rank(actor) > role_rank(target)
 
 
+def may_act_on(actor: Any, target: Any, *, own: bool = False) -> bool:
+    """``actor`` may act on ``target``'s account or what is theirs (role, active state, groups, quota, sessions, API
+    keys, turns): only from a strictly higher role; on their own account too where ``own`` (their own turn or key).
+    The one rule every board action goes through (``inference.board.actions.require_may_act_on``)."""
+    if own and actor is not None and target is not None and actor.pk == target.pk:
+        return True
+    return outranks(actor, target)
+
+
 def other_active_superusers(user_id: int) -> bool:
     """An active superuser other than ``user_id`` exists (so ``user_id`` may stop being one)."""
     return bool(get_user_model().objects.filter(is_active=True, is_superuser=True).exclude(pk=user_id).exists())

@@ -4,6 +4,7 @@ key issued once, and the rig's monitoring profile; each change audited, everyone
 from __future__ import annotations
 
 import pytest
+from django.contrib.auth.models import User
 from django.test import Client
 
 from inference.models import AuditLog, ChatSession, Rig
@@ -21,7 +22,13 @@ def _client(user) -> Client:
 
 @pytest.fixture
 def staff():
-    return make_user("boss", is_staff=True)
+    """A superuser: adding a rig and changing its URL or kind are theirs (tests below: staff edit the rest)."""
+    return make_user("boss", is_staff=True, is_superuser=True)
+
+
+@pytest.fixture
+def plain_staff():
+    return make_user("staffer", is_staff=True)
 
 
 def test_staff_add_a_rig_on_a_single_label_host_and_edit_it(staff):
@@ -103,3 +110,48 @@ def test_everyone_else_gets_404_on_every_rig_page(owner):
         assert getattr(client, method)(url).status_code == 404, url
     rig.refresh_from_db()
     assert not rig.agent_key
+
+
+RIG_FORM = {"name": "gpu-box", "kind": "llamacpp", "base_url": "http://127.0.0.1:9", "slots": 2, "enabled": "on"}
+
+
+def test_staff_cannot_add_a_rig(plain_staff):
+    response = _client(plain_staff).post("/board/rigs/new", RIG_FORM)
+    assert response.status_code == 403 and "Only a superuser may add a rig" in response.content.decode()
+    assert not Rig.objects.exists()
+
+
+@pytest.mark.parametrize(
+    ("change", "named"), [({"base_url": "http://evil.example:8080"}, "base_url"), ({"kind": "ollama"}, "kind")]
+)
+def test_staff_cannot_change_a_rigs_url_or_kind_but_may_edit_the_rest(plain_staff, change, named):
+    rig = Rig.objects.create(name="gpu-box", kind="llamacpp", base_url="http://127.0.0.1:9", queue="rig.gpu-box")
+    client = _client(plain_staff)
+    response = client.post(f"/board/rigs/{rig.pk}/", {**RIG_FORM, **change})
+    assert response.status_code == 403
+    assert f"Only a superuser may change a rig&#x27;s {named}" in response.content.decode()
+    rig.refresh_from_db()
+    assert (rig.kind, rig.base_url, rig.slots) == ("llamacpp", "http://127.0.0.1:9", 4)
+    assert client.post(f"/board/rigs/{rig.pk}/", {**RIG_FORM, "slots": 3}).status_code == 302
+    rig.refresh_from_db()
+    assert (rig.base_url, rig.slots) == ("http://127.0.0.1:9", 3)
+
+
+def test_a_superuser_changes_a_rigs_url(staff):
+    rig = Rig.objects.create(name="gpu-box", kind="llamacpp", base_url="http://127.0.0.1:9", queue="rig.gpu-box")
+    response = _client(staff).post(f"/board/rigs/{rig.pk}/", {**RIG_FORM, "base_url": "http://127.0.0.1:10"})
+    assert response.status_code == 302
+    rig.refresh_from_db()
+    assert rig.base_url == "http://127.0.0.1:10"
+
+
+def test_in_django_admin_a_rigs_url_and_kind_are_read_only_to_staff(plain_staff):
+    from django.contrib.auth.models import Permission
+
+    plain_staff.user_permissions.add(*Permission.objects.filter(codename__in=["add_rig", "change_rig", "view_rig"]))
+    rig = Rig.objects.create(name="gpu-box", kind="llamacpp", base_url="http://127.0.0.1:9", queue="rig.gpu-box")
+    client = _client(User.objects.get(pk=plain_staff.pk))
+    assert client.get("/admin/inference/rig/add/").status_code == 403
+    client.post(f"/admin/inference/rig/{rig.pk}/change/", {**RIG_FORM, "base_url": "http://evil.example:8080"})
+    rig.refresh_from_db()
+    assert rig.base_url == "http://127.0.0.1:9"

@@ -32,7 +32,7 @@ def _plan(**raw):
         ({"model": 7}, "bad_model", "Name the model"),
         ({"contexts": ""}, "bad_contexts", "whole numbers"),
         ({"contexts": "512, lots"}, "bad_contexts", "'lots'"),
-        ({"contexts": "-512"}, "bad_contexts", "'-512'"),
+        ({"contexts": "-512"}, "bad_contexts", "-512; each must be"),
         ({"contexts": "16"}, "bad_contexts", "64 to"),
         ({"contexts": [512, 2.5]}, "bad_contexts", "2.5"),
         ({"contexts": [512, True]}, "bad_contexts", "True"),

@@ -1,7 +1,9 @@
 """Admin actions: cancel anyone's turn, create and (de)activate users, change roles and quotas. Each is audited.
 
 Views and the board consumer check ``is_staff`` before calling these; the functions re-check it too, so a
-demoted admin's request that was already on its way changes nothing.
+demoted admin's request that was already on its way changes nothing. Roles (superuser > staff > user): nobody acts
+on an account at or above their own role (``require_may_act_on``, ``rigdash.access.may_act_on``); the refusal is
+InvalidInput("forbidden"), a 403 in the views and an error frame on the board's socket.
 """
 
 from __future__ import annotations
@@ -13,13 +15,14 @@ from django.contrib.auth.models import AbstractBaseUser, AnonymousUser, Group, U
 from django.contrib.auth.password_validation import validate_password
 from django.core.exceptions import ValidationError
 from django.db import transaction
+from django.db.models import Q
 
 from inference import events
 from inference.audit import audit_record
 from inference.errors import InvalidInput, NotFound
 from inference.models import Quota, Turn
 from inference.turns.lifecycle import turn_cancel, turns_cancel_for_user
-from rigdash.access import ROLE_SUPERUSER, outranks, role_rank, staff_now
+from rigdash.access import ROLE_SUPERUSER, may_act_on, role_rank, staff_now
 
 
 def require_staff(actor: AbstractBaseUser | AnonymousUser) -> User:
@@ -30,13 +33,17 @@ def require_staff(actor: AbstractBaseUser | AnonymousUser) -> User:
     return fresh
 
 
-def _require_outranks(admin: User, user: User) -> None:
-    """Roles: superuser > staff > user; nobody changes someone at or above their own role (read fresh)."""
-    target = User.objects.filter(pk=user.pk).first()
+FORBIDDEN_RANK = "You cannot act on an account whose role is at or above your own."
+
+
+def require_may_act_on(admin: User, user_id: int, *, own: bool = False) -> None:
+    """Roles: superuser > staff > user; nobody acts on someone at or above their own role (the target read fresh;
+    ``own``: the admin's own account is allowed, for their own turn or key)."""
+    target = User.objects.filter(pk=user_id).first()
     if target is None:
         raise NotFound("user")
-    if not outranks(admin, target):
-        raise InvalidInput("forbidden", "You cannot change an account whose role is at or above your own.")
+    if not may_act_on(admin, target, own=own):
+        raise InvalidInput("forbidden", FORBIDDEN_RANK)
 
 
 def _turn_id(raw: Any) -> int:
@@ -54,6 +61,7 @@ def admin_turn_cancel(*, actor: AbstractBaseUser | AnonymousUser, turn_id: Any) 
     turn = Turn.objects.select_related("session", "session__owner").filter(pk=_turn_id(turn_id)).first()
     if turn is None:
         raise NotFound("turn")
+    require_may_act_on(admin, turn.session.owner_id, own=True)
     before = turn.status
     turn = turn_cancel(turn=turn)  # raises InvalidInput("turn_finished") when it already ended
     audit_record(
@@ -105,7 +113,7 @@ def user_set_active(*, actor: AbstractBaseUser | AnonymousUser, user: User, acti
     admin = require_staff(actor)
     if user.pk == admin.pk and not active:
         raise InvalidInput("self", "You cannot deactivate your own account.")
-    _require_outranks(admin, user)
+    require_may_act_on(admin, user.pk)
     with transaction.atomic():
         changed = User.objects.filter(pk=user.pk).exclude(is_active=active).update(is_active=active)
         if changed:
@@ -121,7 +129,7 @@ def user_set_staff(*, actor: AbstractBaseUser | AnonymousUser, user: User, staff
     admin = require_staff(actor)
     if user.pk == admin.pk and not staff:
         raise InvalidInput("self", "You cannot remove your own admin role.")
-    _require_outranks(admin, user)
+    require_may_act_on(admin, user.pk)
     if staff and role_rank(admin) < ROLE_SUPERUSER:
         raise InvalidInput("forbidden", "Only a superuser may make someone an admin.")
     with transaction.atomic():
@@ -140,7 +148,7 @@ def user_set_staff(*, actor: AbstractBaseUser | AnonymousUser, user: User, staff
 
 def user_set_groups(*, actor: AbstractBaseUser | AnonymousUser, user: User, groups: Iterable[Group]) -> User:
     admin = require_staff(actor)
-    _require_outranks(admin, user)
+    require_may_act_on(admin, user.pk)
     new = sorted(g.name for g in groups)
     old = sorted(user.groups.values_list("name", flat=True))
     if new != old:
@@ -158,9 +166,27 @@ def quota_values(quota: Quota) -> dict[str, int | None]:
     return {name: getattr(quota, name) for name in Quota.LIMIT_FIELDS}
 
 
+def _require_may_set_quota(admin: User, quota: Quota) -> None:
+    """A quota binds its user, every member of its group, or everyone (the default). A user's: the admin must
+    outrank them. A group's or the default: a superuser's (the top role, binding themselves is theirs to do), or
+    staff's where it binds no admin at all (so the default quota, while admins exist, is a superuser's)."""
+    if quota.user_id is not None:
+        require_may_act_on(admin, quota.user_id)
+        return
+    if role_rank(admin) == ROLE_SUPERUSER:
+        return
+    bound = User.objects.filter(groups=quota.group_id) if quota.group_id is not None else User.objects.all()
+    if bound.filter(Q(is_staff=True) | Q(is_superuser=True)).exists():
+        raise InvalidInput("forbidden", FORBIDDEN_RANK + " This quota applies to such an account.")
+
+
 def quota_save(*, actor: AbstractBaseUser | AnonymousUser, quota: Quota, before: dict[str, Any] | None) -> Quota:
     """Store a validated quota (``full_clean`` runs again here) and record what changed."""
     admin = require_staff(actor)
+    stored = Quota.objects.filter(pk=quota.pk).first() if quota.pk is not None else None
+    for bound in (stored, quota):  # whom it bound before the edit, and whom it will bind
+        if bound is not None:
+            _require_may_set_quota(admin, bound)
     try:
         quota.full_clean()
     except ValidationError as exc:
@@ -180,6 +206,7 @@ def quota_save(*, actor: AbstractBaseUser | AnonymousUser, quota: Quota, before:
 
 def quota_delete(*, actor: AbstractBaseUser | AnonymousUser, quota: Quota) -> None:
     admin = require_staff(actor)
+    _require_may_set_quota(admin, quota)
     with transaction.atomic():
         audit_record(actor=admin, action="quota.delete", target=str(quota), detail={"before": quota_values(quota)})
         quota.delete()

@@ -21,7 +21,7 @@ from inference.audit import audit_record
 from inference.db import lock_rows
 from inference.errors import InvalidInput, NotFound
 from inference.models import ApiKey
-from rigdash.access import staff_now
+from rigdash.access import may_act_on, staff_now
 
 KEY_PREFIX = "rdk_"
 KEY_RE = re.compile(r"rdk_[A-Za-z0-9_-]{43}")
@@ -74,13 +74,17 @@ def api_key_list_all() -> QuerySet[ApiKey]:
 
 
 def api_key_revoke(*, key_id: int, actor: AbstractBaseUser | AnonymousUser) -> ApiKey:
-    """Revoke a key: its owner may, and staff may revoke anyone's (audited). Anyone else: NotFound."""
+    """Revoke a key: its owner may, and staff may revoke the keys of those below their role (audited; a key of
+    someone at or above it: InvalidInput("forbidden")). Anyone else: NotFound."""
     if not actor.is_authenticated:
         raise NotFound("key")
-    keys = ApiKey.objects.all() if staff_now(actor) else ApiKey.objects.filter(owner_id=actor.pk)
+    admin = staff_now(actor)
+    keys = ApiKey.objects.all() if admin else ApiKey.objects.filter(owner_id=actor.pk)
     key = keys.filter(pk=key_id).select_related("owner").first()
     if key is None:
         raise NotFound("key")
+    if not may_act_on(admin or actor, key.owner, own=True):
+        raise InvalidInput("forbidden", "You cannot revoke the key of an account whose role is at or above your own.")
     revoked = ApiKey.objects.filter(pk=key.pk, revoked_at__isnull=True)
     if revoked.update(revoked_at=timezone.now(), revoked_by_id=actor.pk):
         key.refresh_from_db()

@@ -8,6 +8,7 @@ from typing import Any
 from django.db.models import Q
 
 from inference.models import AuditLog
+from rigdash import numbers
 
 PAGE_ROWS = 200
 
@@ -18,7 +19,11 @@ def audit_page(*, action: str, before: str) -> dict[str, Any]:
     entries = AuditLog.objects.all()  # newest first (Meta.ordering: -created_at, -id)
     if action:
         entries = entries.filter(action__startswith=action)
-    start = AuditLog.objects.filter(pk=int(before)).values("created_at", "pk").first() if before.isdigit() else None
+    try:
+        before_id: int | None = numbers.optional_int(before, name="before", default=0, low=1, high=2**63 - 1) or None
+    except numbers.BadNumber:
+        before_id = None  # a link from no page of ours: the newest page
+    start = AuditLog.objects.filter(pk=before_id).values("created_at", "pk").first() if before_id else None
     if start is not None:
         at = start["created_at"]
         entries = entries.filter(Q(created_at__lt=at) | Q(created_at=at, pk__lt=start["pk"]))

@@ -1,5 +1,8 @@
 """Rigs as staff manage them in RigDash's own pages: create, edit, disable, delete, issue an agent key. Each is
-audited; the agent key itself never goes in the log."""
+audited; the agent key itself never goes in the log.
+
+Where a rig points is a superuser's call: creating a rig, or changing its URL or kind, sends users' chats (prompts
+and replies) to that address, so staff may edit a rig's other fields only (InvalidInput("forbidden") otherwise)."""
 
 from __future__ import annotations
 
@@ -15,12 +18,22 @@ from inference.errors import InvalidInput
 from inference.models import ChatSession, Rig, Turn
 
 FIELDS = ("name", "kind", "base_url", "slots", "is_default", "enabled")
+SUPERUSER_FIELDS = ("kind", "base_url")  # where the rig's chats go: a superuser's to set or change
 
 
 def rig_save(*, actor: AbstractBaseUser | AnonymousUser, rig: Rig) -> Rig:
     """Store a validated rig (inference/forms.py, RigForm) and record what changed."""
     admin = require_staff(actor)
     before = None if rig.pk is None else dict(Rig.objects.filter(pk=rig.pk).values(*FIELDS)[0])
+    if not admin.is_superuser:
+        if before is None:
+            raise InvalidInput("forbidden", "Only a superuser may add a rig: it decides where chats are sent.")
+        moved = [name for name in SUPERUSER_FIELDS if before[name] != getattr(rig, name)]
+        if moved:
+            raise InvalidInput(
+                "forbidden",
+                f"Only a superuser may change a rig's {' or '.join(moved)}: it decides where chats are sent.",
+            )
     with transaction.atomic():
         rig.save()
         after = {name: getattr(rig, name) for name in FIELDS}

@@ -39,6 +39,7 @@ from inference.tokens import estimate_tokens
 from inference.turns import sweep_rows
 from inference.turns.lifecycle import turn_cancel
 from inference.turns.submit import SubmitRequest, turn_submit_many
+from rigdash import numbers
 
 log = logging.getLogger(__name__)
 
@@ -77,9 +78,11 @@ def _ladder(raw: Any, name: str, *, low: int, high: int) -> list[int]:
     for item in items:
         if item == "":
             continue
-        if isinstance(item, bool) or not isinstance(item, int | str) or not str(item).isdigit():
-            raise InvalidInput(f"bad_{name}", f"The {name} ladder has {item!r}, which is not a whole number.")
-        value = int(item)
+        try:
+            value = numbers.parse_int(item if isinstance(item, int | str) else None, name=name)
+        except numbers.BadNumber:
+            shown = repr(item)[:40]
+            raise InvalidInput(f"bad_{name}", f"The {name} ladder has {shown}, which is not a whole number.") from None
         if not low <= value <= high:
             raise InvalidInput(f"bad_{name}", f"The {name} ladder has {value}; each must be {low} to {high}.")
         values.append(value)
@@ -93,11 +96,12 @@ def sweep_plan_parse(raw: Mapping[str, Any]) -> SweepPlan:
     model = raw.get("model")
     if not isinstance(model, str) or not model.strip() or len(model) > 200:
         raise InvalidInput("bad_model", "Name the model to sweep (one the rig serves).")
-    max_tokens = raw.get("max_tokens", 64)
-    if isinstance(max_tokens, str) and max_tokens.strip().isdigit():
-        max_tokens = int(max_tokens)
-    if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or not MIN_TOKENS <= max_tokens <= MAX_TOKENS:
-        raise InvalidInput("bad_max_tokens", f"Tokens per reply must be a whole number, {MIN_TOKENS} to {MAX_TOKENS}.")
+    try:
+        max_tokens = numbers.parse_int(raw.get("max_tokens", 64), name="max_tokens", low=MIN_TOKENS, high=MAX_TOKENS)
+    except numbers.BadNumber:
+        raise InvalidInput(
+            "bad_max_tokens", f"Tokens per reply must be a whole number, {MIN_TOKENS} to {MAX_TOKENS}."
+        ) from None
     force = raw.get("force", False)
     return SweepPlan(
         model=model.strip(),
@@ -167,10 +171,10 @@ def sweep_start(*, actor: AbstractBaseUser | AnonymousUser, rig_id: Any, raw: Ma
     """Check everything, store the sweep and queue its driver after the commit; InvalidInput, with nothing stored,
     for any bad input."""
     admin = require_staff(actor)
-    if isinstance(rig_id, str) and rig_id.isdigit():
-        rig_id = int(rig_id)
-    if isinstance(rig_id, bool) or not isinstance(rig_id, int) or not 0 < rig_id < 2**31:
-        raise NotFound("rig")
+    try:
+        rig_id = numbers.parse_int(rig_id, name="rig", low=1, high=2**31 - 1)
+    except numbers.BadNumber:
+        raise NotFound("rig") from None
     rig = Rig.objects.filter(pk=rig_id, enabled=True).first()
     if rig is None:
         raise NotFound("rig")

@@ -143,10 +143,14 @@ def ollama_window(session: ChatSession, turns: list[Turn], num_ctx: int | None) 
     return next((int(t.stats["context_limit"]) for t in reversed(turns) if (t.stats or {}).get("context_limit")), None)
 
 
-def session_prompt_estimate(session: ChatSession, new_text: str, *, num_ctx: int | None = None) -> int:
-    """The next prompt's size: the last measured prompt plus what was said since, or an estimate of it all. On an
-    Ollama rig with a known window, no more than the window: Ollama drops the oldest messages to fit it
-    (server/prompt.go chatPrompt), so that is all the model reads."""
+def session_prompt_estimate(
+    session: ChatSession, new_text: str, *, num_ctx: int | None = None, system: str = "", prefill: str = ""
+) -> int:
+    """The next prompt's size, all the backend will read: the last measured prompt plus what was said since, or an
+    estimate of it all with the system prompt (``system``: the chat's setting), and the reply's start (``prefill``)
+    either way. On an Ollama rig with a known window, no more than the window: Ollama drops the oldest messages to
+    fit it (server/prompt.go chatPrompt), so that is all the model reads. (The OpenAI-compatible API refuses
+    ``tools``, so there are no tool definitions to count.)"""
     turns = list(session.turns.order_by("created_at", "id"))
     window = ollama_window(session, turns, num_ctx)
     measured = [i for i, t in enumerate(turns) if t.prompt_tokens is not None]
@@ -156,7 +160,11 @@ def session_prompt_estimate(session: ChatSession, new_text: str, *, num_ctx: int
         base = (last.prompt_tokens or 0) + (last.output_tokens or estimate_tokens(last.reply_text))
         rest = turns[measured[-1] + 1 :]
     said = [m for t in rest for m in t.as_history_messages()] + [{"role": "user", "content": new_text}]
-    messages = [*session.context_messages, *said] if not measured else said
+    # A measured prompt already held the system prompt; the prefill is this turn's own, so it counts every time.
+    first = [{"role": "system", "content": system}] if system else []
+    messages = [*first, *session.context_messages, *said] if not measured else said
+    if prefill:
+        messages.append({"role": "assistant", "content": prefill})
     estimate = base + estimate_prompt_tokens(messages)
     return min(estimate, window) if window else estimate
 
@@ -207,8 +215,16 @@ def quota_check_submit(
         raise QuotaExceeded(
             "max_tokens_per_reply", f"max_tokens {params['max_tokens']} is over your limit of {per_reply} per reply."
         )
-    estimate = session_prompt_estimate(session, text, num_ctx=params.get("num_ctx"))
-    context_check(prompt_tokens=estimate, limit=limits.max_context_tokens, estimated=True)
+    system, prefill = params.get("system") or "", params.get("prefill") or ""
+    estimate = session_prompt_estimate(session, text, num_ctx=params.get("num_ctx"), system=system, prefill=prefill)
+    context = limits.max_context_tokens
+    if context is not None and system and estimate_tokens(system) > context:
+        raise QuotaExceeded(
+            "max_context_tokens",
+            f"This chat's system prompt alone is about {estimate_tokens(system)} tokens (estimated); your context "
+            f"limit is {context} tokens. Shorten the system prompt in the chat's settings.",
+        )
+    context_check(prompt_tokens=estimate, limit=context, estimated=True)
 
 
 @dataclass(frozen=True)

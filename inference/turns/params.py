@@ -17,6 +17,7 @@ from django.conf import settings as django_settings
 
 from inference.backends.base import ChatRequest
 from inference.errors import InvalidInput
+from rigdash import numbers
 
 if TYPE_CHECKING:
     from inference.models import ChatSession
@@ -198,8 +199,8 @@ def form_values(data: Mapping[str, str]) -> dict[str, Any]:
         if not text:
             continue
         try:
-            raw[name] = int(text) if kind is int else float(text)
-        except ValueError:
+            raw[name] = numbers.parse_int(text, name=name) if kind is int else numbers.parse_float(text, name=name)
+        except numbers.BadNumber:
             raise _bad(f"{name} must be a {'whole number' if kind is int else 'number'}, not {text[:20]!r}") from None
     system = data.get("system") or ""
     if system.strip():

@@ -10,7 +10,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
-from django.db.models import Q, QuerySet
+from django.db.models import F, Q, QuerySet
 
 from inference.errors import InvalidInput, NotFound
 from inference.live import state
@@ -213,11 +213,11 @@ def rig_active_turns(rig_id: int) -> list[dict[str, Any]]:
 
 
 def rig_recent_finished(rig_id: int, *, limit: int) -> list[dict[str, Any]]:
-    """The rig's most recently finished turns that have timings, oldest first: id, finished_at, stats."""
+    """The rig's most recently finished turns that have timings, oldest first: id, owner_id, finished_at, stats."""
     recent = list(
         Turn.objects.filter(rig_id=rig_id, finished_at__isnull=False, stats__has_key="ttft_ms")
         .order_by("-finished_at")
-        .values("id", "finished_at", "stats")[:limit]
+        .values("id", "finished_at", "stats", owner_id=F("session__owner_id"))[:limit]
     )
     recent.reverse()
     return [dict(row) for row in recent]

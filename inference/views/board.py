@@ -16,6 +16,11 @@ from inference.turns import board_rows
 from inference.views.http import json_error, staff_required
 
 
+def _status(exc: InvalidInput) -> int:
+    """A refusal by role is 403; any other bad input 400."""
+    return 403 if exc.code == "forbidden" else 400
+
+
 @staff_required
 @require_GET
 def board_page(request: HttpRequest) -> HttpResponse:
@@ -36,7 +41,7 @@ def api_board_cancel(request: HttpRequest, turn_id: int) -> HttpResponse:
     except NotFound as exc:
         return json_error(exc.code, exc.message, 404)
     except InvalidInput as exc:
-        return json_error(exc.code, exc.message, 409 if exc.code == "turn_finished" else 400)
+        return json_error(exc.code, exc.message, {"turn_finished": 409, "forbidden": 403}.get(exc.code, 400))
     return JsonResponse({"turn": board_rows.board_row_for(turn.pk)}, status=202)
 
 
@@ -74,7 +79,7 @@ def users_page(request: HttpRequest) -> HttpResponse:
             groups=form.cleaned_data["groups"],
         )
     except InvalidInput as exc:
-        return _users_page(request, form=form, error=exc.message, status=400)
+        return _users_page(request, form=form, error=exc.message, status=_status(exc))
     return redirect("board:users")
 
 
@@ -102,18 +107,18 @@ def user_action(request: HttpRequest, user_id: int) -> HttpResponse:
         else:
             raise InvalidInput("bad_action", f"Unknown action {action!r}.")
     except InvalidInput as exc:
-        return _users_page(request, error=exc.message, status=400)
+        return _users_page(request, error=exc.message, status=_status(exc))
     return redirect("board:users")
 
 
 def _quotas_page(
-    request: HttpRequest, form: QuotaForm, *, editing: Quota | None = None, status: int = 200
+    request: HttpRequest, form: QuotaForm, *, editing: Quota | None = None, error: str = "", status: int = 200
 ) -> HttpResponse:
     listing = Quota.objects.select_related("user", "group").order_by("group__name", "user__username", "id")
     return render(
         request,
         "inference/board_quotas.html",
-        {"quotas": listing, "form": form, "editing": editing, "limit_names": quotas.LIMIT_NAMES},
+        {"quotas": listing, "form": form, "editing": editing, "limit_names": quotas.LIMIT_NAMES, "error": error},
         status=status,
     )
 
@@ -132,14 +137,17 @@ def quotas_page(request: HttpRequest, quota_id: int | None = None) -> HttpRespon
         actions.quota_save(actor=request.user, quota=form.instance, before=before)
     except InvalidInput as exc:
         form.add_error(None, exc.message)
-        return _quotas_page(request, form, editing=quota, status=400)
+        return _quotas_page(request, form, editing=quota, status=_status(exc))
     return redirect("board:quotas")
 
 
 @staff_required
 @require_POST
 def quota_delete(request: HttpRequest, quota_id: int) -> HttpResponse:
-    actions.quota_delete(actor=request.user, quota=get_object_or_404(Quota, pk=quota_id))
+    try:
+        actions.quota_delete(actor=request.user, quota=get_object_or_404(Quota, pk=quota_id))
+    except InvalidInput as exc:
+        return _quotas_page(request, QuotaForm(), error=exc.message, status=_status(exc))
     return redirect("board:quotas")
 
 

@@ -15,6 +15,7 @@ from inference.errors import InvalidInput
 from inference.models import Rig
 from inference.turns import lifecycle, selectors, sessions, submit
 from inference.views.http import api_view, json_body, json_error
+from rigdash import numbers
 from rigdash.access import is_staff
 
 
@@ -59,6 +60,14 @@ def new_chat_choices(request: HttpRequest) -> dict[str, Any]:
     return {"rigs": rigs, "placed": placed}
 
 
+def _rig_id(raw: str | None) -> int:
+    """The form's rig id; 0 (no rig: a 404) for anything but a whole number."""
+    try:
+        return numbers.optional_int(raw, name="rig", default=0, low=1, high=2**31 - 1)
+    except numbers.BadNumber:
+        return 0
+
+
 @login_required
 @require_POST
 def session_create(request: HttpRequest) -> HttpResponse:
@@ -71,7 +80,7 @@ def session_create(request: HttpRequest) -> HttpResponse:
         else:
             session = sessions.session_create(
                 owner=request.user,  # type: ignore[arg-type]
-                rig=get_object_or_404(selectors.rig_list_enabled(), pk=request.POST.get("rig") or 0),
+                rig=get_object_or_404(selectors.rig_list_enabled(), pk=_rig_id(request.POST.get("rig"))),
                 model_name=request.POST.get("model", ""),
             )
     except InvalidInput as exc:

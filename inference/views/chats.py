@@ -29,6 +29,7 @@ from inference.turns import selectors
 from inference.turns import transfer as chat_transfer
 from inference.views.chat import _rig_choices, new_chat_choices
 from inference.views.http import api_view, json_body, or_404
+from rigdash import numbers
 
 SETTING_FIELDS = [
     # name, label, step, hint
@@ -46,8 +47,8 @@ SETTING_FIELDS = [
 
 def _preset_for(user: Any, preset_id: Any) -> ChatPreset:
     try:
-        return ChatPreset.objects.get(owner_id=user.pk, pk=int(preset_id))
-    except (ChatPreset.DoesNotExist, ValueError, TypeError):
+        return ChatPreset.objects.get(owner_id=user.pk, pk=numbers.parse_int(preset_id, name="preset", low=1))
+    except (ChatPreset.DoesNotExist, numbers.BadNumber):
         raise Http404("No such preset") from None
 
 

@@ -52,5 +52,8 @@ def api_keys_page(request: HttpRequest) -> HttpResponse:
 @login_required
 @require_POST
 def api_key_revoke(request: HttpRequest, key_id: int) -> HttpResponse:
-    or_404(apikeys.api_key_revoke, key_id=key_id, actor=request.user)
+    try:
+        or_404(apikeys.api_key_revoke, key_id=key_id, actor=request.user)
+    except InvalidInput as exc:
+        return _page(request, ApiKeyForm(), status=403, error=exc.message)
     return redirect("inference:api_keys")

@@ -9,7 +9,6 @@ which is why these views need no CSRF token.
 from __future__ import annotations
 
 import functools
-import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,6 +24,7 @@ from inference.models import Rig
 from inference.turns.params import params_validate
 from inference.turns.selectors import rig_list_enabled
 from inference.turns.sessions import rig_models
+from rigdash import strictjson
 
 MAX_BODY_BYTES = 1_048_576
 ROLES = ("system", "user", "assistant")
@@ -187,9 +187,9 @@ def chat_request_parse(raw_body: bytes) -> ChatCompletionRequest:
     if len(raw_body) > MAX_BODY_BYTES:
         raise BadRequest(f"The request body is larger than {MAX_BODY_BYTES} bytes.", status=413)
     try:
-        body = json.loads(raw_body)
+        body = strictjson.loads(raw_body)
     except (ValueError, UnicodeDecodeError) as exc:
-        raise BadRequest("The body is not valid JSON.") from exc
+        raise BadRequest("The body is not valid JSON (numbers must be finite and short, nesting shallow).") from exc
     if not isinstance(body, dict):
         raise BadRequest("The body must be a JSON object.")
     unknown = sorted(name for name, value in body.items() if name not in FIELDS and value is not None)

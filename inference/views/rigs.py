@@ -33,14 +33,15 @@ def rigs_page(request: HttpRequest) -> HttpResponse:
 def rig_edit(request: HttpRequest, rig_id: int | None = None) -> HttpResponse:
     rig = get_object_or_404(Rig, pk=rig_id) if rig_id is not None else None
     form = RigForm(request.POST or None, instance=rig)
+    status = 400 if request.method == "POST" else 200
     if request.method == "POST" and form.is_valid():
         try:
             rigs.rig_save(actor=request.user, rig=form.save(commit=False))
         except InvalidInput as exc:
             form.add_error(None, exc.message)
+            status = 403 if exc.code == "forbidden" else 400
         else:
             return redirect("board:rigs")
-    status = 400 if request.method == "POST" else 200
     return render(request, "inference/board_rig_form.html", {"form": form, "rig": rig}, status=status)
 
 

@@ -19,24 +19,34 @@ from inference.errors import InvalidInput
 from inference.turns import usage, usage_report
 from inference.turns import usage_csv as csv_report
 from inference.views.http import json_error
+from rigdash import numbers
 from rigdash.access import is_staff
 
 
 def _usage_scope(request: HttpRequest) -> tuple[int | None, int, User | None]:
     """(user id or None for everyone, days, the user shown); a non-admin asking for another user gets 404."""
     try:
-        days = int(request.GET.get("days", 30))
-    except ValueError:
-        raise InvalidInput("bad_days", "days must be a whole number.") from None
-    if not 1 <= days <= usage.MAX_DAYS:
-        raise InvalidInput("bad_days", f"days must be between 1 and {usage.MAX_DAYS}.")
+        days = numbers.optional_int(request.GET.get("days"), name="days", default=30, low=1, high=usage.MAX_DAYS)
+    except numbers.BadNumber as exc:
+        raise InvalidInput("bad_days", exc.message) from None
     raw_user = request.GET.get("user", "")
     is_admin = is_staff(request.user)
     if not raw_user:
         return (None if is_admin else request.user.pk), days, (None if is_admin else request.user)  # type: ignore[return-value]
-    if not raw_user.isdigit() or (not is_admin and int(raw_user) != request.user.pk):
+    try:
+        user_id = numbers.parse_int(raw_user, name="user", low=1, high=2**31 - 1)
+    except numbers.BadNumber:
+        raise Http404("No such user") from None
+    if not is_admin and user_id != request.user.pk:
         raise Http404("No such user")
-    return int(raw_user), days, get_object_or_404(User, pk=int(raw_user))
+    return user_id, days, get_object_or_404(User, pk=user_id)
+
+
+def _page_number(request: HttpRequest) -> int:
+    try:
+        return numbers.optional_int(request.GET.get("page"), name="page", default=1, low=1, high=10**6)
+    except numbers.BadNumber as exc:
+        raise InvalidInput("bad_page", exc.message) from None
 
 
 @login_required
@@ -44,10 +54,10 @@ def _usage_scope(request: HttpRequest) -> tuple[int | None, int, User | None]:
 def usage_page(request: HttpRequest) -> HttpResponse:
     try:
         user_id, days, shown = _usage_scope(request)
+        page = _page_number(request)
     except InvalidInput as exc:
         return render(request, "inference/usage.html", {"error": exc.message}, status=400)
-    page = request.GET.get("page", "1")
-    report = usage_report.page_context(days=days, user_id=user_id, page=int(page) if page.isdigit() else 1)
+    report = usage_report.page_context(days=days, user_id=user_id, page=page)
     return render(
         request,
         "inference/usage.html",
