@@ -28,7 +28,10 @@ MEMORY_TRACES = [
     ("backend_vram_bytes", "backend process VRAM (GiB)", GIB),
     ("gpu0_memory_used_bytes", "GPU 0 memory used (GiB)", GIB),
 ]
-ENERGY_TRACES = [("energy_j_per_token", "joules per decoded token", 1)]
+ENERGY_TRACES = [
+    ("energy_j_per_token", "joules per decoded token", 1),
+    ("energy_bound_j_per_token", "at the bandwidth bound (the calculator's figure)", 1),
+]
 GPU_SERIES = re.compile(r"gpu(\d+)_memory_used_bytes")
 
 

@@ -39,6 +39,7 @@
     if (s.context_tokens && s.context_limit) parts.push(`context ${s.context_tokens} / ${s.context_limit}`);
     const cut = truncationText(s.history_truncated);
     if (cut) parts.push(cut);
+    if (s.energy_j_per_token !== undefined) parts.push(`${fmt(s.energy_j_per_token, 2)} J/tok`);
     const timings = s.backend_timings || {};
     if (timings.draft_n > 0) parts.push(`drafts ${fmt((100 * timings.draft_n_accepted) / timings.draft_n, 0)} % accepted (${timings.draft_n_accepted} / ${timings.draft_n})`);
     return parts.join(" · ");
