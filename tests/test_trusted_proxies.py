@@ -13,9 +13,9 @@ from typing import Any
 import httpx
 import pytest
 
-from rigdash.launcher import Stack, free_port, wait_http, web_command
+from rigdash.launcher import Stack, free_port, port_open, web_command
 from rigdash.proxies import TrustedProxies, client_address, forwarded_secure, trusted_networks
-from tests.conftest import LOG_DIR
+from tests.conftest import LOG_DIR, wait_until
 
 PROXY = "127.0.0.2"
 TRUSTED = trusted_networks([PROXY, "10.0.0.0/8"])
@@ -82,19 +82,30 @@ async def test_the_middleware_rewrites_a_sockets_client_and_scheme_only_for_a_tr
 # --- through the real web server ---------------------------------------------------------------------------------
 
 
+def _web_behind_proxy(service_env: dict[str, str], name: str, **env: str) -> Iterator[str]:
+    processes = Stack()
+    port = free_port()
+    env = {**service_env, "RIGDASH_TRUSTED_PROXIES": PROXY, "RIGDASH_LOGIN_FAILURE_LIMIT": str(LIMIT), **env}
+    proc = processes.start(name, web_command(host="127.0.0.1", port=port), env=env, log_path=LOG_DIR / f"{name}.log")
+    # uvicorn listens once the application is loaded; RIGDASH_SECURE=1 redirects every plain request, so no page
+    # would answer 200 to wait_http.
+    wait_until(lambda: proc.poll() is not None or port_open("127.0.0.1", port), timeout_s=60, what="the web server")
+    assert proc.poll() is None, f"the web server exited; see {LOG_DIR / name}.log"
+    yield f"http://127.0.0.1:{port}"
+    processes.stop()
+
+
 @pytest.fixture(scope="module")
 def proxied_web_url(stack: Stack, service_env: dict[str, str]) -> Iterator[str]:
     """A web server that trusts 127.0.0.2 as its reverse proxy (RIGDASH_TRUSTED_PROXIES), with the default
     login throttle (LIMIT failures)."""
-    processes = Stack()
-    port = free_port()
-    env = {**service_env, "RIGDASH_TRUSTED_PROXIES": PROXY, "RIGDASH_LOGIN_FAILURE_LIMIT": str(LIMIT)}
-    proc = processes.start("web-proxied", web_command(host="127.0.0.1", port=port), env=env,
-                           log_path=LOG_DIR / "web-proxied.log")  # fmt: skip
-    url = f"http://127.0.0.1:{port}"
-    wait_http(f"{url}/static/rigdash/app.css", timeout_s=60, proc=proc)
-    yield url
-    processes.stop()
+    yield from _web_behind_proxy(service_env, "web-proxied")
+
+
+@pytest.fixture(scope="module")
+def secure_web_url(stack: Stack, service_env: dict[str, str]) -> Iterator[str]:
+    """The same, with RIGDASH_SECURE=1: TLS ends at the proxy."""
+    yield from _web_behind_proxy(service_env, "web-proxied-secure", RIGDASH_SECURE="1")
 
 
 def _client(url: str, *, via_proxy: bool) -> httpx.Client:
@@ -151,3 +162,16 @@ def test_one_user_failing_logins_behind_the_proxy_locks_out_no_one_else(proxied_
         assert _login(proxy, "other", "other-pw-123", forwarded_for="203.0.113.66") == 429  # that pair is locked
         assert _login(proxy, "owner", "owner-pw-123", forwarded_for="203.0.113.77") == 302  # the next user is not
         assert _login(proxy, "other", "other-pw-123", forwarded_for="203.0.113.88") == 302  # nor the account elsewhere
+
+
+def test_the_scheme_is_https_only_when_the_trusted_proxy_says_so(secure_web_url):
+    says_https = {"X-Forwarded-Proto": "https"}
+    with _client(secure_web_url, via_proxy=False) as direct:
+        answer = direct.get("/login/", headers=says_https)
+        assert answer.status_code == 301 and answer.headers["location"].startswith("https://")
+    with _client(secure_web_url, via_proxy=True) as proxy:
+        assert proxy.get("/login/").status_code == 301  # the proxy spoke plain HTTP
+        answer = proxy.get("/login/", headers=says_https)
+        assert answer.status_code == 200
+        assert "Strict-Transport-Security" in answer.headers
+        assert "; secure" in answer.headers["set-cookie"].lower()  # the CSRF cookie
