@@ -28,9 +28,11 @@ def limited_web(stack: Stack, service_env: dict[str, str]) -> Iterator[tuple[str
     env = {**service_env, "RIGDASH_MAX_BODY_BYTES": str(PAGE_LIMIT), "RIGDASH_API_MAX_BODY_BYTES": str(API_LIMIT)}
     proc = processes.start("web-limited", web_command(host="127.0.0.1", port=port), env=env,
                            log_path=LOG_DIR / "web-limited.log")  # fmt: skip
-    wait_http(f"http://127.0.0.1:{port}/static/rigdash/app.css", timeout_s=60, proc=proc)
-    yield "127.0.0.1", port
-    processes.stop()
+    try:
+        wait_http(f"http://127.0.0.1:{port}/static/rigdash/app.css", timeout_s=60, proc=proc)
+        yield "127.0.0.1", port
+    finally:
+        processes.stop()
 
 
 def _head(path: str, port: int, headers: dict[str, str]) -> bytes:

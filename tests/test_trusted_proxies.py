@@ -89,10 +89,12 @@ def _web_behind_proxy(service_env: dict[str, str], name: str, **env: str) -> Ite
     proc = processes.start(name, web_command(host="127.0.0.1", port=port), env=env, log_path=LOG_DIR / f"{name}.log")
     # uvicorn listens once the application is loaded; RIGDASH_SECURE=1 redirects every plain request, so no page
     # would answer 200 to wait_http.
-    wait_until(lambda: proc.poll() is not None or port_open("127.0.0.1", port), timeout_s=60, what="the web server")
-    assert proc.poll() is None, f"the web server exited; see {LOG_DIR / name}.log"
-    yield f"http://127.0.0.1:{port}"
-    processes.stop()
+    try:
+        wait_until(lambda: proc.poll() is not None or port_open("127.0.0.1", port), timeout_s=60, what="web server")
+        assert proc.poll() is None, f"the web server exited; see {LOG_DIR / name}.log"
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        processes.stop()
 
 
 @pytest.fixture(scope="module")
