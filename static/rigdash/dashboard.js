@@ -20,7 +20,10 @@
 
   function draw(name, figure) {
     const el = document.getElementById(`fig-${name}`);
-    if (el && figure) Plotly.react(el, figure.data, figure.layout, PLOT_CONFIG);
+    if (!el || !figure) return;
+    // A panel with nothing to chart on this rig (no GPU, no power reading) stays hidden until a sample brings a value.
+    el.hidden = Boolean(figure.meta && figure.meta.hide_empty) && figure.data.every((trace) => !trace.x.length);
+    if (!el.hidden) Plotly.react(el, figure.data, figure.layout, PLOT_CONFIG);
   }
 
   function drawAll() {
@@ -30,6 +33,10 @@
   function extendSeries(name, sample) {
     const figure = figures[name];
     const el = document.getElementById(`fig-${name}`);
+    if (figure && el && el.hidden && figure.meta.series.some(([key]) => sample.series[key] !== undefined)) {
+      el.hidden = false;
+      Plotly.react(el, figure.data, figure.layout, PLOT_CONFIG);
+    }
     if (!figure || !el || !el.data || !(range in WINDOW)) return; // long ranges: minute data, no live tail
     const xs = [];
     const ys = [];
