@@ -7,8 +7,8 @@ from django.urls import include, path
 from django.views.generic.base import RedirectView
 
 from inference.urls import board_urlpatterns
+from monitoring.calculator.views import api_calculator
 from monitoring.views import healthz, prometheus_metrics
-from monitoring.views_calculator import api_calculator
 
 urlpatterns = [
     path("healthz", healthz, name="healthz"),

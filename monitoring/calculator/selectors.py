@@ -13,13 +13,13 @@ from typing import Any
 from django.db.models import Q
 
 from inference.models import Rig, Turn
-from monitoring import calculator_presets as presets
 from monitoring import selectors
+from monitoring.calculator import presets
 from monitoring.models import RigProfile
 
 GIB = 2**30
 MAX_POINTS = 500
-# NVML device names -> GPU presets (calculator_presets.DEVICES), checked in this order.
+# NVML device names -> GPU presets (presets.DEVICES), checked in this order.
 NVML_MODELS = {"RTX 3090": "rtx-3090", "RTX 4090": "rtx-4090", "A100": "a100-80gb", "H100": "h100-sxm", "H200": "h200"}
 
 
