@@ -96,6 +96,8 @@ class ReplayModel:
     model_info: dict[str, Any] = field(default_factory=dict)
     layers: tuple[int, ...] = (100_000_000, 5_000_000)
     thinks: bool = False  # a reasoning model: capability "thinking", thinks unless asked not to
+    graph_bytes: int = 16 * 2**20  # compute buffers llama-server allocates at load (SmolLM2: 16 MiB on the CPU)
+    embedding: bool = False  # an embedding model: no "completion" capability, one sequence
 
     @property
     def digest(self) -> str:
@@ -138,6 +140,40 @@ def reasoner(name: str = "qwen3:0.6b") -> ReplayModel:
     return model
 
 
+def gpt_oss(name: str = "gpt-oss:20b") -> ReplayModel:
+    """A model whose reasoning has levels only (gpt-oss: ``think: false`` does not stop it; server/routes.go)."""
+    model = smollm2(name)
+    model.family, model.thinks = "gptoss", True
+    return model
+
+
+def single_sequence(name: str = "qwen3-vl:2b", family: str = "qwen3vl") -> ReplayModel:
+    """A model of a family Ollama always runs with one sequence (server/sched.go load)."""
+    model = smollm2(name)
+    model.family = family
+    return model
+
+
+# server/sched.go load(): families forced to one sequence, written out again here rather than imported from RigDash.
+SINGLE_SEQUENCE = {"mllama", "qwen3vl", "qwen3vlmoe", "qwen35", "qwen35moe", "qwen3next", "lfm2", "lfm2moe",
+                   "nemotron_h", "nemotron_h_moe", "nemotron_h_omni"}  # fmt: skip
+
+
+def kv_cache_bytes(model: ReplayModel, context: int, parallel: int) -> int:
+    """llama-server's KV buffer for ``-c context*parallel -np parallel`` (f16, every layer full attention): each
+    sequence's cells padded to 256 (llama.cpp's llama_kv_cache), x 2 (K and V) x layers x KV heads x head dim x 2."""
+    info = model.model_info
+    arch = info.get("general.architecture", "llama")
+    layers, kv_heads = int(info[f"{arch}.block_count"]), int(info[f"{arch}.attention.head_count_kv"])
+    head_dim = int(
+        info.get(f"{arch}.attention.key_length")
+        or info[f"{arch}.embedding_length"] // info[f"{arch}.attention.head_count"]
+    )
+    pad = lambda n: -(-n // 256) * 256  # noqa: E731
+    cells = pad(pad(context * parallel) // parallel) * parallel
+    return cells * 2 * layers * kv_heads * head_dim * 2
+
+
 def full_name(name: str) -> str:
     """Ollama's default tag: ``smollm2`` means ``smollm2:latest``."""
     return name if ":" in name.rsplit("/", 1)[-1] else f"{name}:latest"
@@ -152,9 +188,15 @@ def _now() -> str:
 
 
 NUM_KEEP = 4  # api.DefaultOptions NumKeep
+OVERFLOW_WORDS = (
+    "the prompt is longer than the context length currently available to the model; shorten the prompt, adjust the"
+    " context length in settings, or use a model with a longer context length"
+)
 
 
-def chat_prompt_tokens(messages: list[dict[str, Any]], num_ctx: int, *, truncate: bool = True) -> int:
+def chat_prompt_tokens(
+    messages: list[dict[str, Any]], num_ctx: int, *, truncate: bool = True, shift: bool = True
+) -> int:
     """The prompt's size as Ollama reads it (its prompt_eval_count), cut as server/prompt.go ``chatPrompt`` cuts it:
     drop messages from the front, keeping the system messages among them, until the rest fits ``num_ctx``; the
     last message always stays. If it alone is over, llama-server's context shift keeps ``num_keep`` and about half
@@ -168,6 +210,8 @@ def chat_prompt_tokens(messages: list[dict[str, Any]], num_ctx: int, *, truncate
         total = kept_system + sum(sizes[start:])
         if total <= num_ctx:
             return total
+    if not shift:  # no context shift: the shortest history chatPrompt keeps, whole (the runner then refuses it)
+        return total
     keep = min(NUM_KEEP + 1, num_ctx - 1)  # num_keep and the BOS token
     return min(total, num_ctx - max((num_ctx - keep) // 2, 1))
 
@@ -177,6 +221,13 @@ class Loaded:
     model: ReplayModel
     expires_at: datetime
     context_length: int
+    parallel: int = 1
+
+    @property
+    def size(self) -> int:
+        """/api/ps ``size``: model + KV + compute buffers as llama-server logged them (llm/llama_server.go
+        MemorySize); the model buffer is the file's size here."""
+        return self.model.size + kv_cache_bytes(self.model, self.context_length, self.parallel) + self.model.graph_bytes
 
 
 class OllamaReplay:
@@ -192,6 +243,7 @@ class OllamaReplay:
         token_interval_s: float = 0.002,
         pull_step_s: float = 0.02,
         load_s: float = 0.02,
+        num_parallel: int = 1,
     ) -> None:
         self.models: dict[str, ReplayModel] = {m.name: m for m in (models if models is not None else [smollm2()])}
         self.registry: dict[str, ReplayModel] = {m.name: m for m in (registry or [])}
@@ -201,6 +253,10 @@ class OllamaReplay:
         self.token_interval_s = token_interval_s
         self.pull_step_s = pull_step_s
         self.load_s = load_s  # how long loading a model that is not loaded takes (a real wait)
+        self.num_parallel = num_parallel  # OLLAMA_NUM_PARALLEL (envconfig/config.go: default 1)
+        # The runner's context shift (on unless the request's ``shift`` is false): off, a prompt longer than the
+        # context is refused with 400 (llm/llama_server.go completionPromptForRequest) instead of cut.
+        self.context_shift = True
         self.running: dict[str, int] = {}  # replies streaming now, per model (an unload waits for them)
         self.cut_after_tokens: int | None = None
         self.omit_done_line = False
@@ -401,7 +457,7 @@ class ReplayHandler(BaseHTTPRequestHandler):
                 {
                     "name": entry.model.name,
                     "model": entry.model.name,
-                    "size": entry.model.size + 50_000_000,
+                    "size": entry.size,
                     "digest": entry.model.digest,
                     "details": entry.model.details(),
                     "expires_at": entry.expires_at.isoformat().replace("+00:00", "Z"),
@@ -435,7 +491,8 @@ class ReplayHandler(BaseHTTPRequestHandler):
                     "details": model.details(),
                     # Lists longer than 5 items come back empty unless verbose (server/routes.go getModelData).
                     "model_info": model.model_info if body.get("verbose") else _blank_long_lists(model.model_info),
-                    "capabilities": ["completion", "thinking"] if model.thinks else ["completion"],
+                    "capabilities": (["embedding"] if model.embedding else ["completion"])
+                    + (["thinking"] if model.thinks else []),
                     "modified_at": _now(),
                 },
             )
@@ -474,7 +531,10 @@ class ReplayHandler(BaseHTTPRequestHandler):
                 self.state.loaded.pop(model.name, None)
             else:
                 expires = datetime.now(UTC) + timedelta(seconds=keep_alive_s if keep_alive_s > 0 else 3650 * 86400)
-                self.state.loaded[model.name] = Loaded(model, expires, context)
+                parallel = self.state.num_parallel  # server/sched.go load(): 1 for embeddings and some families
+                if model.embedding or model.family in SINGLE_SEQUENCE:
+                    parallel = 1
+                self.state.loaded[model.name] = Loaded(model, expires, context, max(parallel, 1))
         return time.perf_counter_ns() - started
 
     def _load_or_unload(self, model: ReplayModel, body: dict[str, Any], reply: dict[str, Any]) -> None:
@@ -527,7 +587,15 @@ class ReplayHandler(BaseHTTPRequestHandler):
             thoughts = thoughts[:limit]
         planned = max(0, (budget if limit < 0 else min(limit, budget)) - len(thoughts))
         reason = "length" if 0 <= limit <= budget else "stop"
-        prompt_tokens = chat_prompt_tokens(messages, self._context(model), truncate=body.get("truncate") is not False)
+        context = self._context(model)
+        shift = state.context_shift and body.get("shift") is not False
+        truncate = body.get("truncate") is not False
+        prompt_tokens = chat_prompt_tokens(messages, context, truncate=truncate, shift=shift)
+        if not shift and prompt_tokens > context - 1:
+            # llm/llama_server.go completionPromptForRequest: no context shift, the prompt does not fit: 400 before
+            # the stream (server/routes.go sends the runner's StatusError with its status when nothing was written).
+            self._error(400, OVERFLOW_WORDS)
+            return
         prompt_started = time.perf_counter_ns()
         time.sleep(0.002)  # "prompt processing"
         prompt_ns = time.perf_counter_ns() - prompt_started
