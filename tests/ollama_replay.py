@@ -254,6 +254,7 @@ class OllamaReplay:
         self.pull_step_s = pull_step_s
         self.load_s = load_s  # how long loading a model that is not loaded takes (a real wait)
         self.num_parallel = num_parallel  # OLLAMA_NUM_PARALLEL (envconfig/config.go: default 1)
+        self.prompt_delay_s = 0.002  # "prompt processing": nothing is sent meanwhile
         # The runner's context shift (on unless the request's ``shift`` is false): off, a prompt longer than the
         # context is refused with 400 (llm/llama_server.go completionPromptForRequest) instead of cut.
         self.context_shift = True
@@ -597,7 +598,7 @@ class ReplayHandler(BaseHTTPRequestHandler):
             self._error(400, OVERFLOW_WORDS)
             return
         prompt_started = time.perf_counter_ns()
-        time.sleep(0.002)  # "prompt processing"
+        time.sleep(state.prompt_delay_s)  # "prompt processing"
         prompt_ns = time.perf_counter_ns() - prompt_started
         sent = 0
         eval_started = time.perf_counter_ns()

@@ -233,6 +233,27 @@ class BackendStats:
     draft_tokens: int | None = None
     draft_accepted_tokens: int | None = None
     raw: dict[str, Any] = field(default_factory=dict)
+    # ``prompt_tokens`` is what the server evaluated, ``cached_tokens`` what it took from its cache (llama-server's
+    # prompt_n and cache_n). Ollama's prompt_eval_count counts both (llm/llama_server.go ``promptEvalCount``:
+    # cache_n + prompt_n) and says nothing of the split: then ``prompt_counts_cached``. ``prompt_ms`` covers only
+    # the evaluated part on both.
+    prompt_counts_cached: bool = False
+    load_ms: float | None = None  # loading the model before this reply (Ollama's load_duration)
+
+    @property
+    def prompt_total_tokens(self) -> int | None:
+        """The whole prompt the model read, cached tokens included: what "prompt N tok" means on every backend."""
+        if self.prompt_tokens is None:
+            return None
+        return self.prompt_tokens if self.prompt_counts_cached else self.prompt_tokens + (self.cached_tokens or 0)
+
+    @property
+    def prefill(self) -> tuple[float, bool] | None:
+        """Prompt tokens evaluated per second, and whether it is only an upper bound (Ollama: its count includes
+        cached tokens that took no time, so tokens / time is at least the true rate)."""
+        if not self.prompt_tokens or not self.prompt_ms:
+            return None
+        return round(self.prompt_tokens / self.prompt_ms * 1000, 1), self.prompt_counts_cached
 
     @property
     def draft_acceptance(self) -> float | None:
@@ -276,6 +297,9 @@ class Capabilities:
     # A request can ask for an effort level (THINK_LEVELS), for the models whose template reads one (Ollama's
     # ``think: "low"``; llama-server's ``reasoning_effort``); ``Backend.model_capabilities`` says which models.
     reasoning_levels: bool = False
+    # The server loads a model when a request names one it does not hold (Ollama): a turn for an unloaded model waits
+    # for the load before its first token (``loaded_models`` says which are loaded).
+    loads_on_demand: bool = False
 
 
 class Backend(ABC):

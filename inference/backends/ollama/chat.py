@@ -69,6 +69,8 @@ def stats_from_final(final: dict[str, Any]) -> BackendStats:
         decode_ms=_ms(eval_ns),
         decode_tps=decode_tps,
         raw={name: final[name] for name in FINAL_FIELDS if final.get(name) is not None},
+        prompt_counts_cached=True,  # prompt_eval_count = cache_n + prompt_n (llm/llama_server.go promptEvalCount)
+        load_ms=_ms(final.get("load_duration")),
     )
 
 
@@ -126,7 +128,7 @@ class OllamaBackend(Backend):
     label = "Ollama"
     capabilities = Capabilities(
         request_settings=frozenset({"num_ctx"}), context_per_request=True, context_per_model=True,
-        truncates_to_window=True, reasoning_levels=True,
+        truncates_to_window=True, reasoning_levels=True, loads_on_demand=True,
     )  # fmt: skip
     transport: httpx.AsyncBaseTransport | None = None  # the HTTP transport; None: httpx's own
 
