@@ -16,7 +16,18 @@ at v0.33.0-rc2: ``api/types.go``, ``server/routes.go``, ``server/sched.go``, ``d
 - ``POST /api/generate`` with no prompt: load, or unload with ``keep_alive`` 0.
 - ``GET /api/tags``, ``GET|HEAD /api/version``, ``GET|HEAD /`` (``Ollama is running``), ``POST /api/show``
   (``model_info`` with GGUF keys, lists longer than 5 items blanked to ``[]`` unless ``verbose``, and
-  ``capabilities``), ``GET /api/ps`` (``size, size_vram, expires_at, context_length``).
+  ``capabilities``: "completion" or "embedding", and "thinking"), ``GET /api/ps`` (``size, size_vram, expires_at,
+  context_length``). ``size`` is what Ollama reports (llm/llama_server.go ``MemorySize``, the buffers llama-server
+  logged at load): the model file + the KV cache for ``-c num_ctx*parallel -np parallel`` (each sequence's cells
+  padded to 256, f16) + ``graph_bytes`` of compute buffers; ``parallel`` is ``num_parallel`` (OLLAMA_NUM_PARALLEL,
+  default 1), forced to 1 for an embedding model and the families server/sched.go ``load`` lists.
+- Context overflow: with ``context_shift`` off (or the request's ``shift: false``), a prompt that does not fit the
+  loaded context even after chatPrompt dropped the oldest messages is refused with 400 "the prompt is longer than
+  the context length currently available to the model; ..." before the stream (llm/llama_server.go
+  ``completionPromptForRequest``).
+- A load longer than a worker's first-token timeout: ``load_s`` (a real wait, before the 200 head, as Ollama
+  schedules the runner before it answers); ``/api/ps`` meanwhile lists the model only once loaded.
+  ``prompt_delay_s``: nothing sent for that long after the load (a loaded model that is slow to start).
 - ``POST /api/pull``: ``{"status": "pulling manifest"}``, per-layer ``{status, digest, total, completed}``
   lines, ``verifying sha256 digest``, ``writing manifest``, ``success``. A name the registry lacks:
   HTTP 200 with ``pulling manifest`` then ``{"error": "pull model manifest: file does not exist"}``
@@ -35,13 +46,24 @@ such as a line that is not UTF-8). ``closed_early`` records each chat stream the
 end.
 
 Differences from the real server (what the tests cannot rely on here):
+- ``/api/ps`` answers at once while a model loads, without it; real Ollama's waits for the loading runner's lock
+  (server/sched.go ``loadedModels``) and then lists it. RigDash treats both as "loading".
+- ``size_vram`` is always 0; the KV is f16 and every layer full attention (no OLLAMA_KV_CACHE_TYPE, no sliding
+  window); the compute buffers are a fixed ``graph_bytes``, not llama-server's for the batch; the batch itself is
+  in no API and not replayed (RigDash's rule for it is tested alone).
+- ``done_reason: "load"`` and the 5-minute OLLAMA_LOAD_TIMEOUT stall are not replayed; a load never fails unless
+  told to (``fail_message``).
+- ``think`` levels are taken as thinking on (ThinkValue.Bool); no model reads the level (gpt-oss's harmony parser,
+  ``"max"`` read as ``"high"``, are not replayed). A model's ``think: false`` stops its thoughts.
+- Errors inside a stream are the words only, as Ollama's streamResponse sends them once the head is out.
 - Replies are fixed words, not a model's; a token is one word, one line; the prompt's count is a word count (+ 4 a
   message), cut to the loaded context as Ollama cuts a chat's history, silently (``chat_prompt_tokens``).
 - No memory or GPU: ``size_vram`` is 0, loading never fails for memory unless told to (``fail_message``), and the
   context a model loads with is the request's ``num_ctx`` or 4096 (the real default depends on VRAM: 4k, 32k or
   256k tokens, or OLLAMA_CONTEXT_LENGTH), capped at the model's trained length as Ollama caps it.
-- One model runs at a time per request thread, with no queue: OLLAMA_NUM_PARALLEL and OLLAMA_MAX_QUEUE are not
-  modelled (no 503 ``server busy`` unless ``fail_status`` says so); ``keep_alive`` is honoured only by ``/api/ps``.
+- Requests run on their own threads, with no queue: OLLAMA_NUM_PARALLEL sizes ``/api/ps`` only, it limits nothing,
+  and OLLAMA_MAX_QUEUE is not modelled (no 503 ``server busy`` unless ``fail_status`` says so); ``keep_alive`` is
+  honoured only by ``/api/ps``.
 - ``/api/show`` has no ``tensors``, ``projector_info`` or ``template`` worth reading; ``/api/pull`` has no
   registry, digests are made up, and no ``removing unused layers`` step.
 - ``/api/generate`` with a prompt, ``/api/embed``, ``/api/create``, ``/api/copy``, ``/api/push``, tools,
@@ -137,13 +159,6 @@ def reasoner(name: str = "qwen3:0.6b") -> ReplayModel:
     """A reasoning model (SmolLM2's figures under another name, with the "thinking" capability)."""
     model = smollm2(name)
     model.family, model.thinks = "qwen3", True
-    return model
-
-
-def gpt_oss(name: str = "gpt-oss:20b") -> ReplayModel:
-    """A model whose reasoning has levels only (gpt-oss: ``think: false`` does not stop it; server/routes.go)."""
-    model = smollm2(name)
-    model.family, model.thinks = "gptoss", True
     return model
 
 

@@ -20,7 +20,7 @@
 
   const turns = new Map(); // id -> {id, text, thought, seq, status, stats, el, renderer, thinking, resyncing}
   let pendingText = null;
-  const thinkParams = RigDashThinking.choice(cfg.session, form.querySelector(".actions"));
+  const thinkParams = RigDashThinking.choice(cfg.session, form.querySelector(".actions"), cfg.thinkLevels);
 
   function showError(message) {
     banner.textContent = message; // textContent: never parsed as HTML
