@@ -86,6 +86,9 @@ class RigDashConfig:
     # The interval while one turn streams alone on a worker; each more streaming turn adds half as much, up to
     # flush_interval_ms (inference.worker.pace.FlushPace).
     flush_min_interval_ms: int = 10
+    # How long a turn may wait for a model its server loads on demand (Ollama) beyond the first-token timeout: Ollama
+    # gives a load 5 minutes before it calls it stalled (envconfig/config.go LoadTimeout, OLLAMA_LOAD_TIMEOUT).
+    model_load_timeout_s: float = 300.0
 
 
 def _secret(name: str) -> str:

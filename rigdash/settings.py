@@ -219,6 +219,7 @@ RIGDASH = RigDashConfig(
     max_reply_tokens=env_int("RIGDASH_MAX_REPLY_TOKENS", 1024, minimum=1, maximum=32_768),
     first_token_timeout_s=env_float("RIGDASH_FIRST_TOKEN_TIMEOUT_S", 120.0, minimum=1.0),
     stall_timeout_s=env_float("RIGDASH_STALL_TIMEOUT_S", 30.0, minimum=1.0),
+    model_load_timeout_s=env_float("RIGDASH_MODEL_LOAD_TIMEOUT_S", 300.0, minimum=0.0),
     checkpoint_interval_s=env_float("RIGDASH_CHECKPOINT_INTERVAL_S", 5.0, minimum=0.5),
     backend_health_timeout_s=env_float("RIGDASH_BACKEND_HEALTH_TIMEOUT_S", 2.0, minimum=0.1),
     default_rig_url=env_str("LLAMA_SERVER_URL", "http://127.0.0.1:8081"),

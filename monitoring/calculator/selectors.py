@@ -65,7 +65,9 @@ def _model_fields(detail: dict[str, Any], series: dict[str, Any]) -> tuple[dict[
     }
     if kv.get("params"):
         fields["params_b"] = kv["params"] / 1e9
-    weight = series.get("weight_bytes") or (loaded[0].get("size_bytes") if loaded else None)
+    weight = series.get("weight_bytes") or (
+        loaded[0].get("weight_bytes") or loaded[0].get("size_bytes") if loaded else None
+    )
     if weight:
         fields["weight_gib"] = round(weight / GIB, 6)
     if kv.get("cache_type"):

@@ -16,11 +16,11 @@
   const stopBtn = document.querySelector("[data-testid=stop]");
   const banner = document.querySelector("[data-testid=error]");
   const connLabel = document.querySelector("[data-testid=connection]");
-  const ACTIVE = new Set(["queued", "prompt", "decoding"]);
+  const ACTIVE = new Set(["queued", "prompt", "loading", "decoding"]); // "loading": a page-only state (the model loads first)
 
   const turns = new Map(); // id -> {id, text, thought, seq, status, stats, el, renderer, thinking, resyncing}
   let pendingText = null;
-  const thinkParams = RigDashThinking.choice(cfg.session, form.querySelector(".actions"));
+  const thinkParams = RigDashThinking.choice(cfg.session, form.querySelector(".actions"), cfg.thinkLevels);
 
   function showError(message) {
     banner.textContent = message; // textContent: never parsed as HTML

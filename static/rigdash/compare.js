@@ -9,7 +9,7 @@
   const form = document.querySelector("[data-testid=compare-composer]");
   const input = document.querySelector("[data-testid=message]");
   const banner = document.querySelector("[data-testid=error]");
-  const ACTIVE = new Set(["queued", "prompt", "decoding"]);
+  const ACTIVE = new Set(["queued", "prompt", "loading", "decoding"]); // "loading": a page-only state (the model loads first)
 
   function showError(message) {
     banner.textContent = message;

@@ -139,7 +139,12 @@
     const placement = d.placement || {};
     $("[data-testid=placement]").textContent = `${placement.label || ""} · weights ${gib(s.weight_bytes)} · system RAM ${gib(s.host_used_bytes)} / ${gib(s.host_total_bytes)} used · backend process ${gib(s.backend_rss_bytes)} resident${s.backend_vram_bytes === undefined ? "" : `, ${gib(s.backend_vram_bytes)} in VRAM`}`;
     if (d.loaded_models) {
-      const loaded = d.loaded_models.map((m) => `${m.name} (${gib(m.size_bytes)}, ${fmt(100 * (1 - (m.cpu_fraction ?? 1)), 0)} % in VRAM, context ${m.context_length ?? "?"})`);
+      // Ollama's size taken apart (inference/backends/ollama/rules.py): weights, KV, compute buffers; its sequences,
+      // batch, context and idle unload time.
+      const split = (m) => (m.weight_bytes != null ? `: weights ${gib(m.weight_bytes)}, KV ${m.kv_allocated_bytes != null ? gib(m.kv_allocated_bytes) : "?"}, graph ${m.graph_bytes != null ? gib(m.graph_bytes) : "?"}` : "");
+      const runs = (m) => (m.parallel ? `, ${m.parallel} sequence${m.parallel === 1 ? "" : "s"}, batch ${m.batch ?? "?"}` : "");
+      const idle = (m) => (m.expires_at ? `, unloads ${new Date(m.expires_at).toLocaleTimeString()}` : "");
+      const loaded = d.loaded_models.map((m) => `${m.name} (${gib(m.size_bytes)}${split(m)}, ${fmt(100 * (1 - (m.cpu_fraction ?? 1)), 0)} % in VRAM, context ${m.context_length ?? "?"}${runs(m)}${idle(m)})`);
       $("[data-testid=placement]").textContent += ` · loaded: ${loaded.join(", ") || "none"}`;
     }
     if (from.host) $("[data-testid=placement]").textContent += ` · host figures from ${from.host}`;
