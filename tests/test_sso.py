@@ -232,6 +232,13 @@ def test_a_callback_with_a_state_this_browser_never_sent_is_refused(provider):
     assert response.status_code == 400 and signed_in_user(client) is None
 
 
+def test_a_provider_that_does_not_answer_is_said_on_the_login_page(provider, settings):
+    settings.RIGDASH_OIDC = replace(settings.RIGDASH_OIDC, discovery_url=f"{provider.issuer}/nowhere/.well-known/x")
+    client = Client()
+    assert client.get("/login/sso/")["Location"] == "/login/"
+    assert b"TestID cannot be reached" in client.get("/login/").content
+
+
 def test_pages_may_post_to_the_provider_for_its_logout(provider):
     policy = Client().get("/login/")["Content-Security-Policy"]
     assert f"form-action 'self' {provider.issuer}" in policy
