@@ -10,6 +10,7 @@ from urllib.parse import parse_qs, urlsplit
 
 import httpx
 import pytest
+from axes.models import AccessAttempt
 from django.contrib.auth import get_user_model
 from django.test import Client
 
@@ -93,6 +94,7 @@ def test_someone_in_no_mapped_group_is_refused(provider):
     assert response["Location"] == "/login/"
     assert signed_in_user(client) is None and not User.objects.filter(username="mallory").exists()
     assert b"TestID sign-in was refused" in client.get("/login/").content
+    assert AccessAttempt.objects.filter(ip_address="127.0.0.1").exists()  # it counts towards the login throttle
 
 
 def test_group_changes_take_effect_at_the_next_sign_in(provider):
@@ -132,6 +134,15 @@ def test_an_account_inactive_in_rigdash_is_refused(provider):
     client, response = sign_in(provider, "frank")
     assert response["Location"] == "/login/" and signed_in_user(client) is None
     assert not User.objects.get(username="frank").is_active
+
+
+def test_an_admin_sees_which_subject_signs_in_as_which_account(provider, admin_user):
+    provider.set_account("jo", groups=["rigdash-users"])
+    sign_in(provider, "jo")
+    client = Client()
+    client.force_login(admin_user, backend="django.contrib.auth.backends.ModelBackend")
+    page = client.get("/admin/sso/externalidentity/")
+    assert page.status_code == 200 and b"jo at http://127.0.0.1:" in page.content
 
 
 def test_a_local_account_with_the_same_name_is_not_taken_over(provider, admin_user):
