@@ -89,7 +89,7 @@ class OidcBackend(OIDCAuthenticationBackend):
             raise SuspiciousOperation("ID token from another issuer")
         if self.config.client_id not in audiences:
             raise SuspiciousOperation("ID token for another client")
-        if not isinstance(payload.get("exp"), int) or payload["exp"] < time.time() - CLOCK_SKEW_S:
+        if not isinstance(payload.get("exp"), (int, float)) or payload["exp"] < time.time() - CLOCK_SKEW_S:
             raise SuspiciousOperation("ID token expired")
         return payload
 
