@@ -54,8 +54,10 @@ class Provider:
 def oidc_provider(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Provider]:
     node = shutil.which("node")
     modules = provider_modules()
-    if node is None or not (modules / "oidc-provider").is_dir():
-        pytest.skip(f"node and npm's oidc-provider are needed (scripts/test installs it into {modules.parent})")
+    if node is None:
+        pytest.skip("node is not installed: the single sign-on tests run node's oidc-provider")
+    if not (modules / "oidc-provider").is_dir():
+        pytest.skip(f"no oidc-provider in {modules}: scripts/test installs it with npm (npm install --prefix ...)")
     home = tmp_path_factory.mktemp("oidc-provider")
     port = free_port()
     provider = Provider(issuer=f"http://127.0.0.1:{port}", accounts_path=home / "accounts.json")
