@@ -104,6 +104,11 @@ def _secret(name: str) -> str:
         raise ImproperlyConfigured(f"{name}_FILE {path!r} cannot be read: {exc}") from exc
 
 
+def env_secret(name: str) -> str:
+    """A secret: ``NAME``, else the contents of the file ``NAME_FILE`` names (a Docker secret), else ""."""
+    return _secret(name)
+
+
 def _url_or_parts(url_name: str, host_name: str, default: str, build: Callable[[str], str]) -> str:
     """``url_name`` when set; else ``build(host)`` when ``host_name`` is set (an IPv6 literal bracketed); else
     ``default``."""

@@ -21,6 +21,7 @@ from rigdash.env import (
     redis_url,
 )
 from rigdash.proxies import trusted_networks
+from rigdash.sso.config import authentication_backends, oidc_config_from_env
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(env_str("RIGDASH_VAR_DIR", str(BASE_DIR / "var")))
@@ -67,6 +68,7 @@ INSTALLED_APPS = [
     "axes",
     "inference",
     "monitoring",
+    "rigdash.sso",
 ]
 
 MIDDLEWARE = [
@@ -85,7 +87,10 @@ MIDDLEWARE = [
 # Login throttling (django-axes, https://django-axes.readthedocs.io/): failed logins are counted in the database per
 # account and, separately, per address; past the limit that account or address is refused until the cool-off ends
 # or an admin deletes its lock (admin "Access attempts", or `manage.py axes_reset_username NAME` / `axes_reset_ip IP`).
-AUTHENTICATION_BACKENDS = ["axes.backends.AxesStandaloneBackend", "django.contrib.auth.backends.ModelBackend"]
+# Single sign-on (rigdash/sso/, docs/admin.md "Single sign-on"): RIGDASH_OIDC_* name an OpenID Connect provider;
+# RIGDASH_LOCAL_LOGIN=0 switches the username and password form off, and with it every local account's sessions.
+RIGDASH_OIDC = oidc_config_from_env()
+AUTHENTICATION_BACKENDS = authentication_backends(RIGDASH_OIDC)
 AXES_HANDLER = "axes.handlers.database.AxesDatabaseHandler"
 AXES_FAILURE_LIMIT = env_int("RIGDASH_LOGIN_FAILURE_LIMIT", 5, minimum=1)
 AXES_COOLOFF_TIME = timedelta(minutes=env_float("RIGDASH_LOGIN_LOCKOUT_MINUTES", 15.0, minimum=0.1))
