@@ -2,7 +2,7 @@
 
 A user saved (deactivated, demoted, a new password) or logged out: their sockets re-check their rights and session;
 a deactivated user's waiting and running turns are cancelled. A rig saved or deleted: the sampler reads its list of
-rigs again.
+rigs again, and the running workers start or stop consuming its queue.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from django.db import transaction
 from inference import events
 from inference.models import Rig
 from inference.turns.lifecycle import turns_cancel_for_user
+from inference.worker import queues
 
 
 def user_saved(sender: type[User], instance: User, created: bool, **kwargs: Any) -> None:
@@ -41,3 +42,8 @@ def user_logged_out(sender: Any, request: Any, user: User | None, **kwargs: Any)
 def rig_changed(sender: type[Rig], instance: Rig, **kwargs: Any) -> None:
     # robust: the rig is saved whatever Redis does; the sampler's periodic refresh then finds the change.
     transaction.on_commit(events.rigs_changed_sync, robust=True)
+    if kwargs.get("update_fields") and set(kwargs["update_fields"]) <= {"models_served"}:
+        return
+    # The running workers start (or stop) consuming its queue (inference/worker/queues.py); the beat's periodic
+    # pass catches a message lost with the broker.
+    transaction.on_commit(queues.reconcile_soon, robust=True)

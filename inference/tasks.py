@@ -10,7 +10,7 @@ from celery import shared_task
 from inference.board import model_admin, sweeps
 from inference.queue import dispatch
 from inference.turns import lifecycle
-from inference.worker import start
+from inference.worker import queues, start
 
 
 @shared_task(name="inference.turn_run")
@@ -50,3 +50,9 @@ def sweep_advance_task(sweep_id: int) -> str:
 @shared_task(name="inference.sweeps_resume")
 def sweeps_resume_task(silent_s: float = 60.0) -> list[int]:
     return sweeps.sweeps_resume(silent_s=silent_s)
+
+
+@shared_task(name=queues.TASK)
+def worker_queues_reconcile_task() -> dict[str, Any]:
+    done = queues.reconcile()
+    return {"added": done.added, "cancelled": done.cancelled, "error": done.error}

@@ -63,3 +63,16 @@ def close_stale_connections(**_: Any) -> None:
     """Around each task, close this thread's database connections that are past CONN_MAX_AGE or broken, as Django
     does around a request. Celery's fix-up would close them all (settings.CELERY_DB_REUSE_MAX says why not)."""
     close_old_connections()
+
+
+@worker_ready.connect
+def reconcile_rig_queues(**_: Any) -> None:
+    """A worker that follows the rigs (it consumes the default queue) takes every enabled rig's queue that no worker
+    consumes: a rig added while no worker ran (inference/worker/queues.py). Sent, not run here: the broadcast's
+    answers need this worker's consumer running."""
+    import contextlib
+
+    from inference.worker import queues
+
+    with contextlib.suppress(Exception):  # no broker yet: the beat's periodic pass does it
+        queues.reconcile_soon()

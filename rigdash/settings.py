@@ -205,6 +205,9 @@ CELERY_WORKER_POOL = env_str("RIGDASH_WORKER_POOL", "threads")
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": 3600}
 CELERY_TASK_DEFAULT_QUEUE = env_str("RIGDASH_DEFAULT_QUEUE", "rigdash.default")
+# Workers that consume the default queue also consume every enabled rig's queue no worker consumes, without a
+# restart (inference/worker/queues.py). Off: each rig's queue is consumed only by workers started with it.
+RIGDASH_WORKERS_FOLLOW_RIGS = env_bool("RIGDASH_WORKERS_FOLLOW_RIGS", True)
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 # Celery's Django fix-up (5.7) closes a task thread's database connection before and after every task, so the
 # beat's dispatch every 5 s would open a new one each time (a PostgreSQL backend started). With a reuse
@@ -289,4 +292,10 @@ CELERY_BEAT_SCHEDULE = {
     "dispatch-waiting-turns": {"task": "inference.dispatch_all", "schedule": 5.0, "kwargs": {"resend_after_s": 120.0}},
     # A decode sweep whose driver's message was lost (its worker died holding it) is looked at again.
     "resume-sweeps": {"task": "inference.sweeps_resume", "schedule": 30.0, "kwargs": {"silent_s": 60.0}},
+    # A rig added, deleted or disabled: the running workers consume its queue or stop (inference/worker/queues.py),
+    # also told on every rig save; this pass catches a lost message.
+    "reconcile-worker-queues": {
+        "task": "inference.worker_queues_reconcile",
+        "schedule": env_float("RIGDASH_QUEUES_RECONCILE_S", 30.0, minimum=1.0),
+    },
 }

@@ -125,6 +125,8 @@ def service_env(django_db_setup: Any, django_db_blocker: Any) -> dict[str, str]:
             "RIGDASH_MAX_REPLY_TOKENS": "768",
             # No connection outlives its request or task, so the test database can be dropped at the end.
             "RIGDASH_DB_CONN_MAX_AGE": "0",
+            # The suite's worker consumes only the queues it names: tests add rigs whose queue no worker serves.
+            "RIGDASH_WORKERS_FOLLOW_RIGS": "0",
         }
 
 

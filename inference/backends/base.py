@@ -364,6 +364,11 @@ class Backend(ABC):
     async def delete_model(self, model: str) -> None:
         raise BackendNotSupported(f"{self.kind} cannot delete models")
 
+    async def load_model(self, model: str) -> None:
+        """Load a model the server has but does not hold in memory (llama-server's router mode), returning once it
+        is loaded."""
+        raise BackendNotSupported(f"{self.kind} cannot load models on demand")
+
     async def unload_model(self, model: str) -> None:
         """Free the memory a loaded model holds now (the files stay)."""
         raise BackendNotSupported(f"{self.kind} cannot unload models")

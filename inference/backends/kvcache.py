@@ -82,10 +82,22 @@ def _pad(cells: int) -> int:
     return -(-cells // KV_PAD) * KV_PAD
 
 
-def kv_cells(tokens: int, *, parallel: int = 1, window: int = 0, ubatch: int = UBATCH) -> int:
-    """Cells llama.cpp gives each sequence in one layer for ``-c tokens*parallel -np parallel`` (one stream per
-    sequence, its default when the slot count is given): the context padded to 256, each sequence's share padded
-    to 256; a sliding-window layer the window plus one micro-batch (no more than the context), padded to 256."""
+def kv_cells(tokens: int, *, parallel: int = 1, window: int = 0, ubatch: int = UBATCH, unified: bool = False) -> int:
+    """Cells llama.cpp gives each stream in one layer.
+
+    Per sequence (``unified`` False: ``-c tokens*parallel -np parallel``, one stream per sequence, llama-server's
+    default when the slot count is given): the context padded to 256, each sequence's share padded to 256; a
+    sliding-window layer the window plus one micro-batch (no more than the context), padded to 256.
+
+    Unified (``-kvu``, and llama-server's default without ``-np``: 4 slots over one cache): one stream of ``tokens``
+    cells (the whole ``-c``, which every slot reports as its n_ctx) padded to 256, shared by the ``parallel``
+    sequences; a sliding-window layer holds the window of every sequence plus one micro-batch
+    (``llama_kv_cache_iswa``: ``n_swa * n_seq_max + n_ubatch``), no more than the pool, padded to 256."""
+    if unified:
+        pool = _pad(tokens)
+        if not window:
+            return pool
+        return _pad(min(pool, window * parallel + min(ubatch, tokens)))
     context = tokens * parallel
     per_sequence = _pad(_pad(context) // parallel)
     if not window:
@@ -95,13 +107,20 @@ def kv_cells(tokens: int, *, parallel: int = 1, window: int = 0, ubatch: int = U
 
 
 def kv_allocated_bytes(
-    arch: ModelArchitecture, tokens: int, cache_type: str = "f16", *, parallel: int = 1, ubatch: int = UBATCH
+    arch: ModelArchitecture,
+    tokens: int,
+    cache_type: str = "f16",
+    *,
+    parallel: int = 1,
+    ubatch: int = UBATCH,
+    unified: bool = False,
 ) -> float:
-    """Bytes the backend allocates for ``tokens`` of context per sequence and ``parallel`` sequences (see
-    ``kv_cells``), recurrent states included: one per sequence."""
+    """Bytes the backend allocates for ``parallel`` sequences (see ``kv_cells``): ``tokens`` of context per sequence,
+    or with ``unified`` one pool of ``tokens`` cells they share; recurrent states included, one per sequence."""
     element = _element_bytes(cache_type)
+    streams = 1 if unified else parallel
     total = 0.0
     for layer in _layers(arch):
-        cells = kv_cells(tokens, parallel=parallel, window=layer.window, ubatch=ubatch) * parallel
+        cells = kv_cells(tokens, parallel=parallel, window=layer.window, ubatch=ubatch, unified=unified) * streams
         total += cells * layer.kv_heads * (layer.key_dim + layer.value_dim) * element + layer.state_bytes * parallel
     return total

@@ -14,6 +14,7 @@ import os
 import ssl
 from collections.abc import AsyncIterator
 from typing import Any
+from urllib.parse import urlencode
 
 import httpx
 import orjson
@@ -30,6 +31,7 @@ from inference.backends.base import (
     Capabilities,
     ChatRequest,
     Health,
+    LoadedModel,
     ModelArchitecture,
     ModelInfo,
     OnSent,
@@ -37,6 +39,17 @@ from inference.backends.base import (
     StreamChunk,
 )
 from inference.backends.openai.stream import stream_chat_events
+
+LOAD_WAIT_S = 300.0  # a router's model load: the weights read from disk
+
+
+def _positive(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
+def with_model(path: str, model: str | None) -> str:
+    """A path of a router's per-model endpoint (``/props``, ``/slots``, ``/metrics``: ``?model=``)."""
+    return f"{path}?{urlencode({'model': model})}" if model else path
 
 
 def draft_counts(timings: dict[str, Any]) -> tuple[int | None, int | None]:
@@ -130,29 +143,87 @@ class LlamaCppBackend(Backend):
         return Health(ok=True, detail="ok")
 
     async def list_models(self) -> list[ModelInfo]:
+        """``/v1/models``: one model, or in router mode every model the router knows, each with its ``status``
+        (``loaded``, ``loading``, ``unloaded``) and the command line its instance runs (``status.args``). An entry of
+        an odd shape is skipped; a payload without a list of models is a protocol error, never a crash."""
         payload = await self._get_json("/v1/models")
+        data = payload.get("data") if isinstance(payload, dict) else None
+        if not isinstance(data, list):
+            raise BackendProtocolError("llama-server's /v1/models answer has no list of models")
         models = []
-        for entry in payload.get("data", []):
-            meta = entry.get("meta") or {}
+        for entry in data:
+            if not isinstance(entry, dict) or not isinstance(entry.get("id"), str) or not entry["id"]:
+                continue
+            meta: dict[str, Any] = entry["meta"] if isinstance(entry.get("meta"), dict) else {}
+            details = dict(meta)
+            status = entry.get("status")
+            if isinstance(status, dict):
+                details["status"] = str(status.get("value") or "")
+                args = status.get("args")
+                details["args"] = [str(arg) for arg in args] if isinstance(args, list) else []
             models.append(
                 ModelInfo(
                     name=entry["id"],
-                    context_length=meta.get("n_ctx_train"),
-                    size_bytes=meta.get("size"),
-                    details=meta,
+                    context_length=_positive(meta.get("n_ctx_train")),
+                    size_bytes=_positive(meta.get("size")),
+                    details=details,
                 )
             )
         return models
 
-    async def props(self) -> dict[str, Any]:
-        payload = await self._get_json("/props")
+    async def props(self, model: str | None = None) -> dict[str, Any]:
+        payload = await self._get_json(with_model("/props", model))
         if not isinstance(payload, dict):
             raise BackendProtocolError("llama-server /props is not an object")
         return payload
 
+    async def _model_props(self, model: str) -> dict[str, Any]:
+        """The model's own /props: the server's, or in router mode its instance's (``?model=``, which loads it)."""
+        props = await self.props()
+        return await self.props(model) if props.get("role") == "router" and model else props
+
     async def context_window(self, model: str) -> int | None:
-        n_ctx = (await self.props()).get("default_generation_settings", {}).get("n_ctx")
-        return int(n_ctx) if n_ctx else None
+        settings = (await self._model_props(model)).get("default_generation_settings")
+        n_ctx = settings.get("n_ctx") if isinstance(settings, dict) else None
+        return _positive(n_ctx)
+
+    async def loaded_models(self) -> list[LoadedModel]:
+        """The models in memory: in router mode those whose status is ``loaded``; otherwise the one model."""
+        loaded = []
+        for model in await self.list_models():
+            status = model.details.get("status")
+            if status is not None and status != "loaded":
+                continue
+            loaded.append(
+                LoadedModel(
+                    name=model.name,
+                    size_bytes=model.size_bytes or 0,
+                    context_length=_positive(model.details.get("n_ctx")),
+                    details=model.details,
+                )
+            )
+        return loaded
+
+    async def _router_call(self, path: str, model: str) -> None:
+        if (await self.props()).get("role") != "router":
+            raise BackendNotSupported("this llama-server serves one model: start it with --models-dir to swap models")
+        await self._post_json(path, {"model": model})
+
+    async def load_model(self, model: str) -> None:
+        """Router mode: load ``model`` (``POST /models/load``) and wait until the router reports it loaded."""
+        await self._router_call("/models/load", model)
+        deadline = asyncio.get_running_loop().time() + max(self.timeout_s, LOAD_WAIT_S)
+        while True:
+            status = next((m.details.get("status") for m in await self.list_models() if m.name == model), None)
+            if status == "loaded":
+                return
+            if status not in ("loading", "unloaded") or asyncio.get_running_loop().time() > deadline:
+                raise BackendUnavailable(f"llama-server did not load {model} (its status: {status or 'unknown'})")
+            await asyncio.sleep(0.2)
+
+    async def unload_model(self, model: str) -> None:
+        """Router mode: free ``model``'s instance (``POST /models/unload``); the next request for it loads it."""
+        await self._router_call("/models/unload", model)
 
     async def _post_json(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
         try:
@@ -186,8 +257,8 @@ class LlamaCppBackend(Backend):
         """From the GGUF file itself, when llama-server's model file is readable on RigDash's host."""
         from inference.backends.gguf import architecture_from_metadata, read_metadata
 
-        path = (await self.props()).get("model_path") or ""
-        if not path or not os.path.isfile(path):
+        path = (await self._model_props(model)).get("model_path") or ""
+        if not isinstance(path, str) or not path or not os.path.isfile(path):
             raise BackendNotSupported(f"the model file {path!r} is not readable from RigDash's host")
         try:
             return architecture_from_metadata(await asyncio.to_thread(read_metadata, path))

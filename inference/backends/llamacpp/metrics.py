@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from inference.backends import sse
-from inference.backends.llamacpp.chat import tls_context
+from inference.backends.llamacpp.chat import tls_context, with_model
 from inference.backends.monitor import Unavailable
 
 
@@ -79,6 +79,18 @@ class LlamaCppReading:
     slots: list[SlotReading]
     props: dict[str, Any] = field(default_factory=dict)
     refused: dict[str, str] = field(default_factory=dict)  # endpoint ("metrics", "slots", "props") -> why
+    sleeping: bool = False  # --sleep-idle-seconds: the model is unloaded until a request wakes it
+
+    @property
+    def router(self) -> bool:
+        """llama-server in router mode (``--models-dir`` / ``--models-preset``): no model of its own."""
+        return self.props.get("role") == "router"
+
+
+def props_reread(props: dict[str, Any]) -> bool:
+    """Whether /props is read on every tick: a server that reports whether it sleeps (``is_sleeping``, b7000 on;
+    /props answers without waking it) or a router; otherwise once, as it changes only when the server restarts."""
+    return not props or "is_sleeping" in props or props.get("role") == "router"
 
 
 async def collect(
@@ -87,16 +99,20 @@ async def collect(
     timeout_s: float = 0.8,
     props_cache: dict[str, Any] | None = None,
     metrics_cache: dict[str, float] | None = None,
+    model: str | None = None,
 ) -> LlamaCppReading:
-    """Read /slots, /metrics unless ``metrics_cache`` is given (its counters move only when a request ends), and
-    /props once (it only changes when the server restarts). Every request is one the server answers between
+    """Read /props (each tick where the server may sleep, see ``props_reread``), then /slots and /metrics unless
+    the server sleeps (reading them would wake it: they go through its task queue), /metrics only without
+    ``metrics_cache`` (its counters move only when a request ends). Every request is one the server answers between
     decode steps, so the sampler asks for as little as it can. The reads go through the lean client
     (``inference.backends.sse.get``), since the sampler makes them every second for as long as RigDash runs.
+    ``model``: one model of a router (``?model=``), which must be loaded: a router loads a model it is asked about.
 
     Each endpoint counts on its own: one the server refuses is named in ``refused`` and the others still count;
     only a server that cannot be reached at all raises ``Unavailable``."""
 
     async def get(path: str) -> bytes:
+        path = with_model(path, model)
         try:
             status, body = await sse.get(base_url, path, timeout_s=timeout_s, tls=tls_context())
         except (OSError, TimeoutError, sse.ProtocolError) as exc:
@@ -111,13 +127,24 @@ async def collect(
         except ValueError as exc:
             raise Refused(f"llama-server {path} answered something that is not JSON") from exc
 
+    refused: dict[str, str] = {}
+    props: dict[str, Any] = dict(props_cache or {})
+    if props_reread(props):
+        try:
+            body = await get("/props")
+        except Refused as exc:
+            refused["props"] = str(exc)
+        else:
+            props = _json_object("/props", body, parse_json, refused, "props")
+            props.pop("chat_template", None)
+    if props.get("is_sleeping") is True:
+        return LlamaCppReading(metrics=dict(metrics_cache or {}), slots=[], props=props, refused=refused, sleeping=True)
+    if props.get("role") == "router":  # /slots and /metrics are per model (``?model=``): the monitor asks each
+        return LlamaCppReading(metrics={}, slots=[], props=props, refused=refused)
     wanted = {"slots": get("/slots")}
     if metrics_cache is None:
         wanted["metrics"] = get("/metrics")
-    if not props_cache:
-        wanted["props"] = get("/props")
     bodies: dict[str, bytes] = {}
-    refused: dict[str, str] = {}
     for name, result in zip(wanted, await asyncio.gather(*wanted.values(), return_exceptions=True), strict=True):
         if isinstance(result, Refused):
             refused[name] = str(result)
@@ -125,22 +152,19 @@ async def collect(
             raise result
         else:
             bodies[name] = result
-    props: dict[str, Any] = dict(props_cache or {})
-    if "props" in bodies:
-        props = _json_object("/props", bodies["props"], parse_json, refused, "props")
     slots: list[SlotReading] = []
     if "slots" in bodies:
         try:
             raw_slots = parse_json("/slots", bodies["slots"])
+            if not isinstance(raw_slots, list):
+                raise TypeError("not a list")
             slots = [parse_slot(slot) for slot in raw_slots]
         except (Refused, TypeError, KeyError, ValueError, AttributeError) as exc:
             refused["slots"] = f"llama-server /slots answered a shape RigDash cannot read ({exc})"
     metrics = dict(metrics_cache or {})
     if "metrics" in bodies:
         metrics = parse_prometheus(bodies["metrics"].decode("utf-8", "replace"))
-    return LlamaCppReading(
-        metrics=metrics, slots=slots, props={k: v for k, v in props.items() if k != "chat_template"}, refused=refused
-    )
+    return LlamaCppReading(metrics=metrics, slots=slots, props=props, refused=refused)
 
 
 def _json_object(path: str, body: bytes, parse: Any, refused: dict[str, str], name: str) -> dict[str, Any]:
