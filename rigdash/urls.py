@@ -17,6 +17,7 @@ urlpatterns = [
     path("metrics", prometheus_metrics, name="metrics"),
     path("api/calculator", api_calculator, name="api_calculator"),
     path("monitoring/", include("monitoring.urls")),
+    path("alerts/", include("alerts.urls")),
     path("login/", auth_views.LoginView.as_view(), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("admin/", admin.site.urls),
