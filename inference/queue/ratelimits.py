@@ -13,6 +13,7 @@ import logging
 import math
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import Any
 
 from django.db.models import Q
 from django.utils import timezone
@@ -48,11 +49,9 @@ class RateLimits:
     key_tokens_per_minute: int | None = None
 
 
-def rate_limits_for(user_id: int) -> RateLimits:
-    """The user's rate limits, field by field: their own quota's, else the most generous of their groups', else the
-    default quota's (one query)."""
-    mine = Q(user_id=user_id) | Q(group__user__id=user_id) | Q(user__isnull=True, group__isnull=True)
-    rows = list(Quota.objects.filter(mine).values("user_id", "group_id", *Quota.RATE_FIELDS).distinct())
+def rate_merge(rows: list[dict[str, Any]], user_id: int) -> RateLimits:
+    """Field by field: the user's own quota's, else the most generous of their groups', else the default quota's.
+    ``rows``: the quota rows that apply to the user, with ``user_id``, ``group_id`` and ``Quota.RATE_FIELDS``."""
     merged: dict[str, int | None] = {}
     for name in Quota.RATE_FIELDS:
         own = next((r[name] for r in rows if r["user_id"] == user_id), None)
@@ -60,6 +59,13 @@ def rate_limits_for(user_id: int) -> RateLimits:
         default = next((r[name] for r in rows if r["user_id"] is None and r["group_id"] is None), None)
         merged[name] = own if own is not None else max(groups) if groups else default
     return RateLimits(**merged)
+
+
+def rate_limits_for(user_id: int) -> RateLimits:
+    """The user's rate limits (one query; a submit reads them with the other limits, ``quotas.limits_for``)."""
+    mine = Q(user_id=user_id) | Q(group__user__id=user_id) | Q(user__isnull=True, group__isnull=True)
+    return rate_merge(list(Quota.objects.filter(mine).values("user_id", "group_id", *Quota.RATE_FIELDS).distinct()),
+                      user_id)  # fmt: skip
 
 
 def _windows(limits: RateLimits, user_id: int, key_id: int | None) -> list[tuple[str, ratewindow.Window]]:

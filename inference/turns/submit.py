@@ -157,7 +157,8 @@ def _turn_prepare(
     if session.pk in busy:
         raise InvalidInput("turn_in_progress", "Wait for the current reply to finish (or stop it) first.")
     quotas.quota_check_submit(session=session, text=text, params=clean_params, known=limits, pending=pending)
-    ratelimits.rate_check_submit(session=session)  # last: an admitted turn counts in the minute's window
+    # Last: an admitted turn counts in the minute's window. Its limits came with the others (quotas.limits_for).
+    ratelimits.rate_check_submit(session=session, limits=limits[session.owner_id].rate)
     if not session.title:
         session.title = text.strip()[:80]
         ChatSession.objects.filter(pk=session.pk).update(title=session.title)
