@@ -52,7 +52,7 @@ def main() -> None:
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "rigdash.settings")
     django.setup()
     from inference.backends.gguf import architecture_from_metadata, read_metadata
-    from monitoring import calculator as calc
+    from monitoring.calculator import model as calc
     from monitoring.services import bandwidth_probe_gbs
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])

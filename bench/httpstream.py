@@ -63,7 +63,7 @@ class StreamRecord:
 
 
 def chat_payload(*, model: str, prompt: str, max_tokens: int, seed: int, temperature: float = 0.0) -> dict[str, Any]:
-    """The same body RigDash's llama.cpp backend sends for a one-message turn (inference/backends/llamacpp.py)."""
+    """The same body RigDash's llama.cpp backend sends for a one-message turn (inference/backends/llamacpp/chat.py)."""
     return {
         "model": model,
         "messages": [{"role": "user", "content": prompt}],

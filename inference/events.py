@@ -32,7 +32,7 @@ first token; the sampler, which reads an idle rig less often, samples that rig a
 from __future__ import annotations
 
 import functools
-from typing import Any
+from typing import Any, cast
 
 import orjson
 import redis
@@ -40,6 +40,25 @@ from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
 from django.conf import settings
 
+from inference.event_types import (
+    BoardProgress,
+    BoardQueue,
+    BoardSweep,
+    BoardTurn,
+    ChatToken,
+    ChatTurnEnd,
+    ChatTurnQueued,
+    ChatTurnState,
+    Event,
+    ModelsChanged,
+    ModelsPullEnd,
+    ModelsPullProgress,
+    RigDecoding,
+    RigsChanged,
+    SweepProgress,
+    TokenFrame,
+    UserRevoked,
+)
 from rigdash.groups import user_group
 
 
@@ -59,7 +78,9 @@ def token_frame(
 ) -> str:
     """The browser's ``token`` frame, serialised once per batch rather than once per watching socket. ``thinking``
     (a reasoning model's thoughts in this batch) is there only when the batch has some."""
-    frame = {"type": "token", "turn": turn_id, "seq_from": seq_from, "seq_to": seq_to, "text": text, "stats": stats}
+    frame: TokenFrame = {
+        "type": "token", "turn": turn_id, "seq_from": seq_from, "seq_to": seq_to, "text": text, "stats": stats,
+    }  # fmt: skip
     if thinking:
         frame["thinking"] = thinking
     return orjson.dumps(frame).decode()
@@ -67,13 +88,13 @@ def token_frame(
 
 def token_batch_message(
     *, turn_id: int, seq_from: int, seq_to: int, text: str, stats: dict[str, Any], thinking: str = ""
-) -> dict[str, Any]:
+) -> ChatToken:
     """``chat.token``: the ready frame, and the turn and seqs for anything that filters on them."""
     frame = token_frame(turn_id=turn_id, seq_from=seq_from, seq_to=seq_to, text=text, stats=stats, thinking=thinking)
     return {"type": "chat.token", "turn": turn_id, "seq_from": seq_from, "seq_to": seq_to, "frame": frame}
 
 
-def pubsub_publication(group: str, message: dict[str, Any]) -> tuple[str, bytes] | None:
+def pubsub_publication(group: str, message: Event) -> tuple[str, bytes] | None:
     """The Redis channel and bytes that ``group_send(group, message)`` would publish, when the layer is a pub/sub
     layer on ``settings.REDIS_URL`` (rigdash/channel_layer.py); None otherwise. The worker publishes a token batch
     in the same Redis round trip as its append to the live list."""
@@ -101,7 +122,7 @@ def _sync_redis(url: str) -> redis.Redis:
     return redis.Redis.from_url(url, socket_timeout=5, health_check_interval=30)
 
 
-def send_sync(*messages: tuple[str, dict[str, Any]]) -> None:
+def send_sync(*messages: tuple[str, Event]) -> None:
     """``group_send`` from synchronous code (services, views, tasks), in order, in one pipelined round trip.
 
     The PUBLISHes go out from the calling thread: ``async_to_sync(group_send)`` would hop to the event loop and wait
@@ -122,16 +143,17 @@ def send_sync(*messages: tuple[str, dict[str, Any]]) -> None:
     async_to_sync(send_all)()
 
 
-async def group_send(group: str, message: dict[str, Any]) -> None:
+async def group_send(group: str, message: Event) -> None:
     """A message built here, through the channel layer (the worker's fallback when it cannot pipeline)."""
     await _layer().group_send(group, message)
 
 
 async def turn_state(*, session_id: int, turn_id: int, status: str) -> None:
-    await _layer().group_send(session_group(session_id), {"type": "chat.turn_state", "turn": turn_id, "status": status})
+    message: ChatTurnState = {"type": "chat.turn_state", "turn": turn_id, "status": status}
+    await _layer().group_send(session_group(session_id), message)
 
 
-def _turn_end_message(turn: dict[str, Any], seq: int) -> dict[str, Any]:
+def _turn_end_message(turn: dict[str, Any], seq: int) -> ChatTurnEnd:
     return {"type": "chat.turn_end", "turn": turn, "seq": seq}
 
 
@@ -145,19 +167,22 @@ def turn_end_sync(*, session_id: int, turn: dict[str, Any], seq: int) -> None:
 
 def turns_queued_sync(turns: list[tuple[int, dict[str, Any]]]) -> None:
     """New turns were stored: ``(session_id, snapshot)`` each, in one round trip."""
-    send_sync(*((session_group(session_id), {"type": "chat.turn_queued", "turn": turn}) for session_id, turn in turns))
+    queued: list[tuple[str, Event]] = [
+        (session_group(session_id), ChatTurnQueued(type="chat.turn_queued", turn=turn)) for session_id, turn in turns
+    ]
+    send_sync(*queued)
 
 
 RIG_ACTIVITY_GROUP = "rigs.activity"
 
 
 async def rig_decoding(*, rig_id: int) -> None:
-    await _layer().group_send(RIG_ACTIVITY_GROUP, {"type": "rig.decoding", "rig": rig_id})
+    await _layer().group_send(RIG_ACTIVITY_GROUP, RigDecoding(type="rig.decoding", rig=rig_id))
 
 
 def rigs_changed_sync() -> None:
     """A rig was saved or deleted: the sampler reads its list of rigs again (monitoring.sampler.run)."""
-    send_sync((RIG_ACTIVITY_GROUP, {"type": "rigs.changed"}))
+    send_sync((RIG_ACTIVITY_GROUP, RigsChanged(type="rigs.changed")))
 
 
 def rig_models_group(rig_id: int) -> str:
@@ -169,16 +194,16 @@ async def models_pull_progress(
 ) -> None:
     await _layer().group_send(
         rig_models_group(rig_id),
-        {
-            "type": "models.pull_progress",
-            "rig": rig_id,
-            "pull": pull_id,
-            "model": model,
-            "status": status,
-            "digest": digest,
-            "total": total,
-            "completed": completed,
-        },
+        ModelsPullProgress(
+            type="models.pull_progress",
+            rig=rig_id,
+            pull=pull_id,
+            model=model,
+            status=status,
+            digest=digest,
+            total=total,
+            completed=completed,
+        ),
     )
 
 
@@ -187,12 +212,12 @@ async def models_pull_end(
 ) -> None:
     await _layer().group_send(
         rig_models_group(rig_id),
-        {"type": "models.pull_end", "rig": rig_id, "pull": pull_id, "model": model, "ok": ok, "error": error},
+        ModelsPullEnd(type="models.pull_end", rig=rig_id, pull=pull_id, model=model, ok=ok, error=error),
     )
 
 
 def models_changed_sync(*, rig_id: int, action: str, model: str) -> None:
-    send_sync((rig_models_group(rig_id), {"type": "models.changed", "rig": rig_id, "action": action, "model": model}))
+    send_sync((rig_models_group(rig_id), ModelsChanged(type="models.changed", rig=rig_id, action=action, model=model)))
 
 
 def queue_positions_sync(
@@ -205,36 +230,35 @@ def queue_positions_sync(
     """After a dispatch: waiting turns' places, ``(session_id, turn_id, position)``: those in ``pages`` (default:
     all) to their chat pages (``chat.turn_state``, with ``waiting_reason`` when the rig cannot take turns now), all
     of them to the board (``board.queue``), in one round trip."""
-    messages: list[tuple[str, dict[str, Any]]] = [
-        (
-            session_group(session_id),
-            {
-                "type": "chat.turn_state",
-                "turn": turn_id,
-                "status": "queued",
-                "queue_position": position,
-                "queue_ahead": max(0, position - 1),
-                **({"waiting_reason": reason} if reason else {}),
-            },
-        )
-        for session_id, turn_id, position in (waiting if pages is None else pages)
-    ]
+    messages: list[tuple[str, Event]] = []
+    for session_id, turn_id, position in waiting if pages is None else pages:
+        state = ChatTurnState(
+            type="chat.turn_state", turn=turn_id, status="queued", queue_position=position,
+            queue_ahead=max(0, position - 1),
+        )  # fmt: skip
+        if reason:
+            state["waiting_reason"] = reason
+        messages.append((session_group(session_id), state))
     positions = {str(turn_id): position for _, turn_id, position in waiting}
-    messages.append((BOARD_GROUP, {"type": "board.queue", "rig": rig_id, "positions": positions}))
+    messages.append((BOARD_GROUP, BoardQueue(type="board.queue", rig=rig_id, positions=positions)))
     send_sync(*messages)
 
 
 def board_turns_sync(*, rows: list[dict[str, Any]]) -> None:
     """Turns' board rows (``board.turn``, one message each), in one round trip."""
-    send_sync(*((BOARD_GROUP, {"type": "board.turn", "turn": row}) for row in rows))
+    send_sync(*((BOARD_GROUP, BoardTurn(type="board.turn", turn=row)) for row in rows))
+
+
+def board_progress_message(progress: dict[str, Any]) -> BoardProgress:
+    return cast(BoardProgress, {"type": "board.progress", **progress})  # the fields of ProgressReporter.take()
 
 
 async def board_progress(*, progress: dict[str, Any]) -> None:
-    await _layer().group_send(BOARD_GROUP, {"type": "board.progress", **progress})
+    await _layer().group_send(BOARD_GROUP, board_progress_message(progress))
 
 
 def user_revoked_sync(*, user_id: int) -> None:
-    send_sync((user_group(user_id), {"type": "user.revoked", "user": user_id}))
+    send_sync((user_group(user_id), UserRevoked(type="user.revoked", user=user_id)))
 
 
 def sweep_group(sweep_id: int) -> str:
@@ -243,5 +267,5 @@ def sweep_group(sweep_id: int) -> str:
 
 def sweep_progress_sync(*, sweep: dict[str, Any], points: list[dict[str, Any]] | None = None) -> None:
     """A sweep's state to its page (with the points its last step measured) and to the board, in one round trip."""
-    page = {"type": "sweep.progress", "sweep": sweep, "points": points or []}
-    send_sync((sweep_group(sweep["id"]), page), (BOARD_GROUP, {"type": "board.sweep", "sweep": sweep}))
+    page = SweepProgress(type="sweep.progress", sweep=sweep, points=points or [])
+    send_sync((sweep_group(sweep["id"]), page), (BOARD_GROUP, BoardSweep(type="board.sweep", sweep=sweep)))

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from inference import events as inference_events
+from inference.event_types import RigSample
 
 OVERVIEW_GROUP = "monitoring.overview"
 
@@ -19,5 +20,5 @@ def rig_group(rig_id: int) -> str:
 
 def rig_sample_sync(*, rig_id: int, sample: dict[str, Any]) -> None:
     """From the sampler's database thread: the rig's dashboards and the overview, in one pipelined round trip."""
-    event = {"type": "rig.sample", "rig": rig_id, "sample": sample}
+    event = RigSample(type="rig.sample", rig=rig_id, sample=sample)
     inference_events.send_sync((rig_group(rig_id), event), (OVERVIEW_GROUP, event))

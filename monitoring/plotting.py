@@ -28,7 +28,10 @@ MEMORY_TRACES = [
     ("backend_vram_bytes", "backend process VRAM (GiB)", GIB),
     ("gpu0_memory_used_bytes", "GPU 0 memory used (GiB)", GIB),
 ]
-ENERGY_TRACES = [("energy_j_per_token", "joules per decoded token", 1)]
+ENERGY_TRACES = [
+    ("energy_j_per_token", "joules per decoded token", 1),
+    ("energy_bound_j_per_token", "at the bandwidth bound (the calculator's figure)", 1),
+]
 GPU_SERIES = re.compile(r"gpu(\d+)_memory_used_bytes")
 
 
@@ -51,8 +54,8 @@ def rig_series_figures(columns: dict[str, Any]) -> dict[str, dict[str, Any]]:
         "decode": series_figure(columns, DECODE_TRACES, "Decode tokens/s (rig total) and the bandwidth bound"),
         "kv": series_figure(columns, KV_TRACES, "KV cache"),
         "memory": series_figure(columns, MEMORY_TRACES, "Memory"),
-        "gpus": series_figure(columns, gpu_traces(columns), "Memory per GPU"),
-        "energy": series_figure(columns, ENERGY_TRACES, "Energy per token (GPU power / decode rate)"),
+        "gpus": series_figure(columns, gpu_traces(columns), "Memory per GPU", hide_empty=True),
+        "energy": series_figure(columns, ENERGY_TRACES, "Energy per token (GPU power / decode rate)", hide_empty=True),
     }
 
 
@@ -60,7 +63,11 @@ def _x(ts: list[float]) -> list[float]:
     return [t * 1000 for t in ts]  # Plotly date axes take milliseconds
 
 
-def series_figure(columns: dict[str, Any], traces: Sequence[tuple[str, str, float]], title: str) -> dict[str, Any]:
+def series_figure(
+    columns: dict[str, Any], traces: Sequence[tuple[str, str, float]], title: str, *, hide_empty: bool = False
+) -> dict[str, Any]:
+    """A time-series panel; ``hide_empty``: the page hides it until a sample brings one of its series (a CPU rig has
+    no per-GPU memory or energy to chart)."""
     data = []
     for name, label, scale in traces:
         values = columns["series"].get(name, [])
@@ -77,7 +84,7 @@ def series_figure(columns: dict[str, Any], traces: Sequence[tuple[str, str, floa
     return {
         "data": data,
         "layout": {**LAYOUT, "title": {"text": title, "font": {"size": 14}}},
-        "meta": {"series": [[name, scale] for name, _, scale in traces]},
+        "meta": {"series": [[name, scale] for name, _, scale in traces], "hide_empty": hide_empty},
     }
 
 

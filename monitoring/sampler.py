@@ -27,6 +27,7 @@ from typing import Any
 from channels.db import database_sync_to_async
 from channels.layers import get_channel_layer
 from django.conf import settings
+from redis.exceptions import RedisError
 
 from alerts import delivery as alert_delivery
 from alerts import services as alert_rules
@@ -92,6 +93,10 @@ def _complete_store_publish(sampler: RigSampler, rig_id: int, sample: Sample) ->
     services.sample_store(rig_id=rig_id, sample=sample)
     services.sample_publish(rig_id=rig_id, sample=sample)
     alert_rules.sample_evaluate(rig=sampler.rig, series=sample.series, detail=sample.detail)  # never raises
+    try:
+        sampler.energy_account(sample)
+    except RedisError as exc:  # the account misses this interval; the sample is stored and shown all the same
+        log.warning("rig %s: its energy account was not updated: %r", rig_id, exc)
     return sample
 
 

@@ -17,6 +17,7 @@ from channels.db import database_sync_to_async
 from inference.backends import backend_for, monitor_for
 from inference.backends.base import BackendError, ModelArchitecture
 from inference.backends.monitor import BackendMonitor, MonitorContext
+from inference.live import energy as live_energy
 from inference.live import served
 from inference.live import state as live
 from inference.models import Rig
@@ -60,6 +61,7 @@ class RigSampler:
     profile_arch: ModelArchitecture | None = None  # KV geometry an admin typed, where the backend cannot say
     backend_pid: int | None = None
     served_at: float = 0.0
+    energy_at: float | None = None  # the previous sample's time, for the energy account
     monitor: BackendMonitor = field(init=False)
 
     def __post_init__(self) -> None:
@@ -278,12 +280,30 @@ class RigSampler:
         watts = placement.power_w(detail.get("gpus") or [])
         rate = series.get("decode_tps") or 0.0
         if watts is None:
-            detail["energy"] = {"ok": False, "error": "power is not measurable here: no GPU reports its power draw"}
+            why = "no GPU reports its power draw" if detail.get("gpus") else "no GPU seen (a CPU's power is not read)"
+            detail["energy"] = {"ok": False, "error": f"power is not measurable: {why}"}
             return
         series["power_gpus_w"] = round(watts, 2)
         if rate > 0:
             series["energy_j_per_token"] = round(watts / rate, 4)
+        # The calculator's figure for this rig: the same power at the bandwidth bound's rate (monitoring/calculator.py).
+        if series.get("bound_tps"):
+            series["energy_bound_j_per_token"] = round(watts / series["bound_tps"], 4)
         detail["energy"] = {"ok": True, "error": "" if rate > 0 else "nothing is decoding"}
+
+    def energy_account(self, sample: Sample) -> None:
+        """Add the interval since the previous sample to the rig's energy account in Redis
+        (inference/live/energy.py)."""
+        previous_ts, self.energy_at = self.energy_at, sample.ts
+        if previous_ts is None:
+            return
+        energy = sample.detail.get("energy") or {}
+        watts = sample.series.get("power_gpus_w") if energy.get("ok") else None
+        why = str(energy.get("error", "")).removeprefix("power is not measurable: ")
+        live_energy.energy_add(
+            live.sync_client(), self.rig.pk, watts=watts, decode_tps=sample.series.get("decode_tps") or 0.0,
+            interval_s=sample.ts - previous_ts, why=why,
+        )  # fmt: skip
 
 
 def is_idle(sample: Sample) -> bool:

@@ -39,6 +39,14 @@ def preload_before_fork(**_: Any) -> None:
     pace.streaming_listeners.append(lambda step: cpushare.worker_signal().streams(step))
 
 
+@worker_init.connect
+def end_with_the_agent(**_: Any) -> None:
+    """A worker a rig agent started ends with it, even when the agent is killed outright (rigdash/parentwatch.py)."""
+    from rigdash import parentwatch
+
+    parentwatch.watch_parent_from_env()
+
+
 @worker_ready.connect
 @worker_process_init.connect
 def keep_startup_out_of_collections(**_: Any) -> None:

@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Mapping
 from typing import Any, Protocol
 
 from channels.layers import get_channel_layer
@@ -179,7 +180,7 @@ def group_channel(group: str) -> str | None:
     return f"{options.get('prefix', 'asgi')}__group__{group}"
 
 
-def publication(group: str, message: dict[str, Any]) -> tuple[str, bytes] | None:
+def publication(group: str, message: Mapping[str, Any]) -> tuple[str, bytes] | None:
     """The channel and the bytes ``group_send(group, message)`` would publish (see ``group_channel``)."""
     channel = group_channel(group)
     return None if channel is None else (channel, get_channel_layer().serialize(message))

@@ -86,6 +86,9 @@ class RigDashConfig:
     # The interval while one turn streams alone on a worker; each more streaming turn adds half as much, up to
     # flush_interval_ms (inference.worker.pace.FlushPace).
     flush_min_interval_ms: int = 10
+    # How long a turn may wait for a model its server loads on demand (Ollama) beyond the first-token timeout: Ollama
+    # gives a load 5 minutes before it calls it stalled (envconfig/config.go LoadTimeout, OLLAMA_LOAD_TIMEOUT).
+    model_load_timeout_s: float = 300.0
 
 
 def _secret(name: str) -> str:
@@ -99,6 +102,11 @@ def _secret(name: str) -> str:
             return handle.read().rstrip("\r\n")
     except OSError as exc:
         raise ImproperlyConfigured(f"{name}_FILE {path!r} cannot be read: {exc}") from exc
+
+
+def env_secret(name: str) -> str:
+    """A secret: ``NAME``, else the contents of the file ``NAME_FILE`` names (a Docker secret), else ""."""
+    return _secret(name)
 
 
 def _url_or_parts(url_name: str, host_name: str, default: str, build: Callable[[str], str]) -> str:

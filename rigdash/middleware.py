@@ -7,22 +7,32 @@ output (static/rigdash/markdown.js), so no image reaches another host."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import cache
 
+from django.conf import settings
 from django.http import HttpRequest, HttpResponse
 
-CSP = "; ".join(
-    [
-        "default-src 'self'",
-        "script-src 'self'",
-        "style-src 'self'",
-        "img-src 'self' data: blob:",
-        "connect-src 'self'",
-        "object-src 'none'",
-        "base-uri 'none'",
-        "form-action 'self'",
-        "frame-ancestors 'none'",
-    ]
+CSP_PARTS = (
+    "default-src 'self'",
+    "script-src 'self'",
+    "style-src 'self'",
+    "img-src 'self' data: blob:",
+    "connect-src 'self'",
+    "object-src 'none'",
+    "base-uri 'none'",
+    "form-action 'self'",
+    "frame-ancestors 'none'",
 )
+CSP = "; ".join(CSP_PARTS)
+
+
+@cache
+def csp_with_form_action(origin: str) -> str:
+    """The policy with ``origin`` also allowed as a form's target: the logout form ends at the sign-in provider
+    (RP-initiated logout), and browsers check form-action on every redirect a form's submission follows."""
+    if not origin:
+        return CSP
+    return "; ".join(f"form-action 'self' {origin}" if part == "form-action 'self'" else part for part in CSP_PARTS)
 
 
 class ContentSecurityPolicyMiddleware:
@@ -31,5 +41,5 @@ class ContentSecurityPolicyMiddleware:
 
     def __call__(self, request: HttpRequest) -> HttpResponse:
         response = self.get_response(request)
-        response.setdefault("Content-Security-Policy", CSP)
+        response.setdefault("Content-Security-Policy", csp_with_form_action(settings.RIGDASH_OIDC.provider_origin))
         return response

@@ -2,7 +2,8 @@
 
 The page's Origin must equal the socket's own origin, scheme, host and port alike (``https://rig.lan:8443`` is not
 ``http://rig.lan:8000``), or be one of ``CSRF_TRUSTED_ORIGINS``; and the Host must be one of ``ALLOWED_HOSTS``.
-Behind a proxy that ends TLS, ``SECURE_PROXY_SSL_HEADER`` says the socket's scheme, as for HTTP.
+Behind a trusted proxy that ends TLS, its X-Forwarded-Proto has already made the scope's scheme ``wss``
+(rigdash/proxies.py), as for HTTP.
 """
 
 from __future__ import annotations
@@ -30,14 +31,8 @@ def normal_origin(value: str) -> str | None:
     return f"{parts.scheme}://{host}" + ("" if port in (None, DEFAULT_PORTS[parts.scheme]) else f":{port}")
 
 
-def _scheme(scope: dict[str, Any], headers: dict[bytes, bytes]) -> str:
-    scheme = "https" if scope.get("scheme") in ("wss", "https") else "http"
-    proxy = settings.SECURE_PROXY_SSL_HEADER
-    if proxy:
-        name = proxy[0].removeprefix("HTTP_").replace("_", "-").lower().encode("latin-1")
-        if headers.get(name, b"").decode("latin-1").strip() == proxy[1]:
-            scheme = "https"
-    return scheme
+def _scheme(scope: dict[str, Any]) -> str:
+    return "https" if scope.get("scheme") in ("wss", "https") else "http"
 
 
 def origin_allowed(scope: dict[str, Any]) -> bool:
@@ -49,7 +44,7 @@ def origin_allowed(scope: dict[str, Any]) -> bool:
     domain, _port = split_domain_port(host)
     if not domain or not validate_host(domain, settings.ALLOWED_HOSTS):
         return False
-    own = normal_origin(f"{_scheme(scope, headers)}://{host}")
+    own = normal_origin(f"{_scheme(scope)}://{host}")
     trusted = {normal_origin(value) for value in settings.CSRF_TRUSTED_ORIGINS}
     return origin == own or origin in trusted
 

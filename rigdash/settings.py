@@ -7,6 +7,7 @@ from datetime import timedelta
 from pathlib import Path
 
 import dj_database_url
+from django.core.exceptions import ImproperlyConfigured
 
 from rigdash.env import (
     WS_MAX_BYTES,
@@ -19,6 +20,8 @@ from rigdash.env import (
     env_str,
     redis_url,
 )
+from rigdash.proxies import trusted_networks
+from rigdash.sso.config import authentication_backends, oidc_config_from_env
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(env_str("RIGDASH_VAR_DIR", str(BASE_DIR / "var")))
@@ -43,6 +46,17 @@ SECRET_KEY = _secret_key()
 ALLOWED_HOSTS = env_list("RIGDASH_ALLOWED_HOSTS", ["127.0.0.1", "localhost", "[::1]"])
 CSRF_TRUSTED_ORIGINS = env_list("RIGDASH_CSRF_TRUSTED_ORIGINS", [])
 
+# The reverse proxies whose X-Forwarded-For and X-Forwarded-Proto are believed (rigdash/proxies.py): addresses or
+# networks. Empty trusts nobody: the socket's peer is the client and the scheme is what the socket spoke.
+TRUSTED_PROXIES = trusted_networks(env_list("RIGDASH_TRUSTED_PROXIES", []))
+
+# Request bodies past these are answered 413 before they are read (rigdash/bodylimit.py): the OpenAI-compatible
+# API (/v1/: messages of at most RIGDASH_MAX_MESSAGE_CHARS each), and everything else (a chat export of up to 5 MiB
+# is imported through a page's form or the JSON API). Django's own in-memory cap follows the larger.
+API_MAX_BODY_BYTES = env_int("RIGDASH_API_MAX_BODY_BYTES", 1_048_576, minimum=1024)
+MAX_BODY_BYTES = env_int("RIGDASH_MAX_BODY_BYTES", 6 * 1_048_576, minimum=1024)
+DATA_UPLOAD_MAX_MEMORY_SIZE = max(API_MAX_BODY_BYTES, MAX_BODY_BYTES)
+
 INSTALLED_APPS = [
     "django.contrib.admin",
     "django.contrib.auth",
@@ -55,6 +69,7 @@ INSTALLED_APPS = [
     "inference",
     "monitoring",
     "alerts",
+    "rigdash.sso",
 ]
 
 MIDDLEWARE = [
@@ -73,11 +88,18 @@ MIDDLEWARE = [
 # Login throttling (django-axes, https://django-axes.readthedocs.io/): failed logins are counted in the database per
 # account and, separately, per address; past the limit that account or address is refused until the cool-off ends
 # or an admin deletes its lock (admin "Access attempts", or `manage.py axes_reset_username NAME` / `axes_reset_ip IP`).
-AUTHENTICATION_BACKENDS = ["axes.backends.AxesStandaloneBackend", "django.contrib.auth.backends.ModelBackend"]
+# Single sign-on (rigdash/sso/, docs/admin.md "Single sign-on"): RIGDASH_OIDC_* name an OpenID Connect provider;
+# RIGDASH_LOCAL_LOGIN=0 switches the username and password form off, and with it every local account's sessions.
+RIGDASH_OIDC = oidc_config_from_env()
+AUTHENTICATION_BACKENDS = authentication_backends(RIGDASH_OIDC)
 AXES_HANDLER = "axes.handlers.database.AxesDatabaseHandler"
 AXES_FAILURE_LIMIT = env_int("RIGDASH_LOGIN_FAILURE_LIMIT", 5, minimum=1)
 AXES_COOLOFF_TIME = timedelta(minutes=env_float("RIGDASH_LOGIN_LOCKOUT_MINUTES", 15.0, minimum=0.1))
-AXES_LOCKOUT_PARAMETERS = ["username", "ip_address"]  # each on its own: an account, and an address
+# One account from one address: a burst of failures locks that pair only, so neither the account's owner elsewhere
+# nor the other people behind the same address are locked out with it. The address is the client's, as trusted
+# proxies report it (rigdash/proxies.py), never a header a client could write.
+AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
+AXES_CLIENT_IP_CALLABLE = "rigdash.proxies.request_address"
 AXES_RESET_ON_SUCCESS = True
 AXES_LOCKOUT_TEMPLATE = "registration/locked_out.html"
 AXES_HTTP_RESPONSE_CODE = 429
@@ -203,6 +225,7 @@ RIGDASH = RigDashConfig(
     max_reply_tokens=env_int("RIGDASH_MAX_REPLY_TOKENS", 1024, minimum=1, maximum=32_768),
     first_token_timeout_s=env_float("RIGDASH_FIRST_TOKEN_TIMEOUT_S", 120.0, minimum=1.0),
     stall_timeout_s=env_float("RIGDASH_STALL_TIMEOUT_S", 30.0, minimum=1.0),
+    model_load_timeout_s=env_float("RIGDASH_MODEL_LOAD_TIMEOUT_S", 300.0, minimum=0.0),
     checkpoint_interval_s=env_float("RIGDASH_CHECKPOINT_INTERVAL_S", 5.0, minimum=0.5),
     backend_health_timeout_s=env_float("RIGDASH_BACKEND_HEALTH_TIMEOUT_S", 2.0, minimum=0.1),
     default_rig_url=env_str("LLAMA_SERVER_URL", "http://127.0.0.1:8081"),
@@ -223,7 +246,14 @@ SECURE_SSL_REDIRECT = SECURE
 SECURE_HSTS_SECONDS = 31_536_000 if SECURE else 0
 SECURE_HSTS_INCLUDE_SUBDOMAINS = SECURE
 SECURE_HSTS_PRELOAD = SECURE
-SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https") if SECURE else None
+# The scheme comes from the socket, or from X-Forwarded-Proto of a trusted proxy (rigdash/proxies.py), never from
+# a header any client may send: Django's header check stays off.
+SECURE_PROXY_SSL_HEADER = None
+if SECURE and not TRUSTED_PROXIES:
+    raise ImproperlyConfigured(
+        "RIGDASH_SECURE=1 expects a TLS proxy in front: set RIGDASH_TRUSTED_PROXIES to its address, so its "
+        "X-Forwarded-Proto is believed (without it every request looks like plain HTTP and is redirected forever)"
+    )
 SECURE_CONTENT_TYPE_NOSNIFF = True
 SECURE_REFERRER_POLICY = "same-origin"
 X_FRAME_OPTIONS = "DENY"

@@ -5,8 +5,9 @@ docker-compose.yml and the Dockerfile run (``rigdash.launcher.web_command``); ev
 
 Why uvicorn and not Daphne: a token batch's websocket frame costs Daphne about twice the CPU (Twisted queues each
 write for a later turn of the loop, autobahn formats log arguments it never logs). The settings keep
-what Daphne did: no access log, no trust in X-Forwarded-* headers (a client could claim any address), and no
-lifespan protocol (Channels' router has none). Unlike Daphne, a websocket message is bounded (WS_MAX_BYTES).
+what Daphne did: no access log, no trust of its own in X-Forwarded-* headers (a client could claim any address:
+rigdash/proxies.py believes them from RIGDASH_TRUSTED_PROXIES only), and no lifespan protocol (Channels' router
+has none). Unlike Daphne, a websocket message is bounded (WS_MAX_BYTES).
 
 Why not uvicorn's own command: its server wakes every 0.1 s to refresh the Date header and to look for a request
 to stop: idle, those ten wake-ups a second are most of the web process's CPU. ``QuietServer`` does the same work

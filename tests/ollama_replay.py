@@ -16,7 +16,18 @@ at v0.33.0-rc2: ``api/types.go``, ``server/routes.go``, ``server/sched.go``, ``d
 - ``POST /api/generate`` with no prompt: load, or unload with ``keep_alive`` 0.
 - ``GET /api/tags``, ``GET|HEAD /api/version``, ``GET|HEAD /`` (``Ollama is running``), ``POST /api/show``
   (``model_info`` with GGUF keys, lists longer than 5 items blanked to ``[]`` unless ``verbose``, and
-  ``capabilities``), ``GET /api/ps`` (``size, size_vram, expires_at, context_length``).
+  ``capabilities``: "completion" or "embedding", and "thinking"), ``GET /api/ps`` (``size, size_vram, expires_at,
+  context_length``). ``size`` is what Ollama reports (llm/llama_server.go ``MemorySize``, the buffers llama-server
+  logged at load): the model file + the KV cache for ``-c num_ctx*parallel -np parallel`` (each sequence's cells
+  padded to 256, f16) + ``graph_bytes`` of compute buffers; ``parallel`` is ``num_parallel`` (OLLAMA_NUM_PARALLEL,
+  default 1), forced to 1 for an embedding model and the families server/sched.go ``load`` lists.
+- Context overflow: with ``context_shift`` off (or the request's ``shift: false``), a prompt that does not fit the
+  loaded context even after chatPrompt dropped the oldest messages is refused with 400 "the prompt is longer than
+  the context length currently available to the model; ..." before the stream (llm/llama_server.go
+  ``completionPromptForRequest``).
+- A load longer than a worker's first-token timeout: ``load_s`` (a real wait, before the 200 head, as Ollama
+  schedules the runner before it answers); ``/api/ps`` meanwhile lists the model only once loaded.
+  ``prompt_delay_s``: nothing sent for that long after the load (a loaded model that is slow to start).
 - ``POST /api/pull``: ``{"status": "pulling manifest"}``, per-layer ``{status, digest, total, completed}``
   lines, ``verifying sha256 digest``, ``writing manifest``, ``success``. A name the registry lacks:
   HTTP 200 with ``pulling manifest`` then ``{"error": "pull model manifest: file does not exist"}``
@@ -35,13 +46,24 @@ such as a line that is not UTF-8). ``closed_early`` records each chat stream the
 end.
 
 Differences from the real server (what the tests cannot rely on here):
+- ``/api/ps`` answers at once while a model loads, without it; real Ollama's waits for the loading runner's lock
+  (server/sched.go ``loadedModels``) and then lists it. RigDash treats both as "loading".
+- ``size_vram`` is always 0; the KV is f16 and every layer full attention (no OLLAMA_KV_CACHE_TYPE, no sliding
+  window); the compute buffers are a fixed ``graph_bytes``, not llama-server's for the batch; the batch itself is
+  in no API and not replayed (RigDash's rule for it is tested alone).
+- ``done_reason: "load"`` and the 5-minute OLLAMA_LOAD_TIMEOUT stall are not replayed; a load never fails unless
+  told to (``fail_message``).
+- ``think`` levels are taken as thinking on (ThinkValue.Bool); no model reads the level (gpt-oss's harmony parser,
+  ``"max"`` read as ``"high"``, are not replayed). A model's ``think: false`` stops its thoughts.
+- Errors inside a stream are the words only, as Ollama's streamResponse sends them once the head is out.
 - Replies are fixed words, not a model's; a token is one word, one line; the prompt's count is a word count (+ 4 a
   message), cut to the loaded context as Ollama cuts a chat's history, silently (``chat_prompt_tokens``).
 - No memory or GPU: ``size_vram`` is 0, loading never fails for memory unless told to (``fail_message``), and the
   context a model loads with is the request's ``num_ctx`` or 4096 (the real default depends on VRAM: 4k, 32k or
   256k tokens, or OLLAMA_CONTEXT_LENGTH), capped at the model's trained length as Ollama caps it.
-- One model runs at a time per request thread, with no queue: OLLAMA_NUM_PARALLEL and OLLAMA_MAX_QUEUE are not
-  modelled (no 503 ``server busy`` unless ``fail_status`` says so); ``keep_alive`` is honoured only by ``/api/ps``.
+- Requests run on their own threads, with no queue: OLLAMA_NUM_PARALLEL sizes ``/api/ps`` only, it limits nothing,
+  and OLLAMA_MAX_QUEUE is not modelled (no 503 ``server busy`` unless ``fail_status`` says so); ``keep_alive`` is
+  honoured only by ``/api/ps``.
 - ``/api/show`` has no ``tensors``, ``projector_info`` or ``template`` worth reading; ``/api/pull`` has no
   registry, digests are made up, and no ``removing unused layers`` step.
 - ``/api/generate`` with a prompt, ``/api/embed``, ``/api/create``, ``/api/copy``, ``/api/push``, tools,
@@ -96,6 +118,8 @@ class ReplayModel:
     model_info: dict[str, Any] = field(default_factory=dict)
     layers: tuple[int, ...] = (100_000_000, 5_000_000)
     thinks: bool = False  # a reasoning model: capability "thinking", thinks unless asked not to
+    graph_bytes: int = 16 * 2**20  # compute buffers llama-server allocates at load (SmolLM2: 16 MiB on the CPU)
+    embedding: bool = False  # an embedding model: no "completion" capability, one sequence
 
     @property
     def digest(self) -> str:
@@ -138,6 +162,33 @@ def reasoner(name: str = "qwen3:0.6b") -> ReplayModel:
     return model
 
 
+def single_sequence(name: str = "qwen3-vl:2b", family: str = "qwen3vl") -> ReplayModel:
+    """A model of a family Ollama always runs with one sequence (server/sched.go load)."""
+    model = smollm2(name)
+    model.family = family
+    return model
+
+
+# server/sched.go load(): families forced to one sequence, written out again here rather than imported from RigDash.
+SINGLE_SEQUENCE = {"mllama", "qwen3vl", "qwen3vlmoe", "qwen35", "qwen35moe", "qwen3next", "lfm2", "lfm2moe",
+                   "nemotron_h", "nemotron_h_moe", "nemotron_h_omni"}  # fmt: skip
+
+
+def kv_cache_bytes(model: ReplayModel, context: int, parallel: int) -> int:
+    """llama-server's KV buffer for ``-c context*parallel -np parallel`` (f16, every layer full attention): each
+    sequence's cells padded to 256 (llama.cpp's llama_kv_cache), x 2 (K and V) x layers x KV heads x head dim x 2."""
+    info = model.model_info
+    arch = info.get("general.architecture", "llama")
+    layers, kv_heads = int(info[f"{arch}.block_count"]), int(info[f"{arch}.attention.head_count_kv"])
+    head_dim = int(
+        info.get(f"{arch}.attention.key_length")
+        or info[f"{arch}.embedding_length"] // info[f"{arch}.attention.head_count"]
+    )
+    pad = lambda n: -(-n // 256) * 256  # noqa: E731
+    cells = pad(pad(context * parallel) // parallel) * parallel
+    return cells * 2 * layers * kv_heads * head_dim * 2
+
+
 def full_name(name: str) -> str:
     """Ollama's default tag: ``smollm2`` means ``smollm2:latest``."""
     return name if ":" in name.rsplit("/", 1)[-1] else f"{name}:latest"
@@ -152,9 +203,15 @@ def _now() -> str:
 
 
 NUM_KEEP = 4  # api.DefaultOptions NumKeep
+OVERFLOW_WORDS = (
+    "the prompt is longer than the context length currently available to the model; shorten the prompt, adjust the"
+    " context length in settings, or use a model with a longer context length"
+)
 
 
-def chat_prompt_tokens(messages: list[dict[str, Any]], num_ctx: int, *, truncate: bool = True) -> int:
+def chat_prompt_tokens(
+    messages: list[dict[str, Any]], num_ctx: int, *, truncate: bool = True, shift: bool = True
+) -> int:
     """The prompt's size as Ollama reads it (its prompt_eval_count), cut as server/prompt.go ``chatPrompt`` cuts it:
     drop messages from the front, keeping the system messages among them, until the rest fits ``num_ctx``; the
     last message always stays. If it alone is over, llama-server's context shift keeps ``num_keep`` and about half
@@ -168,6 +225,8 @@ def chat_prompt_tokens(messages: list[dict[str, Any]], num_ctx: int, *, truncate
         total = kept_system + sum(sizes[start:])
         if total <= num_ctx:
             return total
+    if not shift:  # no context shift: the shortest history chatPrompt keeps, whole (the runner then refuses it)
+        return total
     keep = min(NUM_KEEP + 1, num_ctx - 1)  # num_keep and the BOS token
     return min(total, num_ctx - max((num_ctx - keep) // 2, 1))
 
@@ -177,6 +236,13 @@ class Loaded:
     model: ReplayModel
     expires_at: datetime
     context_length: int
+    parallel: int = 1
+
+    @property
+    def size(self) -> int:
+        """/api/ps ``size``: model + KV + compute buffers as llama-server logged them (llm/llama_server.go
+        MemorySize); the model buffer is the file's size here."""
+        return self.model.size + kv_cache_bytes(self.model, self.context_length, self.parallel) + self.model.graph_bytes
 
 
 class OllamaReplay:
@@ -192,6 +258,7 @@ class OllamaReplay:
         token_interval_s: float = 0.002,
         pull_step_s: float = 0.02,
         load_s: float = 0.02,
+        num_parallel: int = 1,
     ) -> None:
         self.models: dict[str, ReplayModel] = {m.name: m for m in (models if models is not None else [smollm2()])}
         self.registry: dict[str, ReplayModel] = {m.name: m for m in (registry or [])}
@@ -201,6 +268,11 @@ class OllamaReplay:
         self.token_interval_s = token_interval_s
         self.pull_step_s = pull_step_s
         self.load_s = load_s  # how long loading a model that is not loaded takes (a real wait)
+        self.num_parallel = num_parallel  # OLLAMA_NUM_PARALLEL (envconfig/config.go: default 1)
+        self.prompt_delay_s = 0.002  # "prompt processing": nothing is sent meanwhile
+        # The runner's context shift (on unless the request's ``shift`` is false): off, a prompt longer than the
+        # context is refused with 400 (llm/llama_server.go completionPromptForRequest) instead of cut.
+        self.context_shift = True
         self.running: dict[str, int] = {}  # replies streaming now, per model (an unload waits for them)
         self.cut_after_tokens: int | None = None
         self.omit_done_line = False
@@ -401,7 +473,7 @@ class ReplayHandler(BaseHTTPRequestHandler):
                 {
                     "name": entry.model.name,
                     "model": entry.model.name,
-                    "size": entry.model.size + 50_000_000,
+                    "size": entry.size,
                     "digest": entry.model.digest,
                     "details": entry.model.details(),
                     "expires_at": entry.expires_at.isoformat().replace("+00:00", "Z"),
@@ -435,7 +507,8 @@ class ReplayHandler(BaseHTTPRequestHandler):
                     "details": model.details(),
                     # Lists longer than 5 items come back empty unless verbose (server/routes.go getModelData).
                     "model_info": model.model_info if body.get("verbose") else _blank_long_lists(model.model_info),
-                    "capabilities": ["completion", "thinking"] if model.thinks else ["completion"],
+                    "capabilities": (["embedding"] if model.embedding else ["completion"])
+                    + (["thinking"] if model.thinks else []),
                     "modified_at": _now(),
                 },
             )
@@ -474,7 +547,10 @@ class ReplayHandler(BaseHTTPRequestHandler):
                 self.state.loaded.pop(model.name, None)
             else:
                 expires = datetime.now(UTC) + timedelta(seconds=keep_alive_s if keep_alive_s > 0 else 3650 * 86400)
-                self.state.loaded[model.name] = Loaded(model, expires, context)
+                parallel = self.state.num_parallel  # server/sched.go load(): 1 for embeddings and some families
+                if model.embedding or model.family in SINGLE_SEQUENCE:
+                    parallel = 1
+                self.state.loaded[model.name] = Loaded(model, expires, context, max(parallel, 1))
         return time.perf_counter_ns() - started
 
     def _load_or_unload(self, model: ReplayModel, body: dict[str, Any], reply: dict[str, Any]) -> None:
@@ -527,9 +603,17 @@ class ReplayHandler(BaseHTTPRequestHandler):
             thoughts = thoughts[:limit]
         planned = max(0, (budget if limit < 0 else min(limit, budget)) - len(thoughts))
         reason = "length" if 0 <= limit <= budget else "stop"
-        prompt_tokens = chat_prompt_tokens(messages, self._context(model), truncate=body.get("truncate") is not False)
+        context = self._context(model)
+        shift = state.context_shift and body.get("shift") is not False
+        truncate = body.get("truncate") is not False
+        prompt_tokens = chat_prompt_tokens(messages, context, truncate=truncate, shift=shift)
+        if not shift and prompt_tokens > context - 1:
+            # llm/llama_server.go completionPromptForRequest: no context shift, the prompt does not fit: 400 before
+            # the stream (server/routes.go sends the runner's StatusError with its status when nothing was written).
+            self._error(400, OVERFLOW_WORDS)
+            return
         prompt_started = time.perf_counter_ns()
-        time.sleep(0.002)  # "prompt processing"
+        time.sleep(state.prompt_delay_s)  # "prompt processing"
         prompt_ns = time.perf_counter_ns() - prompt_started
         sent = 0
         eval_started = time.perf_counter_ns()

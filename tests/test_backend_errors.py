@@ -19,8 +19,11 @@ from inference.backends.base import (
     BackendOutOfMemory,
     BackendUnavailable,
     ChatRequest,
+    ContextOverflow,
     ModelLoading,
     ModelNotFound,
+    ThinkingNotSupported,
+    user_message,
 )
 from inference.backends.llamacpp import LlamaCppBackend
 from inference.backends.ollama import OllamaBackend
@@ -53,19 +56,79 @@ OOM = "model requires more system memory (12.3 GiB) than is available (7.6 GiB)"
         ("model 'x' not found", 404, ModelNotFound, False),
         ("something broke", 502, BackendUnavailable, True),
         ("something broke", None, BackendError, False),
-        ('"smollm2:135m" does not support thinking', 400, BackendError, False),
+        ('"smollm2:135m" does not support thinking', 400, ThinkingNotSupported, False),
     ],
 )
 def test_classed_by_words_then_status(message, status, kind, retryable):
     error = failures.classify("Ollama", message, status=status)
     assert type(error) is kind and error.retryable is retryable
-    assert message in str(error)
+    assert message in str(error) or kind is ThinkingNotSupported
 
 
 def test_out_of_memory_and_loading_messages_say_what_to_do():
     oom = str(failures.classify("Ollama", OOM))
     assert "not enough memory" in oom and "smaller model" in oom
     assert "try again shortly" in str(failures.classify("llama-server", "Loading model", status=503))
+
+
+# llama-server b11434's answer to a prompt longer than -c (tests/test_context_overflow.py asks the real server).
+OVERFLOW = {
+    "code": 400,
+    "message": "request (631 tokens) exceeds the available context size (256 tokens), try increasing it",
+    "type": "exceed_context_size_error",
+    "n_prompt_tokens": 631,
+    "n_ctx": 256,
+}
+
+
+def test_context_overflow_has_its_class_both_sizes_and_advice():
+    error = failures.classify_object("llama-server", OVERFLOW, status=400)
+    assert isinstance(error, ContextOverflow) and not error.retryable
+    assert (error.prompt_tokens, error.context_tokens) == (631, 256)
+    shown = user_message("rig-a", error)  # the user is told the sizes and what to do, no server words beyond them
+    assert "631 tokens" in shown and "context of 256" in shown and "new chat" in shown and "num_ctx" in shown
+    # Ollama's own words (llm/llama_server.go completionPromptForRequest), and llama-server's body forwarded as text.
+    ollama_words = (
+        "the prompt is longer than the context length currently available to the model; shorten the prompt, adjust"
+        " the context length in settings, or use a model with a longer context length"
+    )
+    assert isinstance(failures.classify("Ollama", ollama_words, status=400), ContextOverflow)
+    forwarded = failures.classify("Ollama", json.dumps({"error": OVERFLOW}), status=400)
+    assert isinstance(forwarded, ContextOverflow) and (forwarded.prompt_tokens, forwarded.context_tokens) == (631, 256)
+
+
+def test_thinking_refusal_is_its_own_clear_message():
+    error = failures.classify("Ollama", '"smollm2:135m" does not support thinking', status=400)
+    assert isinstance(error, ThinkingNotSupported)
+    assert "does not think" in user_message("rig-a", error) and "model default" in user_message("rig-a", error)
+
+
+def test_error_object_inside_a_stream_keeps_its_status():
+    """llama-server's error event names its status as ``code``: a 500 stays retryable, a 400 stays permanent."""
+    server_error = failures.classify_object("llama-server", {"code": 500, "message": "decode failed", "type": "x"})
+    assert isinstance(server_error, BackendUnavailable) and server_error.retryable
+    bad_request = failures.classify_object("llama-server", {"code": 400, "message": "bad", "type": "x"})
+    assert type(bad_request) is BackendError and not bad_request.retryable
+
+
+def test_ollama_thinking_refusal_from_the_replay(ollama):
+    async def ask() -> list:
+        request = ChatRequest(
+            model="smollm2:135m", messages=[{"role": "user", "content": "hi"}], max_tokens=5, think="high"
+        )
+        return [chunk async for chunk in OllamaBackend(ollama.url).stream_chat(request)]
+
+    with pytest.raises(ThinkingNotSupported):
+        asyncio.run(ask())
+
+
+def test_ollama_unknown_error_line_mid_stream_is_a_retryable_500(ollama):
+    """Ollama's streamResponse (server/routes.go) sends 500 for an error naming no status; mid-stream only the
+    words go out, so words RigDash does not know are that 500: retryable, as the same error before the stream."""
+    ollama.error_after_tokens, ollama.stream_error = 2, "something broke in the runner"
+    with pytest.raises(BackendUnavailable) as error:
+        _ollama_chunks(ollama.url)
+    assert error.value.retryable
 
 
 def _ollama_chunks(url: str) -> list:
@@ -117,6 +180,12 @@ async def test_llamacpp_loading_and_mid_stream_errors_are_classed():
     async with serve([stream]) as (url, _):
         with pytest.raises(BackendOutOfMemory):
             await _llama_chunks(url)
+    event = json.dumps({"error": {"code": 500, "message": "Invalid input batch", "type": "server_error"}})
+    stream = stream.replace(b"failed to allocate compute buffer", b"Invalid input batch")
+    async with serve([stream]) as (url, _):
+        with pytest.raises(BackendUnavailable) as error:  # the event's 500 kept: retryable
+            await _llama_chunks(url)
+    assert error.value.retryable
 
 
 @pytest.mark.django_db(transaction=True)

@@ -9,8 +9,9 @@ import math
 import pytest
 
 from inference.backends.base import ModelArchitecture
-from monitoring import calculator as calc
-from monitoring import calculator_forms, calculator_presets
+from monitoring.calculator import forms as calculator_forms
+from monitoring.calculator import model as calc
+from monitoring.calculator import presets as calculator_presets
 
 GIB = 2**30
 SMOLLM2 = calculator_presets.MODELS["smollm2-135m"].arch

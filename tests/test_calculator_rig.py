@@ -11,8 +11,8 @@ from django.utils import timezone
 
 from inference.models import Turn
 from inference.turns.submit import turn_submit
-from monitoring import calculator as calc
-from monitoring import calculator_presets
+from monitoring.calculator import model as calc
+from monitoring.calculator import presets as calculator_presets
 from monitoring.models import RigProfile, RigSample
 from monitoring.sampling import RigSampler
 from tests.conftest import wait_until

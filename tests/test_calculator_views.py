@@ -12,7 +12,7 @@ from django.test import Client
 from django.utils import timezone
 
 from inference.models import ChatSession, Rig, Turn
-from monitoring import calculator as calc
+from monitoring.calculator import model as calc
 from monitoring.models import RigProfile, RigSample
 
 pytestmark = pytest.mark.django_db

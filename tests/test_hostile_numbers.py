@@ -56,7 +56,8 @@ NUMERIC: dict[str, tuple[str, str, str, tuple[str, ...]]] = {
 }
 # Routes whose only numbers are path ids (asked below with a 310-digit id) or that take no input at all.
 NO_NUMBERS = {
-    "healthz", "metrics", "login", "logout", "inference:session_import", "inference:session_detail",
+    "healthz", "metrics", "login", "logout", "sso_login", "sso_callback", "inference:session_import",
+    "inference:session_detail",
     "inference:session_rename", "inference:session_delete", "inference:session_export", "inference:api_session_import",
     "inference:api_turn_branch", "inference:compare_new", "inference:compare", "inference:api_turn_detail",
     "inference:api_turn_cancel", "inference:api_rig_models", "inference:api_key_revoke", "inference:openai_models",

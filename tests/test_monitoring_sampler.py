@@ -368,8 +368,10 @@ def test_an_ollama_rig_is_sampled_from_ps_and_show(ollama):
     assert model["name"] == "smollm2:135m" and model["size_vram_bytes"] == 0 and model["cpu_fraction"] == 1
     assert sample.series["kv_bytes_per_token"] == 23_040  # from /api/show's llama.* keys
     assert model["arch"]["block_count"] == 30 and model["arch"]["head_count_kv"] == 3  # kept for the calculator
-    assert sample.series["kv_allocated_bytes"] == 23_040 * model["context_length"] * rig.slots  # x NUM_PARALLEL
-    assert sample.series["weight_bytes"] == model["size_bytes"]
+    # One sequence (OLLAMA_NUM_PARALLEL's default; the rig's slots are RigDash's, not Ollama's), and the weights are
+    # the model's file, not /api/ps size (weights + KV + compute buffers): tests/test_ollama_rules.py.
+    assert model["parallel"] == 1 and sample.series["kv_allocated_bytes"] == 23_040 * model["context_length"]
+    assert sample.series["weight_bytes"] == model["weight_bytes"] == 105_000_000 < model["size_bytes"]
     assert sample.detail["placement"]["vram_fraction"] == 0.0
     assert "0% of the loaded models in VRAM" in sample.detail["placement"]["label"]
 

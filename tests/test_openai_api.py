@@ -14,7 +14,7 @@ from django.test import Client
 
 from inference.board import apikeys
 from inference.models import Rig
-from inference.views.openai import MAX_BODY_BYTES, BadRequest, chat_request_parse, model_catalogue, model_resolve
+from inference.views.openai import BadRequest, chat_request_parse, model_catalogue, model_resolve
 from tests.conftest import session_cookie_for
 
 MESSAGES = [
@@ -169,7 +169,7 @@ def test_values_that_change_nothing_and_nulls_are_accepted():
 
 def test_oversized_bodies_and_messages():
     with pytest.raises(BadRequest) as too_big:
-        chat_request_parse(b" " * (MAX_BODY_BYTES + 1))
+        chat_request_parse(b" " * (settings.API_MAX_BODY_BYTES + 1))
     assert too_big.value.status == 413
     long = [{"role": "user", "content": "x" * (settings.RIGDASH.max_message_chars + 1)}]
     with pytest.raises(BadRequest, match="longer than"):

@@ -64,7 +64,7 @@ def _direct(llama_url, messages, max_tokens, count):
     decode tokens/s) of each."""
 
     def one(_):
-        # The worker's request for a sweep turn (inference/backends/llamacpp.py), less the streaming.
+        # The worker's request for a sweep turn (inference/backends/llamacpp/chat.py), less the streaming.
         body = {"messages": messages, "max_tokens": max_tokens, "temperature": 0.0, "seed": 1}
         timings = httpx.post(f"{llama_url}/v1/chat/completions", json=body, timeout=120).json()["timings"]
         return timings.get("cache_n", 0) + timings["prompt_n"], timings["predicted_per_second"]

@@ -54,6 +54,7 @@ def test_check_deploy_is_clean_with_production_settings(tmp_path):
     env = {
         **{k: v for k, v in os.environ.items() if k != "DJANGO_ALLOW_ASYNC_UNSAFE"},
         "RIGDASH_SECURE": "1",
+        "RIGDASH_TRUSTED_PROXIES": "127.0.0.1",
         "RIGDASH_SECRET_KEY": "a-long-random-production-secret-" + "k" * 40,
         "RIGDASH_VAR_DIR": str(tmp_path),
     }

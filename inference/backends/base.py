@@ -45,6 +45,36 @@ class ModelNotFound(BackendError):
     code = "unknown_model"
 
 
+class ContextOverflow(BackendError):
+    """The prompt is longer than the context the model runs with: llama-server's ``exceed_context_size_error``
+    (HTTP 400 with ``n_prompt_tokens`` and ``n_ctx``), Ollama's "the prompt is longer than the context length"
+    (llm/llama_server.go, ``completionPromptForRequest``). Sending it again fails the same way."""
+
+    code = "context_overflow"
+
+    def __init__(self, server: str, *, prompt_tokens: int | None = None, context_tokens: int | None = None) -> None:
+        self.prompt_tokens, self.context_tokens = prompt_tokens, context_tokens
+        sizes = (
+            f" ({prompt_tokens} tokens, in a context of {context_tokens})"
+            if prompt_tokens and context_tokens
+            else f" (a context of {context_tokens} tokens)"
+            if context_tokens
+            else ""
+        )
+        super().__init__(
+            f"{server}: the prompt is longer than the model's context{sizes}. Start a new chat or a branch with less"
+            " history, shorten the system prompt or message, or use a larger context (num_ctx on Ollama,"
+            " llama-server's -c)."
+        )
+
+
+class ThinkingNotSupported(BackendError):
+    """The request asked a model without reasoning to think (Ollama's 400 ``"x" does not support thinking``,
+    server/routes.go ChatHandler)."""
+
+    code = "thinking_not_supported"
+
+
 class BackendNotSupported(BackendError):
     """The backend has no such capability (e.g. llama.cpp has no model pull)."""
 
@@ -82,7 +112,7 @@ PLAIN_REASONS = {
 
 # Kinds whose message RigDash wrote for the user from the server's words about memory or loading (no URL, no path):
 # shown whole, since what to do next depends on them (inference/backends/failures.py).
-USER_FACING = frozenset({"out_of_memory", "model_loading"})
+USER_FACING = frozenset({"out_of_memory", "model_loading", "context_overflow", "thinking_not_supported"})
 
 
 def user_message(rig_name: str, exc: BackendError) -> str:
@@ -108,6 +138,11 @@ class Health:
     version: str = ""
 
 
+# Reasoning effort levels, as Ollama's ThinkValue (api/types.go, IsValid; "max" is read as "high") and the OpenAI
+# ``reasoning_effort`` llama-server passes to the chat template take them.
+THINK_LEVELS = ("low", "medium", "high")
+
+
 @dataclass(frozen=True)
 class ChatRequest:
     model: str
@@ -123,8 +158,10 @@ class ChatRequest:
     # Server-side knobs a backend may honour and others ignore (llama.cpp fixes its context at start).
     num_ctx: int | None = None
     keep_alive: str | None = None
-    # Ask a reasoning model to think first (True), to answer at once (False), or leave it to the server (None).
-    think: bool | None = None
+    # Ask a reasoning model to think first (True, or an effort level in THINK_LEVELS), to answer at once (False),
+    # or leave it to the server (None). Ollama's ``think`` takes either (api/types.go ThinkValue); llama-server
+    # takes the level as ``reasoning_effort``.
+    think: bool | str | None = None
 
 
 class LayerKV(NamedTuple):
@@ -196,6 +233,27 @@ class BackendStats:
     draft_tokens: int | None = None
     draft_accepted_tokens: int | None = None
     raw: dict[str, Any] = field(default_factory=dict)
+    # ``prompt_tokens`` is what the server evaluated, ``cached_tokens`` what it took from its cache (llama-server's
+    # prompt_n and cache_n). Ollama's prompt_eval_count counts both (llm/llama_server.go ``promptEvalCount``:
+    # cache_n + prompt_n) and says nothing of the split: then ``prompt_counts_cached``. ``prompt_ms`` covers only
+    # the evaluated part on both.
+    prompt_counts_cached: bool = False
+    load_ms: float | None = None  # loading the model before this reply (Ollama's load_duration)
+
+    @property
+    def prompt_total_tokens(self) -> int | None:
+        """The whole prompt the model read, cached tokens included: what "prompt N tok" means on every backend."""
+        if self.prompt_tokens is None:
+            return None
+        return self.prompt_tokens if self.prompt_counts_cached else self.prompt_tokens + (self.cached_tokens or 0)
+
+    @property
+    def prefill(self) -> tuple[float, bool] | None:
+        """Prompt tokens evaluated per second, and whether it is only an upper bound (Ollama: its count includes
+        cached tokens that took no time, so tokens / time is at least the true rate)."""
+        if not self.prompt_tokens or not self.prompt_ms:
+            return None
+        return round(self.prompt_tokens / self.prompt_ms * 1000, 1), self.prompt_counts_cached
 
     @property
     def draft_acceptance(self) -> float | None:
@@ -236,6 +294,12 @@ class Capabilities:
     truncates_to_window: bool = False
     # Reasoning can be switched per request (``think``); the thoughts stream apart from the answer.
     reasoning_switch: bool = True
+    # A request can ask for an effort level (THINK_LEVELS), for the models whose template reads one (Ollama's
+    # ``think: "low"``; llama-server's ``reasoning_effort``); ``Backend.model_capabilities`` says which models.
+    reasoning_levels: bool = False
+    # The server loads a model when a request names one it does not hold (Ollama): a turn for an unloaded model waits
+    # for the load before its first token (``loaded_models`` says which are loaded).
+    loads_on_demand: bool = False
 
 
 class Backend(ABC):
@@ -287,6 +351,11 @@ class Backend(ABC):
 
     async def loaded_models(self) -> list[LoadedModel]:
         raise BackendNotSupported(f"{self.kind} cannot list loaded models")
+
+    async def model_capabilities(self, model: str) -> frozenset[str]:
+        """What ``model`` can do as the server says (Ollama's /api/show ``capabilities``: "completion",
+        "thinking", "tools", ...; "think_levels" where it takes an effort level). Unknown: empty."""
+        return frozenset()
 
     def pull_model(self, model: str) -> AsyncIterator[PullProgress]:
         """Download a model, yielding progress; the last item has ``done``. Closing it stops watching."""

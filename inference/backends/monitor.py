@@ -28,6 +28,9 @@ class MonitorContext:
     kv_cache_type: str = "f16"
     local_host: bool = False  # this process runs on the rig's host, so the backend's files are readable here
     profile_arch: ModelArchitecture | None = None  # KV geometry an admin typed, where the backend cannot say
+    # Sequences the server runs per model where an admin said (Ollama's OLLAMA_NUM_PARALLEL, which no API reports);
+    # None: the server's default (Ollama: 1).
+    server_parallel: int | None = None
 
 
 class BackendMonitor:

@@ -104,7 +104,7 @@ async def send_progress(redis: aioredis.Redis, progress: dict[str, Any]) -> None
 def progress_commands(progress: dict[str, Any]) -> list[tuple[Any, ...]] | None:
     """The Redis commands that store a turn's progress and publish it to the boards, for a batch's pipeline; None
     when the channel layer is not the one a PUBLISH can stand in for (then ``ProgressReporter.tick``)."""
-    publication = events.pubsub_publication(events.BOARD_GROUP, {"type": "board.progress", **progress})
+    publication = events.pubsub_publication(events.BOARD_GROUP, events.board_progress_message(progress))
     if publication is None:
         return None
     stored = ("SET", progress_key(progress["turn"]), json.dumps(progress), "EX", state.LIVE_TTL_S)

@@ -135,10 +135,11 @@ def usage_today(user_id: int, *, now: datetime | None = None, exclude_turn: int 
     return DailyUsage(output_tokens=used, reserved_tokens=reserved, active_turns=active)
 
 
-def ollama_window(session: ChatSession, turns: list[Turn], num_ctx: int | None) -> int | None:
-    """The context window an Ollama rig reads this chat's next prompt in, where known: the turn's ``num_ctx`` (Ollama
-    loads the model with it), else the one the chat's last turn ran with (its stats' ``context_limit``, from
-    /api/ps). None on llama-server, whose over-long prompt fails rather than being cut."""
+def truncating_window(session: ChatSession, turns: list[Turn], num_ctx: int | None) -> int | None:
+    """The context window a rig whose server cuts an over-long prompt to fit (``Capabilities.truncates_to_window``:
+    Ollama) reads this chat's next prompt in, where known: the turn's ``num_ctx`` (Ollama loads the model with it),
+    else the one the chat's last turn ran with (its stats' ``context_limit``, from /api/ps). None on a server whose
+    over-long prompt fails rather than being cut (llama-server)."""
     if not capabilities(session.rig.kind).truncates_to_window:
         return None
     if num_ctx:
@@ -155,7 +156,7 @@ def session_prompt_estimate(
     fit it (server/prompt.go chatPrompt), so that is all the model reads. (The OpenAI-compatible API refuses
     ``tools``, so there are no tool definitions to count.)"""
     turns = list(session.turns.order_by("created_at", "id"))
-    window = ollama_window(session, turns, num_ctx)
+    window = truncating_window(session, turns, num_ctx)
     measured = [i for i, t in enumerate(turns) if t.prompt_tokens is not None]
     base, rest = 0, turns
     if measured:

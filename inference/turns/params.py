@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from django.conf import settings as django_settings
 
-from inference.backends.base import ChatRequest
+from inference.backends.base import THINK_LEVELS, ChatRequest
 from inference.errors import InvalidInput
 from rigdash import numbers
 
@@ -41,8 +41,9 @@ SYSTEM_MAX_CHARS = 8000
 STOP_MAX_STRINGS = 8
 STOP_MAX_CHARS = 64
 PRESET_NAME_MAX_CHARS = 60
-# ``think`` asks a reasoning model to think first (true) or to answer at once (false); left out, the server's default
-# holds (Ollama's ``think``, llama-server's ``chat_template_kwargs.enable_thinking``).
+# ``think`` asks a reasoning model to think first (true, or an effort level: "low" | "medium" | "high") or to answer
+# at once (false); left out, the server's default holds (Ollama's ``think``, which takes either; llama-server's
+# ``chat_template_kwargs.enable_thinking`` and, for a level, ``reasoning_effort``). gpt-oss reads only the level.
 ALLOWED = (*NUMBER_RULES, "system", "stop", "think")
 # A turn's own: the start of the reply, which the backend continues (continue a reply cut short). llama-server
 # streams it back first, so the turn's reply holds the whole text; Ollama sends only what follows it.
@@ -124,8 +125,8 @@ def params_validate(raw: Any, *, turn: bool = False) -> dict[str, Any]:
         elif name == "system":
             clean[name] = _system(value)
         elif name == "think":
-            if not isinstance(value, bool):
-                raise _bad("think must be true or false")
+            if not isinstance(value, bool) and value not in THINK_LEVELS:
+                raise _bad(f"think must be true, false or an effort level ({', '.join(THINK_LEVELS)})")
             clean[name] = value
         elif name == "stop":
             if value != []:

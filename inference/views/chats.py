@@ -87,6 +87,8 @@ def _chat_page(
             "session": session.pk,
             "maxChars": settings.RIGDASH.max_message_chars,
             "versions": chat_branch.versions_for(session),
+            # The rig's server takes a reasoning effort level (Ollama's think, llama-server's reasoning_effort).
+            "thinkLevels": capabilities(session.rig.kind).reasoning_levels,
         },
         "summary": chat_settings.settings_summary(values),
         "fields": fields,

@@ -26,7 +26,6 @@ from inference.turns.selectors import rig_list_enabled
 from inference.turns.sessions import rig_models
 from rigdash import strictjson
 
-MAX_BODY_BYTES = 1_048_576
 ROLES = ("system", "user", "assistant")
 # Accepted and ignored: they change nothing RigDash sends (``user`` is OpenAI's end-user tag).
 IGNORED_FIELDS = {"user", "frequency_penalty", "presence_penalty", "store", "metadata"}
@@ -184,8 +183,9 @@ def _params(body: dict[str, Any]) -> dict[str, Any]:
 
 def chat_request_parse(raw_body: bytes) -> ChatCompletionRequest:
     """Validate a request body; BadRequest (400, or 413 for a body too large) says what is wrong."""
-    if len(raw_body) > MAX_BODY_BYTES:
-        raise BadRequest(f"The request body is larger than {MAX_BODY_BYTES} bytes.", status=413)
+    limit = settings.API_MAX_BODY_BYTES  # the web server refuses larger bodies unread (rigdash/bodylimit.py)
+    if len(raw_body) > limit:
+        raise BadRequest(f"The request body is larger than {limit} bytes.", status=413)
     try:
         body = strictjson.loads(raw_body)
     except (ValueError, UnicodeDecodeError) as exc:

@@ -1,5 +1,5 @@
 """Decode sweeps' actions and export (staff only; 404 for everyone else): start, cancel, the CSV of a sweep's points.
-The sweep's page is monitoring's (monitoring/views_sweep.py), beside the calculator's prediction."""
+The sweep's page is monitoring's (monitoring/sweep_views.py), beside the calculator's prediction."""
 
 from __future__ import annotations
 

@@ -109,8 +109,22 @@ class StreamMeter:
             )
             if backend.output_tokens is not None:
                 stats["output_tokens"] = backend.output_tokens
+            # The same meaning on every backend: the whole prompt, its cached part where told, the evaluation time
+            # of the rest and its rate (an upper bound where the backend does not tell the cached part apart).
+            stats["prompt_total_tokens"] = backend.prompt_total_tokens
+            stats["prompt_cached_tokens"] = None if backend.prompt_counts_cached else backend.cached_tokens
+            if (prefill := backend.prefill) is not None:
+                stats["prefill_tps"], stats["prefill_tps_at_most"] = prefill
+            if backend.load_ms is not None:
+                stats["load_ms"] = backend.load_ms  # Ollama measures it on every reply: a loaded model's is ~0
+                if backend.load_ms >= LOAD_SHOWN_MS and self.ttft_ms is not None:  # loaded for this reply
+                    stats["ttft_after_load_ms"] = round(max(self.ttft_ms - backend.load_ms, 0.0), 2)
         stats.update(self.reasoning_stats(backend.output_tokens if backend is not None else None))
         return stats
+
+
+# A load shorter than this is the scheduler finding the model loaded (Ollama's load_duration is never 0), not a load.
+LOAD_SHOWN_MS = 100.0
 
 
 class FlushPace:

@@ -16,12 +16,13 @@ from typing import Any
 
 from channels.db import database_sync_to_async as db_async
 from django.db import DatabaseError, close_old_connections
+from redis.exceptions import RedisError
 
 from inference import events
 from inference.backends.base import ChatRequest
 from inference.db import gated
 from inference.errors import InvalidInput
-from inference.live import state
+from inference.live import energy, state
 from inference.models import Rig, Turn
 from inference.queue.quotas import TurnBudget
 from inference.queue.tickets import StartTicket, tickets_by_turn
@@ -73,14 +74,19 @@ async def run_claimed_turn(
         )
     else:
         request = _chat_request(turn.session.model_name, messages, budget.max_tokens, turn.params or {})
+        redis = loop.redis_for_loop()
+        energy_start_read = asyncio.create_task(_energy_mark(redis, rig_id))  # beside the request, not before it
         outcome = await stream.stream_turn(
             turn,
             request,
-            loop.redis_for_loop(),
+            redis,
             context_quota=budget.context_limit,
             prompt_state=prompt_state,
             opened=opened,
         )
+        energy_start, energy_end = await energy_start_read, await _energy_mark(redis, rig_id)
+        if energy_start is not None and energy_end is not None and outcome.stats.get("output_tokens"):
+            outcome.stats.update(energy.turn_energy(energy_start, energy_end))
     await prompt_state.settle()
     try:
         await started_row  # the board's "started" row goes out before the end
@@ -96,6 +102,15 @@ async def run_claimed_turn(
     snapshot = await db_async(turn_snapshot)(turn)
     await events.turn_end(session_id=turn.session_id, turn=snapshot, seq=outcome.stats["output_events"])
     await db_async(state.forget)(turn.pk)
+
+
+async def _energy_mark(redis: Any, rig_id: int) -> energy.EnergyMark | None:
+    """The rig's energy account (inference/live/energy.py); None where Redis cannot say: the turn runs all the same."""
+    try:
+        return await energy.energy_mark(redis, rig_id)
+    except (OSError, RedisError, ValueError) as exc:
+        log.warning("rig %s: its energy account could not be read: %r", rig_id, exc)
+        return None
 
 
 async def _store_end(turn: Turn, outcome: lifecycle.TurnOutcome) -> bool:

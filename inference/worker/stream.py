@@ -31,6 +31,7 @@ from django.db import DatabaseError
 from redis.exceptions import RedisError
 
 from inference import events
+from inference.backends import backend_for, capabilities
 from inference.backends.base import BackendError, ChatRequest, StreamChunk, user_message
 from inference.db import gated
 from inference.errors import QuotaExceeded
@@ -39,7 +40,7 @@ from inference.live import state
 from inference.live.link import RedisLink
 from inference.live.progress import ProgressReporter
 from inference.live.state import LiveList
-from inference.models import Turn
+from inference.models import Rig, Turn
 from inference.queue import quotas
 from inference.tokens import estimate_prompt_tokens, history_truncated
 from inference.turns import lifecycle
@@ -103,6 +104,7 @@ class TurnStream:
     context_quota: int | None = None
     backend_prompt_tokens: int | None = None  # the backend's count of the prompt, once it sent it
     prompt_state: PromptState | None = None  # settled before the first batch goes out
+    loading: bool = False  # the server is loading the model before the prompt (_check_loading)
     last_read_at: float = 0.0  # when the backend last sent a chunk (the stall timeouts count from it)
     stop: Exception | None = None  # the watchdog ends the turn (a cancel, a timeout): the reader raises it
     decoding: asyncio.Task[None] | None = None  # the first token's database write and the sampler's wake-up
@@ -321,6 +323,42 @@ async def _start_progress(state: TurnStream, messages: list[dict[str, str]]) -> 
     state.progress, state.context_window = progress, progress.n_ctx
 
 
+LOADED_CHECK_S = 1.0
+
+
+async def _check_loading(state: TurnStream, rig: Rig, model: str) -> None:
+    """Whether the server has to load the model first (a server that loads on demand: Ollama). Asked as the request
+    goes out: /api/ps answers at once with the loaded models, but waits while a runner is still loading (server/
+    sched.go ``loadedModels`` takes each runner's lock, which a load holds), so a model listed in time is loaded, and
+    one not listed, or no answer within LOADED_CHECK_S, means a load is under way. Then the page shows "loading the
+    model" and the turn waits RIGDASH_MODEL_LOAD_TIMEOUT_S more for its first token: the server is loading, not
+    stuck (Ollama calls a load stalled only after OLLAMA_LOAD_TIMEOUT, 5 minutes)."""
+    if not capabilities(rig.kind).loads_on_demand:
+        return
+    backend = backend_for(rig, timeout_s=LOADED_CHECK_S)
+    try:
+        async with asyncio.timeout(LOADED_CHECK_S):
+            loaded = await backend.loaded_models()
+        if any(_same_model(entry.name, model) for entry in loaded):
+            return
+    except (TimeoutError, BackendError):
+        pass
+    if state.meter.events:  # the first token came meanwhile: it was loaded after all
+        return
+    state.loading = True
+    if state.prompt_state is not None:
+        await state.prompt_state.loading()
+
+
+def _same_model(a: str, b: str) -> bool:
+    """Ollama's names: ``smollm2`` is ``smollm2:latest``."""
+
+    def full(name: str) -> str:
+        return name if ":" in name.rsplit("/", 1)[-1] else f"{name}:latest"
+
+    return full(a) == full(b)
+
+
 async def _decoding(state: TurnStream) -> None:
     """The first token is out: the turn is decoding, and the monitoring sampler, which reads an idle rig less often,
     hears of it and samples the rig at once. Not sooner: a sample while the backend reads the prompt would take a
@@ -361,6 +399,7 @@ async def stream_turn(
     )
     state.last_checkpoint = state.last_read_at = state.meter.t_request
     reporter = asyncio.create_task(_start_progress(state, request.messages))
+    loading = asyncio.create_task(_check_loading(state, turn.session.rig, request.model))
     final: StreamChunk | None = None
     status, error, finish_reason, detail = Turn.Status.DONE, "", "", ""
     try:
@@ -381,7 +420,8 @@ async def stream_turn(
         error = user_message(turn.session.rig.name, exc)
     finally:
         await opened.close()  # the backend stops decoding this reply
-        await asyncio.gather(reporter, return_exceptions=True)
+        loading.cancel()
+        await asyncio.gather(reporter, loading, return_exceptions=True)
         if state.decoding is not None:  # also when this task is cancelled: no write left running without an owner
             await asyncio.gather(state.decoding, return_exceptions=True)
     if state.pending:
@@ -428,6 +468,8 @@ async def _watch(state: TurnStream, reader: asyncio.Task[StreamChunk], conf: Rig
         if state.cancelled:
             await _stop(state, reader, TurnCancelled())
         limit = conf.first_token_timeout_s if state.meter.events == 0 else conf.stall_timeout_s
+        if state.loading and state.meter.events == 0:  # the server is loading the model (_check_loading)
+            limit += conf.model_load_timeout_s
         if now - state.last_read_at > limit:
             phase = "the first token" if state.meter.events == 0 else "the next token"
             await _stop(

@@ -16,11 +16,11 @@
   const stopBtn = document.querySelector("[data-testid=stop]");
   const banner = document.querySelector("[data-testid=error]");
   const connLabel = document.querySelector("[data-testid=connection]");
-  const ACTIVE = new Set(["queued", "prompt", "decoding"]);
+  const ACTIVE = new Set(["queued", "prompt", "loading", "decoding"]); // "loading": a page-only state (the model loads first)
 
   const turns = new Map(); // id -> {id, text, thought, seq, status, stats, el, renderer, thinking, resyncing}
   let pendingText = null;
-  const thinkParams = RigDashThinking.choice(cfg.session, form.querySelector(".actions"));
+  const thinkParams = RigDashThinking.choice(cfg.session, form.querySelector(".actions"), cfg.thinkLevels);
 
   function showError(message) {
     banner.textContent = message; // textContent: never parsed as HTML
@@ -255,21 +255,10 @@
     sendBtn.disabled = running || pendingText !== null;
   }
 
-  function resync(t) {
-    if (t.resyncing) return;
-    t.resyncing = true;
-    send({ type: "turn.resync", turn: t.id });
-  }
-
   function onToken(msg) {
-    const t = turns.get(msg.turn);
-    if (!t) return send({ type: "turn.resync", turn: msg.turn });
-    if (t.resyncing || msg.seq_to <= t.seq) return; // already held
-    if (msg.seq_from !== t.seq + 1) return resync(t); // a gap: fetch the reply so far
-    t.text += msg.text;
-    t.seq = msg.seq_to;
+    const t = RigDashTurnStream.accept(turns, msg, (id) => send({ type: "turn.resync", turn: id }));
+    if (!t) return;
     if (t.status !== "decoding") t.status = "decoding";
-    t.stats = msg.stats;
     if (msg.thinking) t.thought += msg.thinking;
     if (t.thought) t.thinking.set(t.thought, !t.text);
     t.renderer.set(t.text);

@@ -9,7 +9,7 @@
   const form = document.querySelector("[data-testid=compare-composer]");
   const input = document.querySelector("[data-testid=message]");
   const banner = document.querySelector("[data-testid=error]");
-  const ACTIVE = new Set(["queued", "prompt", "decoding"]);
+  const ACTIVE = new Set(["queued", "prompt", "loading", "decoding"]); // "loading": a page-only state (the model loads first)
 
   function showError(message) {
     banner.textContent = message;
@@ -70,17 +70,9 @@
         }
       },
       token: (msg) => {
-        const t = turns.get(msg.turn);
-        if (!t) return socket.send({ type: "turn.resync", turn: msg.turn });
-        if (t.resyncing || msg.seq_to <= t.seq) return;
-        if (msg.seq_from !== t.seq + 1) {
-          t.resyncing = true;
-          return socket.send({ type: "turn.resync", turn: t.id });
-        }
-        t.text += msg.text;
-        t.seq = msg.seq_to;
+        const t = RigDashTurnStream.accept(turns, msg, (id) => socket.send({ type: "turn.resync", turn: id }));
+        if (!t) return;
         t.status = "decoding";
-        t.stats = msg.stats;
         t.renderer.set(t.text);
         chrome(t);
       },

@@ -20,7 +20,10 @@
 
   function draw(name, figure) {
     const el = document.getElementById(`fig-${name}`);
-    if (el && figure) Plotly.react(el, figure.data, figure.layout, PLOT_CONFIG);
+    if (!el || !figure) return;
+    // A panel with nothing to chart on this rig (no GPU, no power reading) stays hidden until a sample brings a value.
+    el.hidden = Boolean(figure.meta && figure.meta.hide_empty) && figure.data.every((trace) => !trace.x.length);
+    if (!el.hidden) Plotly.react(el, figure.data, figure.layout, PLOT_CONFIG);
   }
 
   function drawAll() {
@@ -30,6 +33,10 @@
   function extendSeries(name, sample) {
     const figure = figures[name];
     const el = document.getElementById(`fig-${name}`);
+    if (figure && el && el.hidden && figure.meta.series.some(([key]) => sample.series[key] !== undefined)) {
+      el.hidden = false;
+      Plotly.react(el, figure.data, figure.layout, PLOT_CONFIG);
+    }
     if (!figure || !el || !el.data || !(range in WINDOW)) return; // long ranges: minute data, no live tail
     const xs = [];
     const ys = [];
@@ -132,7 +139,12 @@
     const placement = d.placement || {};
     $("[data-testid=placement]").textContent = `${placement.label || ""} · weights ${gib(s.weight_bytes)} · system RAM ${gib(s.host_used_bytes)} / ${gib(s.host_total_bytes)} used · backend process ${gib(s.backend_rss_bytes)} resident${s.backend_vram_bytes === undefined ? "" : `, ${gib(s.backend_vram_bytes)} in VRAM`}`;
     if (d.loaded_models) {
-      const loaded = d.loaded_models.map((m) => `${m.name} (${gib(m.size_bytes)}, ${fmt(100 * (1 - (m.cpu_fraction ?? 1)), 0)} % in VRAM, context ${m.context_length ?? "?"})`);
+      // Ollama's size taken apart (inference/backends/ollama/rules.py): weights, KV, compute buffers; its sequences,
+      // batch, context and idle unload time.
+      const split = (m) => (m.weight_bytes != null ? `: weights ${gib(m.weight_bytes)}, KV ${m.kv_allocated_bytes != null ? gib(m.kv_allocated_bytes) : "?"}, graph ${m.graph_bytes != null ? gib(m.graph_bytes) : "?"}` : "");
+      const runs = (m) => (m.parallel ? `, ${m.parallel} sequence${m.parallel === 1 ? "" : "s"}, batch ${m.batch ?? "?"}` : "");
+      const idle = (m) => (m.expires_at ? `, unloads ${new Date(m.expires_at).toLocaleTimeString()}` : "");
+      const loaded = d.loaded_models.map((m) => `${m.name} (${gib(m.size_bytes)}${split(m)}, ${fmt(100 * (1 - (m.cpu_fraction ?? 1)), 0)} % in VRAM, context ${m.context_length ?? "?"}${runs(m)}${idle(m)})`);
       $("[data-testid=placement]").textContent += ` · loaded: ${loaded.join(", ") || "none"}`;
     }
     if (from.host) $("[data-testid=placement]").textContent += ` · host figures from ${from.host}`;

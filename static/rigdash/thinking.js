@@ -51,16 +51,33 @@
     ["off", "Thinking: off"],
   ];
 
-  /** The per-chat choice, as a <select> put in `actions`; returns a function giving the turn's params. */
-  function choice(sessionId, actions) {
+  // Effort levels, where the rig's server takes one (Ollama's `think: "low"`, llama-server's `reasoning_effort`):
+  // gpt-oss reads its reasoning effort from them; a model without reasoning refuses them on Ollama (a clear error).
+  const LEVELS = [
+    ["low", "Thinking: low effort"],
+    ["medium", "Thinking: medium effort"],
+    ["high", "Thinking: high effort"],
+  ];
+
+  /** The turn's `think` param for a choice: true / false, an effort level, or nothing (the model's default). */
+  function thinkValue(value) {
+    if (value === "") return {};
+    if (value === "on" || value === "off") return { think: value === "on" };
+    return LEVELS.some(([level]) => level === value) ? { think: value } : {};
+  }
+
+  /** The per-chat choice, as a <select> put in `actions`; returns a function giving the turn's params. `levels`:
+   * the rig's server takes effort levels. */
+  function choice(sessionId, actions, levels) {
     const key = `rigdash:think:${sessionId}`;
     const select = document.createElement("select");
     select.dataset.testid = "think";
     select.title = "Ask a reasoning model to think before it answers (models without reasoning ignore it)";
     select.setAttribute("aria-label", "Thinking: ask a reasoning model to think first, or not");
-    for (const [value, label] of CHOICES) select.add(new Option(label, value));
+    for (const [value, label] of levels ? [...CHOICES, ...LEVELS] : CHOICES) select.add(new Option(label, value));
     try {
       select.value = localStorage.getItem(key) || "";
+      if (select.selectedIndex < 0) select.value = ""; // a level kept from a rig that took them
     } catch (e) {
       select.value = "";
     }
@@ -72,7 +89,7 @@
       }
     });
     actions.prepend(select);
-    return () => (select.value === "" ? {} : { think: select.value === "on" });
+    return () => thinkValue(select.value);
   }
 
   /** The stats line's words for thinking, when the turn thought. */

@@ -27,6 +27,7 @@ from inference.backends.base import (
     BackendProtocolError,
     BackendStats,
     BackendUnavailable,
+    Capabilities,
     ChatRequest,
     Health,
     ModelArchitecture,
@@ -82,12 +83,15 @@ def tls_context() -> ssl.SSLContext:
     return httpx.create_ssl_context(trust_env=False)
 
 
-def _error_message(body: bytes) -> str:
+def _error_body(status: int | None, body: bytes) -> BackendError:
+    """llama-server's refusal ``{"error": {"code", "type", "message", ...}}`` by what it says and its fields (a 503
+    ``Loading model`` is retryable; out of memory is not; ``exceed_context_size_error`` names both sizes)."""
     try:
         payload = json.loads(body)
-        return str(payload.get("error", {}).get("message") or payload)
-    except (ValueError, AttributeError):
-        return body[:300].decode("utf-8", "replace")
+    except ValueError:
+        return _error(status, body[:300].decode("utf-8", "replace"))
+    error = payload.get("error") if isinstance(payload, dict) else None
+    return failures.classify_object("llama-server", error if error is not None else payload, status=status)
 
 
 def _error(status: int | None, message: str) -> BackendError:
@@ -99,6 +103,7 @@ class LlamaCppBackend(Backend):
     kind = "llamacpp"
     label = "llama.cpp server"
     calls_read_gate = True
+    capabilities = Capabilities(reasoning_levels=True)
 
     def _client(self, *, read_timeout: float | None) -> httpx.AsyncClient:
         timeout = httpx.Timeout(self.timeout_s, read=read_timeout)
@@ -111,7 +116,7 @@ class LlamaCppBackend(Backend):
         except httpx.HTTPError as exc:
             raise BackendUnavailable(f"llama-server at {self.base_url} is unreachable: {exc!r}") from exc
         if response.status_code >= 400:
-            raise _error(response.status_code, _error_message(response.content))
+            raise _error_body(response.status_code, response.content)
         try:
             return response.json()
         except ValueError as exc:
@@ -156,7 +161,7 @@ class LlamaCppBackend(Backend):
         except httpx.HTTPError as exc:
             raise BackendUnavailable(f"llama-server at {self.base_url} is unreachable: {exc!r}") from exc
         if response.status_code >= 400:
-            raise _error(response.status_code, _error_message(response.content))
+            raise _error_body(response.status_code, response.content)
         try:
             payload = response.json()
         except ValueError as exc:
@@ -205,8 +210,12 @@ class LlamaCppBackend(Backend):
         if request.think is not None:
             # The template's own switch (Qwen3-style ``enable_thinking``); reasoning arrives apart from the answer
             # as ``delta.reasoning_content`` (``reasoning_format`` deepseek), whatever the server's default format.
-            payload["chat_template_kwargs"] = {"enable_thinking": request.think}
+            # A level goes as OpenAI's ``reasoning_effort``, which llama-server hands to a template that reads one
+            # (gpt-oss's; the b11434 server's jinja ``caps_apply_reasoning_effort``) and others ignore.
+            payload["chat_template_kwargs"] = {"enable_thinking": request.think is not False}
             payload["reasoning_format"] = "deepseek"
+            if isinstance(request.think, str):
+                payload["reasoning_effort"] = request.think
         if request.stop:
             payload["stop"] = list(request.stop)
         return payload
@@ -221,7 +230,7 @@ class LlamaCppBackend(Backend):
             base_url=self.base_url,
             payload=self._payload(request),
             reader=_Events(),
-            error=lambda status, body: _error(status, _error_message(body)),
+            error=_error_body,
             connect_timeout_s=self.timeout_s,
             tls=tls_context(),
             read_gate=read_gate,
@@ -261,9 +270,8 @@ def _chunk(data: str, *, timings: bool = True) -> StreamChunk:
         raise BackendBadEvent(f"not JSON ({exc}): {data[:200]!r}") from exc
     if not isinstance(event, dict):
         raise BackendBadEvent(f"not an object: {data[:200]!r}")
-    if "error" in event:  # after the stream began: classed by its words alone
-        error = event["error"]
-        raise _error(None, str(error.get("message") or error)[:300] if isinstance(error, dict) else str(error)[:300])
+    if "error" in event:  # after the stream began: its words, and its status as the event's ``code``
+        raise failures.classify_object("llama-server", event["error"])
     choices = event.get("choices") or [{}]
     choice = choices[0] if isinstance(choices, list) else None
     delta = choice.get("delta") or {} if isinstance(choice, dict) else None

@@ -69,6 +69,8 @@ def stats_from_final(final: dict[str, Any]) -> BackendStats:
         decode_ms=_ms(eval_ns),
         decode_tps=decode_tps,
         raw={name: final[name] for name in FINAL_FIELDS if final.get(name) is not None},
+        prompt_counts_cached=True,  # prompt_eval_count = cache_n + prompt_n (llm/llama_server.go promptEvalCount)
+        load_ms=_ms(final.get("load_duration")),
     )
 
 
@@ -108,10 +110,16 @@ async def _chat_lines(response: httpx.Response) -> AsyncIterator[ollama.ChatResp
         yield _chat_part(pending)
 
 
+# The status of an ``{"error"}`` line inside a stream that began with 200: Ollama's streamResponse
+# (server/routes.go) writes only the words once the head is out, and sends 500 for an error that named no status, so
+# a runner's failure mid-reply is a 500 (retryable) unless its words say otherwise (inference/backends/failures.py).
+IN_STREAM_STATUS = 500
+
+
 def _chat_part(line: bytes) -> ollama.ChatResponse:
     part = json.loads(line.decode("utf-8", errors="strict"))
     if err := part.get("error"):
-        raise ollama.ResponseError(err)
+        raise ollama.ResponseError(err, IN_STREAM_STATUS)
     return ollama.ChatResponse(**part)
 
 
@@ -120,7 +128,7 @@ class OllamaBackend(Backend):
     label = "Ollama"
     capabilities = Capabilities(
         request_settings=frozenset({"num_ctx"}), context_per_request=True, context_per_model=True,
-        truncates_to_window=True,
+        truncates_to_window=True, reasoning_levels=True, loads_on_demand=True,
     )  # fmt: skip
     transport: httpx.AsyncBaseTransport | None = None  # the HTTP transport; None: httpx's own
 
@@ -253,6 +261,24 @@ class OllamaBackend(Backend):
             raise failures.classify("Ollama (show model)", str(message), status=response.status_code)
         info = payload.get("model_info") if isinstance(payload, dict) else None
         return dict(info or {})
+
+    async def model_capabilities(self, model: str) -> frozenset[str]:
+        """/api/show ``capabilities`` (server/images.go ``Capabilities``: "completion", "thinking", "tools", ...),
+        plus "think_levels" for a thinking model: Ollama takes ``think: "low" | "medium" | "high"`` for any of them
+        (api/types.go ThinkValue; server/routes.go hands the level to the model's template or parser, and gpt-oss
+        reads it as its reasoning effort, its only switch: ``think: false`` does not stop gpt-oss thinking)."""
+        shown = await self._call("show model", lambda c: c.show(model))
+        capabilities = frozenset(str(name) for name in (shown.capabilities or []))
+        return capabilities | {"think_levels"} if "thinking" in capabilities else capabilities
+
+    async def model_file_bytes(self, model: str) -> int | None:
+        """The model's size on disk (/api/tags ``size``: its blobs, the GGUF weights nearly all of it): what Ollama's
+        own estimate counts as the weights (llm/llama_server.go PredictServerVRAM: the model file's size)."""
+        wanted = _full_name(model)
+        for entry in await self.list_models():
+            if _full_name(entry.name) == wanted:
+                return entry.size_bytes
+        return None
 
     async def context_window(self, model: str) -> int | None:
         """The context the loaded model runs with (/api/ps ``context_length``: one sequence's num_ctx). Not loaded:

@@ -44,11 +44,11 @@ def error_from(status: int | None, body: bytes) -> BackendError:
     """A refusal in OpenAI's shape (``{"error": {"message"}}``) or plain text, classed by its words."""
     try:
         payload = json.loads(body)
-        error = payload.get("error") if isinstance(payload, dict) else None
-        message = str(error.get("message") if isinstance(error, dict) else error or payload)
     except ValueError:
-        message = body[:300].decode("utf-8", "replace")
-    return failures.classify(SERVER, message[:300], status=status)
+        return failures.classify(SERVER, body[:300].decode("utf-8", "replace"), status=status)
+    error = payload.get("error") if isinstance(payload, dict) else None
+    # Inside a stream (status None) an error object's ``code`` is its status (llama-server's /v1 stream).
+    return failures.classify_object(SERVER, error if error is not None else payload, status=status)
 
 
 def _context_of(entry: dict[str, Any]) -> int | None:
@@ -160,7 +160,7 @@ class UsageEvents:
             raise BackendBadEvent(f"not JSON ({exc}): {data[:200]!r}") from exc
         if not isinstance(event, dict):
             raise BackendBadEvent(f"not an object: {data[:200]!r}")
-        if "error" in event:  # after the stream began: classed by its words alone
+        if "error" in event:  # after the stream began: its words, and the status its ``code`` names
             raise error_from(None, data.encode())
         usage = event.get("usage")
         if isinstance(usage, dict):

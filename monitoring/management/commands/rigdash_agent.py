@@ -1,7 +1,8 @@
 """Run a rig agent beside its backend: ``manage.py rigdash_agent --rig NAME`` with RIGDASH_AGENT_KEY set.
 
 It serves the rig's Celery queue (a worker it starts, unless --no-worker) and samples this host for the rig
-(monitoring/agent.py). SIGTERM or Ctrl-C stops both.
+(monitoring/agent.py). SIGTERM or Ctrl-C stops both; the worker also ends when the agent is killed outright
+(SIGKILL, the OOM killer: rigdash/parentwatch.py), so no orphan keeps serving the rig's queue.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from monitoring import agent, services
+from rigdash import parentwatch
 from rigdash.launcher import ROOT, worker_command
 
 
@@ -55,7 +57,13 @@ class Command(BaseCommand):
             command = worker_command(
                 queues=[rig.queue], concurrency=options["concurrency"], name=f"agent-{rig.name}@%h", beat_schedule=None
             )
-            worker = subprocess.Popen(command, cwd=ROOT)
+            me_pid = os.getpid()
+            worker = subprocess.Popen(
+                command,
+                cwd=ROOT,
+                env=parentwatch.child_env(me_pid),  # the worker's own watchdog (rigdash/celery.py)
+                preexec_fn=parentwatch.die_with_parent(me_pid),  # before any thread starts: fork-safe
+            )
         self.stdout.write(f"rig agent {me.instance}: rig {rig.name!r}, queue {rig.queue!r}, every {interval:g} s")
         try:
             asyncio.run(self._run(sampler, me, interval))

@@ -12,9 +12,9 @@ from django import forms
 from django.http import QueryDict
 
 from inference.backends.base import ModelArchitecture
-from monitoring import calculator as calc
-from monitoring import calculator_presets as presets
-from monitoring.calculator_selectors import RigFacts
+from monitoring.calculator import model as calc
+from monitoring.calculator import presets
+from monitoring.calculator.selectors import RigFacts
 
 GIB = 2**30
 RIG, CUSTOM = "rig", "custom"

@@ -6,8 +6,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from monitoring import calculator as calc
-from monitoring.calculator_selectors import TurnPoint
+from monitoring.calculator import model as calc
+from monitoring.calculator.selectors import TurnPoint
 
 BASE: dict[str, Any] = {
     "margin": {"l": 55, "r": 55, "t": 35, "b": 40},

@@ -14,12 +14,11 @@ from django.views.decorators.http import require_GET
 
 from inference.models import Sweep
 from inference.turns import sweep_rows
-from monitoring import calculator as calc
-from monitoring import calculator_forms as forms
-from monitoring import calculator_plots as plots
-from monitoring import calculator_selectors
-from monitoring.calculator_selectors import TurnPoint
-from monitoring.views_calculator import compute
+from monitoring.calculator import forms, plots
+from monitoring.calculator import model as calc
+from monitoring.calculator import selectors as calculator_selectors
+from monitoring.calculator.selectors import TurnPoint
+from monitoring.calculator.views import compute
 from rigdash.access import is_staff
 
 SWEEP_TRACE = "sweep points (tokens/s per session)"

@@ -1,5 +1,5 @@
 """The decode calculator's page (/monitoring/calculator/) and JSON feed (/api/calculator): thin over
-``calculator_forms`` (inputs), ``calculator`` (arithmetic), ``calculator_plots`` and ``calculator_selectors``."""
+``forms`` (inputs), ``model`` (arithmetic), ``plots`` and ``selectors``."""
 
 from __future__ import annotations
 
@@ -14,11 +14,8 @@ from django.urls import reverse
 from django.views.decorators.http import require_GET
 
 from inference.models import Rig
-from monitoring import calculator as calc
-from monitoring import calculator_forms as forms
-from monitoring import calculator_plots as plots
-from monitoring import calculator_presets as presets
-from monitoring import calculator_selectors as selectors
+from monitoring.calculator import forms, plots, presets, selectors
+from monitoring.calculator import model as calc
 from rigdash import numbers
 
 GROUPS = [

@@ -13,13 +13,13 @@ from typing import Any
 from django.db.models import Q
 
 from inference.models import Rig, Turn
-from monitoring import calculator_presets as presets
 from monitoring import selectors
+from monitoring.calculator import presets
 from monitoring.models import RigProfile
 
 GIB = 2**30
 MAX_POINTS = 500
-# NVML device names -> GPU presets (calculator_presets.DEVICES), checked in this order.
+# NVML device names -> GPU presets (presets.DEVICES), checked in this order.
 NVML_MODELS = {"RTX 3090": "rtx-3090", "RTX 4090": "rtx-4090", "A100": "a100-80gb", "H100": "h100-sxm", "H200": "h200"}
 
 
@@ -65,7 +65,9 @@ def _model_fields(detail: dict[str, Any], series: dict[str, Any]) -> tuple[dict[
     }
     if kv.get("params"):
         fields["params_b"] = kv["params"] / 1e9
-    weight = series.get("weight_bytes") or (loaded[0].get("size_bytes") if loaded else None)
+    weight = series.get("weight_bytes") or (
+        loaded[0].get("weight_bytes") or loaded[0].get("size_bytes") if loaded else None
+    )
     if weight:
         fields["weight_gib"] = round(weight / GIB, 6)
     if kv.get("cache_type"):
