@@ -215,7 +215,8 @@ def test_the_evaluator_fires_once_while_the_condition_holds_and_resolves_once(re
         changes += evaluator.sample_evaluate(rig=rig, series={}, detail=_spill(False), now=1000.0 + t)
     assert [c for c, _ in changes] == ["fire", "resolve"]
     _wait_sent(2)
-    assert [r.json()["status"] for r in http.at("/hook")] == ["firing", "resolved"]
+    # Both were queued within milliseconds here, and go out on the pool in parallel: either may arrive first.
+    assert sorted(r.json()["status"] for r in http.at("/hook")) == ["firing", "resolved"]
     alert = Alert.objects.get()
     assert alert.state == "resolved" and (alert.fired_at - alert.condition_since).total_seconds() >= 0
 
