@@ -27,6 +27,7 @@ COPY manage.py ./
 COPY rigdash ./rigdash
 COPY inference ./inference
 COPY monitoring ./monitoring
+COPY alerts ./alerts
 COPY templates ./templates
 COPY static ./static
 

@@ -54,13 +54,13 @@ class RigForm(forms.ModelForm):  # type: ignore[type-arg]
 class QuotaForm(forms.ModelForm):  # type: ignore[type-arg]
     class Meta:
         model = Quota
-        fields = ["user", "group", *Quota.LIMIT_FIELDS]
+        fields = ["user", "group", *Quota.LIMIT_FIELDS, *Quota.RATE_FIELDS]
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.fields["user"].queryset = User.objects.order_by("username")  # type: ignore[attr-defined]
         self.fields["user"].help_text = "Leave user and group empty for the default quota (everyone)."
-        for name in Quota.LIMIT_FIELDS:
+        for name in (*Quota.LIMIT_FIELDS, *Quota.RATE_FIELDS):
             model_field = _limit_field(name)
             low, high = _bounds(model_field)
             self.fields[name] = StrictIntegerField(

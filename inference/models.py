@@ -240,9 +240,28 @@ class Quota(models.Model):
         null=True, blank=True, validators=[MinValueValidator(16), MaxValueValidator(1_048_576)],
         help_text="Largest prompt (the conversation so far) in tokens (16-1,048,576).",
     )  # fmt: skip
+    # Rate limits over a sliding minute, in Redis (inference/queue/ratelimits.py): per user (all their chats and keys)
+    # and per API key (each of the user's keys on its own).
+    requests_per_minute = models.PositiveIntegerField(
+        null=True, blank=True, validators=[MinValueValidator(1), MaxValueValidator(100_000)],
+        help_text="Turns (chat messages and API requests) per minute, all together (1-100,000).",
+    )  # fmt: skip
+    tokens_per_minute = models.PositiveIntegerField(
+        null=True, blank=True, validators=[MinValueValidator(1), MaxValueValidator(100_000_000)],
+        help_text="Reply tokens per minute, all together (1-100,000,000).",
+    )  # fmt: skip
+    key_requests_per_minute = models.PositiveIntegerField(
+        null=True, blank=True, validators=[MinValueValidator(1), MaxValueValidator(100_000)],
+        help_text="API requests per minute through each API key (1-100,000).",
+    )  # fmt: skip
+    key_tokens_per_minute = models.PositiveIntegerField(
+        null=True, blank=True, validators=[MinValueValidator(1), MaxValueValidator(100_000_000)],
+        help_text="Reply tokens per minute through each API key (1-100,000,000).",
+    )  # fmt: skip
     updated_at = models.DateTimeField(auto_now=True)
 
     LIMIT_FIELDS = ("max_concurrent_turns", "max_output_tokens_per_day", "max_tokens_per_reply", "max_context_tokens")
+    RATE_FIELDS = ("requests_per_minute", "tokens_per_minute", "key_requests_per_minute", "key_tokens_per_minute")
 
     class Meta:
         constraints = [

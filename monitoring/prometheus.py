@@ -18,6 +18,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 
+from inference.live import ratewindow
 from inference.models import Rig
 from monitoring import selectors
 from monitoring.turn_metrics import Totals, turn_totals
@@ -92,6 +93,17 @@ def rig_metrics(rigs: list[dict[str, Any]]) -> Iterator[Metric]:
     for r in rigs:
         up.add_metric([r["name"], r["model"]], 1.0 if r["up"] else 0.0)
     yield up
+    agent_up = GaugeMetricFamily("rigdash_agent_up", "1 while the rig's agent heartbeat is fresh (rigs with an agent)",
+                                 labels=RIG_MODEL)  # fmt: skip
+    spilled = GaugeMetricFamily("rigdash_weights_spilled", "1 when the rig's model weights are proven partly in system "
+                                "RAM, 0 when proven not (absent: unknown)", labels=RIG_MODEL)  # fmt: skip
+    for r in rigs:
+        if r.get("agent_up") is not None:
+            agent_up.add_metric([r["name"], r["model"]], 1.0 if r["agent_up"] else 0.0)
+        if r.get("spill") is not None:
+            spilled.add_metric([r["name"], r["model"]], 1.0 if r["spill"] else 0.0)
+    yield agent_up
+    yield spilled
     for key, (metric, help_text) in GAUGES.items():
         gauge = GaugeMetricFamily(metric, help_text, labels=RIG_MODEL)
         for r in rigs:
@@ -169,6 +181,8 @@ def _rig_rows() -> list[dict[str, Any]]:
                 "up": bool(detail.get("sources", {}).get("backend", {}).get("ok")),
                 "series": latest["series"],
                 "turns_by_user": Counter(turn["user"] for turn in detail.get("turns", [])),
+                "agent_up": (detail.get("agent") or {}).get("up") if rig.agent_key else None,
+                "spill": (detail.get("placement") or {}).get("spill"),
             }
         )
     return rigs
@@ -195,6 +209,21 @@ class RigDashCollector:
         yield from rig_metrics(_rig_rows())
         rig_names = dict(Rig.objects.values_list("id", "name"))
         yield from turn_metrics(turn_totals.snapshot(), rig_names, user_groups())
+        yield rate_limited_metric()
+
+
+def rate_limited_metric() -> Metric:
+    """Requests refused by a rate limit, by scope (user, key) and limit, from Redis (inference/live/ratewindow.py)."""
+    help_text = "Requests refused by a rate limit (HTTP 429 or an error frame)"
+    family = CounterMetricFamily("rigdash_rate_limited", help_text, labels=["scope", "limit"])
+    try:
+        counts = ratewindow.refusals()
+    except Exception:  # Redis down: the rest of the scrape still answers
+        counts = {}
+    for label, count in sorted(counts.items()):
+        scope, _, limit = label.partition(":")
+        family.add_metric([scope, limit], count)
+    return family
 
 
 registry = CollectorRegistry(auto_describe=False)

@@ -29,6 +29,8 @@ from channels.layers import get_channel_layer
 from django.conf import settings
 from redis.exceptions import RedisError
 
+from alerts import delivery as alert_delivery
+from alerts import services as alert_rules
 from inference import events
 from inference.live import agents
 from inference.models import Rig
@@ -90,6 +92,7 @@ def _complete_store_publish(sampler: RigSampler, rig_id: int, sample: Sample) ->
     sampler.complete(sample)
     services.sample_store(rig_id=rig_id, sample=sample)
     services.sample_publish(rig_id=rig_id, sample=sample)
+    alert_rules.sample_evaluate(rig=sampler.rig, series=sample.series, detail=sample.detail)  # never raises
     try:
         sampler.energy_account(sample)
     except RedisError as exc:  # the account misses this interval; the sample is stored and shown all the same
@@ -213,6 +216,10 @@ async def run(*, stop: asyncio.Event | None = None) -> None:
     prober = asyncio.create_task(probe_queues())
     last_maintenance = 0.0
     stop = stop or asyncio.Event()
+    try:  # alert deliveries a stopped sampler left pending are sent again
+        await database_sync_to_async(alert_delivery.deliveries_resume)()
+    except Exception:
+        log.exception("resuming pending alert deliveries failed")
     try:
         while not stop.is_set():
             rigs_changed.clear()  # a change from here on brings another refresh

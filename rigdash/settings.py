@@ -68,6 +68,7 @@ INSTALLED_APPS = [
     "axes",
     "inference",
     "monitoring",
+    "alerts",
     "rigdash.sso",
 ]
 
@@ -299,3 +300,14 @@ CELERY_BEAT_SCHEDULE = {
         "schedule": env_float("RIGDASH_QUEUES_RECONCILE_S", 30.0, minimum=1.0),
     },
 }
+
+# Mail, for alert emails (alerts/transports.py): Django's SMTP backend with these settings. Nothing is sent unless an
+# email channel is set up on the alerts page.
+EMAIL_HOST = env_str("RIGDASH_EMAIL_HOST", "localhost")
+EMAIL_PORT = env_int("RIGDASH_EMAIL_PORT", 25, minimum=1, maximum=65535)
+EMAIL_HOST_USER = env_str("RIGDASH_EMAIL_USER", "")
+EMAIL_HOST_PASSWORD = env_str("RIGDASH_EMAIL_PASSWORD", "")
+EMAIL_USE_TLS = env_bool("RIGDASH_EMAIL_STARTTLS", False)
+EMAIL_USE_SSL = env_bool("RIGDASH_EMAIL_SSL", False)
+EMAIL_TIMEOUT = env_int("RIGDASH_EMAIL_TIMEOUT_S", 10, minimum=1)
+DEFAULT_FROM_EMAIL = env_str("RIGDASH_EMAIL_FROM", "rigdash@localhost")

@@ -51,6 +51,8 @@ NUMERIC: dict[str, tuple[str, str, str, tuple[str, ...]]] = {
     "monitoring:rig_dashboard": ("GET", "/monitoring/rigs/{rig}/", "query", ("range",)),
     "monitoring:api_rig_series": ("GET", "/monitoring/api/rigs/{rig}/series", "query", ("range",)),
     "monitoring:sweep": ("GET", "/monitoring/sweeps/{sweep}/", "query", ("context", "sessions")),
+    "alerts:rule_new": ("POST", "/alerts/rules/new", "form", ("threshold", "for_s", "clear_s", "window_s", "rig")),
+    "alerts:silence_new": ("POST", "/alerts/silences/new", "form", ("minutes", "rule", "rig")),
 }
 # Routes whose only numbers are path ids (asked below with a 310-digit id) or that take no input at all.
 NO_NUMBERS = {
@@ -64,6 +66,8 @@ NO_NUMBERS = {
     "board:api_cancel", "board:users", "board:user_action", "board:quota_edit", "board:quota_delete", "board:rigs",
     "board:rig_edit", "board:rig_delete", "board:rig_agent_key", "board:api_sweep_cancel", "board:sweep_csv",
     "monitoring:overview", "monitoring:sweeps", "monitoring:rig_profile", "monitoring:api_rig_latency",
+    "alerts:page", "alerts:acknowledge", "alerts:rule_edit", "alerts:rule_delete", "alerts:channel_new",
+    "alerts:channel_edit", "alerts:channel_delete", "alerts:silence_end",
 }  # fmt: skip
 
 
@@ -140,7 +144,8 @@ def test_a_310_digit_id_in_any_path_is_a_4xx(world):
             continue
         path = "/" + route
         for converter in ("<int:session_id>", "<int:turn_id>", "<int:rig_id>", "<int:key_id>", "<int:user_id>",
-                          "<int:quota_id>", "<int:sweep_id>", "<int:left_id>", "<int:right_id>"):  # fmt: skip
+                          "<int:quota_id>", "<int:sweep_id>", "<int:left_id>", "<int:right_id>", "<int:alert_id>",
+                          "<int:rule_id>", "<int:channel_id>", "<int:silence_id>"):  # fmt: skip
             path = path.replace(converter, "9" * 310)
         path = path.replace("<str:kind>", "json").replace("<path:model_id>", "m")
         for method in (client.get, client.post):

@@ -163,7 +163,7 @@ def _t(user: User) -> str:
 
 
 def quota_values(quota: Quota) -> dict[str, int | None]:
-    return {name: getattr(quota, name) for name in Quota.LIMIT_FIELDS}
+    return {name: getattr(quota, name) for name in (*Quota.LIMIT_FIELDS, *Quota.RATE_FIELDS)}
 
 
 def _require_may_set_quota(admin: User, quota: Quota) -> None:

@@ -13,6 +13,7 @@ from channels.db import database_sync_to_async
 
 from inference import events
 from inference.errors import InvalidInput, NotFound, QueueUnavailable
+from inference.queue.ratelimits import RateLimited
 from inference.turns import lifecycle, selectors, submit_queue
 from rigdash.ws import CLOSE_NOT_FOUND, GroupJsonConsumer, parse_frame
 
@@ -59,6 +60,9 @@ class ChatConsumer(GroupJsonConsumer):
             await handler(content)
         except NotFound:
             await self._error("not_found", "No such turn in this session.")
+        except RateLimited as exc:  # the frame says when to send again
+            await self.send_json({"type": "error", "code": exc.code, "message": exc.message,
+                                  "request": content.get("client_id"), "retry_after_s": exc.retry_after_s})  # fmt: skip
         except (InvalidInput, QueueUnavailable) as exc:  # the latter's turn is stored and waits
             await self._error(exc.code, exc.message, request=content.get("client_id"))
 

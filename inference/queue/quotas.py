@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -28,6 +28,7 @@ from inference.backends import capabilities
 from inference.db import lock_rows
 from inference.errors import QuotaExceeded
 from inference.models import ChatSession, Quota, Turn
+from inference.queue.ratelimits import RateLimits, rate_merge
 from inference.tokens import estimate_prompt_tokens, estimate_tokens
 
 LIMIT_NAMES = {
@@ -44,6 +45,7 @@ class Limits:
     max_output_tokens_per_day: int | None = None
     max_tokens_per_reply: int | None = None
     max_context_tokens: int | None = None
+    rate: RateLimits = field(default_factory=RateLimits)  # per minute, read in the same query (queue/ratelimits.py)
 
     def as_dict(self) -> dict[str, int | None]:
         return {name: getattr(self, name) for name in Quota.LIMIT_FIELDS}
@@ -69,7 +71,7 @@ def limits_merge(
         if value is None and default:
             value = default.get(name)
         merged[name] = value
-    return Limits(**merged)
+    return Limits(**merged)  # type: ignore[arg-type]  # LIMIT_FIELDS only: ``rate`` keeps its default
 
 
 def day_start_utc(now: datetime) -> datetime:
@@ -102,11 +104,12 @@ def limits_for(user_id: int) -> Limits:
     """The user's limits, from their own quota, their groups' and the default, read in one query (it runs at
     every submit and every start)."""
     mine = Q(user_id=user_id) | Q(group__user__id=user_id) | Q(user__isnull=True, group__isnull=True)
-    rows = list(Quota.objects.filter(mine).values("user_id", "group_id", *Quota.LIMIT_FIELDS).distinct().order_by("id"))
+    fields = (*Quota.LIMIT_FIELDS, *Quota.RATE_FIELDS)
+    rows = list(Quota.objects.filter(mine).values("user_id", "group_id", *fields).distinct().order_by("id"))
     own = next((r for r in rows if r["user_id"] == user_id), None)
     groups = [r for r in rows if r["group_id"] is not None]
     default = next((r for r in rows if r["user_id"] is None and r["group_id"] is None), None)
-    return limits_merge(own=own, groups=groups, default=default)
+    return replace(limits_merge(own=own, groups=groups, default=default), rate=rate_merge(rows, user_id))
 
 
 @dataclass(frozen=True)
@@ -190,7 +193,7 @@ def quota_check_submit(
     if session.owner_id not in known:
         known[session.owner_id] = limits_for(session.owner_id)
     limits = known[session.owner_id]
-    if limits == Limits():
+    if replace(limits, rate=RateLimits()) == Limits():
         return  # nothing to count, so nothing to lock: one round trip less on the turn's way to its first token
     lock_rows(User.objects.filter(pk=session.owner_id))
     now = timezone.now()

@@ -18,7 +18,7 @@ from inference import events
 from inference.errors import InvalidInput
 from inference.live import agents, progress, state
 from inference.models import ChatSession, Rig, Turn
-from inference.queue import dispatch
+from inference.queue import dispatch, ratelimits
 from inference.turns import board_rows, selectors
 
 log = logging.getLogger(__name__)
@@ -88,6 +88,11 @@ def turn_finish(*, turn: Turn, outcome: TurnOutcome) -> bool:
         prompt_tokens=_prompt_in_context(outcome.stats),
         output_tokens=outcome.stats.get("output_tokens", outcome.stats.get("output_events")),
     )
+    tokens = int(outcome.stats.get("output_tokens", outcome.stats.get("output_events")) or 0)
+    if updated and tokens > 0:  # the reply's tokens count in its owner's and its key's per-minute windows
+        owner = ChatSession.objects.filter(pk=turn.session_id).values_list("owner_id", "api_key_id").first()
+        if owner is not None:
+            ratelimits.turn_tokens_count(user_id=owner[0], key_id=owner[1], tokens=tokens)
     return bool(updated)
 
 

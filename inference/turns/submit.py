@@ -14,7 +14,7 @@ from inference import events
 from inference.db import lock_rows, locking
 from inference.errors import InvalidInput, NotFound, QueueUnavailable
 from inference.models import ChatSession, Rig, Turn
-from inference.queue import dispatch, placement, quotas
+from inference.queue import dispatch, placement, quotas, ratelimits
 from inference.queue.quotas import Limits
 from inference.queue.tickets import StartTicket
 from inference.turns import board_rows, selectors
@@ -157,6 +157,8 @@ def _turn_prepare(
     if session.pk in busy:
         raise InvalidInput("turn_in_progress", "Wait for the current reply to finish (or stop it) first.")
     quotas.quota_check_submit(session=session, text=text, params=clean_params, known=limits, pending=pending)
+    # Last: an admitted turn counts in the minute's window. Its limits came with the others (quotas.limits_for).
+    ratelimits.rate_check_submit(session=session, limits=limits[session.owner_id].rate)
     if not session.title:
         session.title = text.strip()[:80]
         ChatSession.objects.filter(pk=session.pk).update(title=session.title)

@@ -11,7 +11,7 @@ from inference.board import actions, audit_pages
 from inference.errors import InvalidInput, NotFound
 from inference.forms import QuotaForm, UserCreateForm, UserGroupsForm
 from inference.models import Quota
-from inference.queue import quotas
+from inference.queue import quotas, ratelimits
 from inference.turns import board_rows
 from inference.views.http import json_error, staff_required
 
@@ -114,13 +114,15 @@ def user_action(request: HttpRequest, user_id: int) -> HttpResponse:
 def _quotas_page(
     request: HttpRequest, form: QuotaForm, *, editing: Quota | None = None, error: str = "", status: int = 200
 ) -> HttpResponse:
-    listing = Quota.objects.select_related("user", "group").order_by("group__name", "user__username", "id")
+    listing = list(Quota.objects.select_related("user", "group").order_by("group__name", "user__username", "id"))
+    rate = ratelimits.board_rate_view(listing)
     return render(
         request,
         "inference/board_quotas.html",
-        {"quotas": listing, "form": form, "editing": editing, "limit_names": quotas.LIMIT_NAMES, "error": error},
+        {"quotas": listing, "form": form, "editing": editing, "limit_names": quotas.LIMIT_NAMES, "error": error,
+         "rate_names": ratelimits.LIMIT_WORDS, "rate_refusals": rate},
         status=status,
-    )
+    )  # fmt: skip
 
 
 @staff_required

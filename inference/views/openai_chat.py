@@ -52,7 +52,7 @@ def _submit(request: HttpRequest) -> tuple[Turn, str, bool, bool] | HttpResponse
         turn = api_turn_submit(key=key, rig=entry.rig, model=entry.model, history=parsed.history,
                                text=parsed.user_text, params=parsed.params, placed=entry.placed)  # fmt: skip
     except QuotaExceeded as exc:
-        response = error(429, exc.message, code="rate_limit_exceeded", kind="requests")
+        response = error(429, exc.message, code="rate_limit_exceeded", kind=getattr(exc, "kind", "requests"))
         if exc.resets_at is not None:
             response["Retry-After"] = str(max(1, math.ceil((exc.resets_at - timezone.now()).total_seconds())))
         return response
