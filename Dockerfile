@@ -27,7 +27,6 @@ COPY manage.py ./
 COPY rigdash ./rigdash
 COPY inference ./inference
 COPY monitoring ./monitoring
-COPY alerts ./alerts
 COPY templates ./templates
 COPY static ./static
 

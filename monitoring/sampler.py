@@ -29,12 +29,12 @@ from channels.layers import get_channel_layer
 from django.conf import settings
 from redis.exceptions import RedisError
 
-from alerts import delivery as alert_delivery
-from alerts import services as alert_rules
 from inference import events
 from inference.live import agents
 from inference.models import Rig
 from monitoring import queues, services
+from monitoring.alerts import delivery as alert_delivery
+from monitoring.alerts import services as alert_rules
 from monitoring.sampling import RigSampler, Sample, is_idle, is_local
 
 log = logging.getLogger(__name__)

@@ -68,7 +68,7 @@ INSTALLED_APPS = [
     "axes",
     "inference",
     "monitoring",
-    "alerts",
+    "monitoring.alerts",
     "rigdash.sso",
 ]
 
@@ -301,8 +301,8 @@ CELERY_BEAT_SCHEDULE = {
     },
 }
 
-# Mail, for alert emails (alerts/transports.py): Django's SMTP backend with these settings. Nothing is sent unless an
-# email channel is set up on the alerts page.
+# Mail, for alert emails (monitoring/alerts/transports.py): Django's SMTP backend with these settings. Nothing is
+# sent unless an email channel is set up on the alerts page.
 EMAIL_HOST = env_str("RIGDASH_EMAIL_HOST", "localhost")
 EMAIL_PORT = env_int("RIGDASH_EMAIL_PORT", 25, minimum=1, maximum=65535)
 EMAIL_HOST_USER = env_str("RIGDASH_EMAIL_USER", "")

@@ -17,7 +17,7 @@ urlpatterns = [
     path("metrics", prometheus_metrics, name="metrics"),
     path("api/calculator", api_calculator, name="api_calculator"),
     path("monitoring/", include("monitoring.urls")),
-    path("alerts/", include("alerts.urls")),
+    path("alerts/", include("monitoring.alerts.urls")),
     path("login/", sso_views.LoginView.as_view(), name="login"),
     path("login/sso/", sso_views.SsoLoginView.as_view(), name="sso_login"),
     path("login/sso/callback/", sso_views.SsoCallbackView.as_view(), name="sso_callback"),

@@ -11,10 +11,10 @@ import pytest
 from django.test import Client
 from django.utils import timezone
 
-from alerts import conditions, delivery, services
-from alerts.conditions import Facts, Track, step
-from alerts.models import Alert, AlertChannel, AlertRule, Delivery, Silence
 from inference.models import Rig
+from monitoring.alerts import conditions, delivery, services
+from monitoring.alerts.conditions import Facts, Track, step
+from monitoring.alerts.models import Alert, AlertChannel, AlertRule, Delivery, Silence
 from tests.alertkit import HttpReceiver, SmtpReceiver, wait_for
 
 # Pure pieces -------------------------------------------------------------------------------------------

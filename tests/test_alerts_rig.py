@@ -19,10 +19,10 @@ from typing import Any
 
 import pytest
 
-from alerts import services
-from alerts.models import Alert, AlertChannel, AlertRule
 from inference.models import Rig
 from monitoring import sampler
+from monitoring.alerts import services
+from monitoring.alerts.models import Alert, AlertChannel, AlertRule
 from monitoring.collectors import host
 from monitoring.gpus import nvidia
 from monitoring.models import RigProfile

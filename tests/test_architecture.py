@@ -12,7 +12,7 @@ from pathlib import Path
 import grimp
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("inference", "monitoring", "rigdash", "alerts")
+PACKAGES = ("inference", "monitoring", "rigdash")
 
 
 def _cycles(graph: grimp.ImportGraph) -> list[list[str]]:

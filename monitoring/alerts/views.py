@@ -13,11 +13,11 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.utils import timezone
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
-from alerts import selectors, services
-from alerts.forms import AlertChannelForm, AlertRuleForm, SilenceForm
-from alerts.models import AlertChannel, AlertRule
 from inference.audit import audit_record
 from inference.errors import InvalidInput, NotFound
+from monitoring.alerts import selectors, services
+from monitoring.alerts.forms import AlertChannelForm, AlertRuleForm, SilenceForm
+from monitoring.alerts.models import AlertChannel, AlertRule
 from rigdash.access import is_staff, staff_now
 
 View = Callable[..., HttpResponse]

@@ -6,9 +6,9 @@ from typing import Any
 
 from django import forms
 
-from alerts.models import AlertChannel, AlertRule
 from inference.forms import StrictIntegerField
 from inference.models import Rig
+from monitoring.alerts.models import AlertChannel, AlertRule
 from rigdash import numbers
 
 

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from django.urls import path
 
-from alerts import views
+from monitoring.alerts import views
 
 app_name = "alerts"
 

@@ -16,7 +16,7 @@ import httpx
 from django.conf import settings
 from django.core.mail import send_mail
 
-from alerts.models import Alert, AlertChannel
+from monitoring.alerts.models import Alert, AlertChannel
 
 HTTP_TIMEOUT_S = 5.0
 

@@ -22,11 +22,11 @@ from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from alerts import conditions, delivery, selectors
-from alerts.models import Alert, AlertChannel, AlertRule, Delivery, Silence
 from inference.audit import audit_record
 from inference.errors import InvalidInput, NotFound
 from inference.models import Rig
+from monitoring.alerts import conditions, delivery, selectors
+from monitoring.alerts.models import Alert, AlertChannel, AlertRule, Delivery, Silence
 
 log = logging.getLogger(__name__)
 RULES_TTL_S = 2.0

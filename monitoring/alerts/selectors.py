@@ -11,8 +11,8 @@ from typing import Any
 from django.conf import settings
 from django.db.models import QuerySet
 
-from alerts.models import Alert, AlertChannel, AlertRule, Delivery, Silence
 from inference.models import Turn
+from monitoring.alerts.models import Alert, AlertChannel, AlertRule, Delivery, Silence
 
 FINISHED = (Turn.Status.DONE, Turn.Status.FAILED, Turn.Status.INTERRUPTED)  # cancelled turns are a user's choice
 

@@ -15,8 +15,8 @@ from django.db import close_old_connections, connection
 from django.db.models import F
 from django.utils import timezone
 
-from alerts.models import Delivery
-from alerts.transports import TRANSPORTS
+from monitoring.alerts.models import Delivery
+from monitoring.alerts.transports import TRANSPORTS
 
 log = logging.getLogger(__name__)
 RETRY_S = (0.0, 2.0, 5.0, 15.0)  # the wait before each try
