@@ -209,7 +209,8 @@ def _first_rig(turn: Turn) -> Rig | None:
     if turn.session.placement != placement.PLACED:
         return turn.session.rig
     rigs = placement.rigs_serving(turn.session.model_name)
-    return placement.choose(rigs, excluded=[rig.pk for rig in rigs if dispatch.cannot_take_turns(rig)])
+    excluded = [rig.pk for rig in rigs if dispatch.cannot_take_turns(rig)]
+    return placement.choose(rigs, excluded=excluded, model=turn.session.model_name)
 
 
 def _start_tickets(

@@ -113,6 +113,14 @@ class LlamaCppMonitor(BackendMonitor):
         self._slot_series([self.main], series)
         detail["model"] = self.props.get("model_alias") or self.props.get("model_path", "")
 
+    def loaded_models(self, detail: dict[str, Any]) -> list[str] | None:
+        """Router mode: the models whose status is ``loaded``; one model: that model, unless the server sleeps."""
+        if "models" in detail:
+            return [m["name"] for m in detail["models"] if m.get("status") == "loaded"]
+        if detail.get("sleeping") or not detail.get("sources", {}).get("backend", {}).get("ok"):
+            return []
+        return [name for name in (self.props.get("model_alias"), self.props.get("model_path")) if name]
+
     async def _read_router(self, now: float, series: dict[str, float], detail: dict[str, Any]) -> None:
         """Router mode: every model the router has, each loaded one's slots and counters (``?model=``). A model
         that is not loaded is never asked about: the router would load it."""

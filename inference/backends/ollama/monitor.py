@@ -112,6 +112,12 @@ class OllamaMonitor(BackendMonitor):
                 self.file_cache[name] = None
         return self.file_cache[name]
 
+    def loaded_models(self, detail: dict[str, Any]) -> list[str] | None:
+        """What /api/ps listed: the models Ollama holds in memory now."""
+        if not detail.get("sources", {}).get("backend", {}).get("ok"):
+            return None
+        return [m["name"] for m in detail.get("loaded_models", [])]
+
     def kv(self, series: dict[str, float], detail: dict[str, Any]) -> None:
         ok = "kv_bytes_per_token" in series
         error = "" if ok else "no loaded model, or /api/show gave no KV geometry"
