@@ -41,6 +41,7 @@ urlpatterns = [
     path("api/rigs/<int:rig_id>/models/state", models.api_rig_models_state, name="api_rig_models_state"),
     path("api/rigs/<int:rig_id>/models/pull", models.api_rig_models_pull, name="api_rig_models_pull"),
     path("api/rigs/<int:rig_id>/models/delete", models.api_rig_models_delete, name="api_rig_models_delete"),
+    path("api/rigs/<int:rig_id>/models/load", models.api_rig_models_load, name="api_rig_models_load"),
     path("api/rigs/<int:rig_id>/models/unload", models.api_rig_models_unload, name="api_rig_models_unload"),
 ]
 
