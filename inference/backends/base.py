@@ -364,6 +364,11 @@ class Backend(ABC):
     async def delete_model(self, model: str) -> None:
         raise BackendNotSupported(f"{self.kind} cannot delete models")
 
+    async def needs_load(self, model: str) -> bool:
+        """Whether the server must load ``model`` before it can read a prompt for it (a server that loads on demand,
+        ``Capabilities.loads_on_demand``): by default, whether its loaded models leave it out."""
+        return not any(_same_model(entry.name, model) for entry in await self.loaded_models())
+
     async def load_model(self, model: str) -> None:
         """Load a model the server has but does not hold in memory (llama-server's router mode), returning once it
         is loaded."""
@@ -372,3 +377,12 @@ class Backend(ABC):
     async def unload_model(self, model: str) -> None:
         """Free the memory a loaded model holds now (the files stay)."""
         raise BackendNotSupported(f"{self.kind} cannot unload models")
+
+
+def _same_model(a: str, b: str) -> bool:
+    """Ollama's names: ``smollm2`` is ``smollm2:latest``."""
+
+    def full(name: str) -> str:
+        return name if ":" in name.rsplit("/", 1)[-1] else f"{name}:latest"
+
+    return full(a) == full(b)

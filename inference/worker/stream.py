@@ -327,7 +327,8 @@ LOADED_CHECK_S = 1.0
 
 
 async def _check_loading(state: TurnStream, rig: Rig, model: str) -> None:
-    """Whether the server has to load the model first (a server that loads on demand: Ollama). Asked as the request
+    """Whether the server has to load the model first (a server that loads on demand: Ollama, llama-server in router
+    or sleep mode; ``Backend.needs_load``). Asked as the request
     goes out: /api/ps answers at once with the loaded models, but waits while a runner is still loading (server/
     sched.go ``loadedModels`` takes each runner's lock, which a load holds), so a model listed in time is loaded, and
     one not listed, or no answer within LOADED_CHECK_S, means a load is under way. Then the page shows "loading the
@@ -338,9 +339,8 @@ async def _check_loading(state: TurnStream, rig: Rig, model: str) -> None:
     backend = backend_for(rig, timeout_s=LOADED_CHECK_S)
     try:
         async with asyncio.timeout(LOADED_CHECK_S):
-            loaded = await backend.loaded_models()
-        if any(_same_model(entry.name, model) for entry in loaded):
-            return
+            if not await backend.needs_load(model):
+                return
     except (TimeoutError, BackendError):
         pass
     if state.meter.events:  # the first token came meanwhile: it was loaded after all
@@ -348,15 +348,6 @@ async def _check_loading(state: TurnStream, rig: Rig, model: str) -> None:
     state.loading = True
     if state.prompt_state is not None:
         await state.prompt_state.loading()
-
-
-def _same_model(a: str, b: str) -> bool:
-    """Ollama's names: ``smollm2`` is ``smollm2:latest``."""
-
-    def full(name: str) -> str:
-        return name if ":" in name.rsplit("/", 1)[-1] else f"{name}:latest"
-
-    return full(a) == full(b)
 
 
 async def _decoding(state: TurnStream) -> None:
@@ -434,7 +425,7 @@ async def stream_turn(
         thinking_text=state.thinking,
         finish_reason=finish_reason,
         stats={
-            **state.meter.final_stats(final.stats if final else None),
+            **_load_split(state, state.meter.final_stats(final.stats if final else None)),
             "context_tokens": state.context_tokens,
             "context_limit": state.context_window,
             **_history_cut(state, request),
@@ -442,6 +433,17 @@ async def stream_turn(
         },
         error=error,
     )
+
+
+def _load_split(state: TurnStream, stats: dict[str, Any]) -> dict[str, Any]:
+    """A reply whose server loaded the model first without timing the load (llama-server in router or sleep mode;
+    Ollama times its own): the wait before the prompt was read is the time to first token less the server's prompt
+    time, shown apart from the time to first token as Ollama's load is."""
+    ttft, prompt_ms = stats.get("ttft_ms"), stats.get("prompt_ms")
+    if not state.loading or stats.get("load_ms") is not None or ttft is None or prompt_ms is None:
+        return stats
+    load_ms = round(max(ttft - prompt_ms, 0.0), 2)
+    return {**stats, "load_ms": load_ms, "ttft_after_load_ms": round(ttft - load_ms, 2), "load_timed_by": "RigDash"}
 
 
 def _history_cut(state: TurnStream, request: ChatRequest) -> dict[str, Any]:

@@ -116,7 +116,7 @@ class LlamaCppBackend(Backend):
     kind = "llamacpp"
     label = "llama.cpp server"
     calls_read_gate = True
-    capabilities = Capabilities(reasoning_levels=True)
+    capabilities = Capabilities(reasoning_levels=True, loads_on_demand=True)  # router and sleep modes
 
     def _client(self, *, read_timeout: float | None) -> httpx.AsyncClient:
         timeout = httpx.Timeout(self.timeout_s, read=read_timeout)
@@ -203,6 +203,15 @@ class LlamaCppBackend(Backend):
                 )
             )
         return loaded
+
+    async def needs_load(self, model: str) -> bool:
+        """Router mode: the model's status is not ``loaded`` (a request for it loads it); one model: the server
+        sleeps (``--sleep-idle-seconds``: the request wakes it, which loads the model again)."""
+        props = await self.props()
+        if props.get("role") == "router":
+            status = next((m.details.get("status") for m in await self.list_models() if m.name == model), None)
+            return status not in (None, "loaded")
+        return bool(props.get("is_sleeping"))
 
     async def _router_call(self, path: str, model: str) -> None:
         if (await self.props()).get("role") != "router":
