@@ -3,7 +3,8 @@ page, a chat through the bundled llama.cpp rig on the /v1/ API, /healthz (the ri
 figures in the rig page's JSON. State (the key, the first chat's reply) is kept in a file so that later steps
 (after a restart, a stop and start, an upgrade, a restore) check that the data is still there.
 
-Usage: python usercheck.py BASE_URL STATE_FILE {first,again} (the admin's name and password: RIGDASH_ADMIN_USER,
+Usage: python usercheck.py BASE_URL STATE_FILE {first,again} [SINCE] (SINCE: epoch seconds the agent's heartbeat
+and figures must be newer than; the admin's name and password: RIGDASH_ADMIN_USER,
 RIGDASH_ADMIN_PASSWORD in the environment). Exits non-zero with the reason when a check fails.
 """
 
@@ -20,6 +21,7 @@ from typing import Any
 import httpx
 
 DEADLINE_S = float(os.environ.get("USERCHECK_DEADLINE_S", "240"))
+SINCE = 0.0  # figures and heartbeats must be this recent (epoch seconds): after a restart, the new agent's
 
 
 def wait_for(what: str, probe: Any, deadline_s: float = DEADLINE_S) -> Any:
@@ -87,6 +89,7 @@ def healthz(base: str, client: httpx.Client | None = None) -> dict[str, Any]:
         return data
     rig = data["checks"]["rigs"]["embedded"]
     assert rig["ok"] and rig["agent"]["up"], f"rig embedded: {rig}"
+    assert float(rig["agent"]["last_seen"] or 0) >= SINCE, f"the agent's last heartbeat is older than {SINCE}: {rig}"
     print(f"ok   /healthz (admin): {data['status']}, rig embedded up, its agent up ({rig['agent']['label']})")
     return data
 
@@ -95,15 +98,19 @@ def agent_figures(client: httpx.Client) -> bool:
     overview = client.get("/monitoring/")
     rig_id = int(re.search(r'href="/monitoring/rigs/(\d+)/"', overview.text).group(1))  # type: ignore[union-attr]
     assert client.get(f"/monitoring/rigs/{rig_id}/").status_code == 200
-    series = client.get(f"/monitoring/api/rigs/{rig_id}/series", params={"range": "15m"}).json()["columns"]["series"]
-    rss = [value for value in series.get("backend_rss_bytes", []) if value]
-    assert rss, f"no backend_rss_bytes yet (series: {sorted(series)})"
+    columns = client.get(f"/monitoring/api/rigs/{rig_id}/series", params={"range": "15m"}).json()["columns"]
+    series = columns["series"]
+    rss = [value for ts, value in zip(columns["ts"], series.get("backend_rss_bytes", []), strict=True)
+           if value and ts >= SINCE]  # fmt: skip
+    assert rss, f"no backend_rss_bytes since {SINCE} yet (series: {sorted(series)})"
     print(f"ok   the agent's figures on rig {rig_id}'s page: llama-server RSS {rss[-1] / 2**20:.0f} MiB")
     return True
 
 
 def main() -> None:
+    global SINCE
     base, state_path, mode = sys.argv[1], Path(sys.argv[2]), sys.argv[3]
+    SINCE = float(sys.argv[4]) if len(sys.argv) > 4 else 0.0
     wait_for("/healthz", lambda: healthz(base))
     client = wait_for("login", lambda: login(base), 60)
     wait_for("/healthz as an admin", lambda: healthz(base, client))
