@@ -28,7 +28,7 @@ from inference.backends import capabilities
 from inference.db import lock_rows
 from inference.errors import QuotaExceeded
 from inference.models import ChatSession, Quota, Turn
-from inference.tokens import estimate_prompt_tokens, estimate_tokens
+from inference.tokens import estimate_json_tokens, estimate_prompt_tokens, estimate_tokens
 
 LIMIT_NAMES = {
     "max_concurrent_turns": "concurrent replies",
@@ -143,7 +143,9 @@ def ollama_window(session: ChatSession, turns: list[Turn], num_ctx: int | None) 
     return next((int(t.stats["context_limit"]) for t in reversed(turns) if (t.stats or {}).get("context_limit")), None)
 
 
-def session_prompt_estimate(session: ChatSession, new_text: str, *, num_ctx: int | None = None) -> int:
+def session_prompt_estimate(
+    session: ChatSession, new_text: str, *, num_ctx: int | None = None, new_message: Mapping[str, Any] | None = None
+) -> int:
     """The next prompt's size: the last measured prompt plus what was said since, or an estimate of it all. On an
     Ollama rig with a known window, no more than the window: Ollama drops the oldest messages to fit it
     (server/prompt.go chatPrompt), so that is all the model reads."""
@@ -155,7 +157,7 @@ def session_prompt_estimate(session: ChatSession, new_text: str, *, num_ctx: int
         last = turns[measured[-1]]
         base = (last.prompt_tokens or 0) + (last.output_tokens or estimate_tokens(last.reply_text))
         rest = turns[measured[-1] + 1 :]
-    said = [m for t in rest for m in t.as_history_messages()] + [{"role": "user", "content": new_text}]
+    said = [m for t in rest for m in t.as_history_messages()] + [new_message or {"role": "user", "content": new_text}]
     messages = [*session.context_messages, *said] if not measured else said
     estimate = base + estimate_prompt_tokens(messages)
     return min(estimate, window) if window else estimate
@@ -207,7 +209,10 @@ def quota_check_submit(
         raise QuotaExceeded(
             "max_tokens_per_reply", f"max_tokens {params['max_tokens']} is over your limit of {per_reply} per reply."
         )
-    estimate = session_prompt_estimate(session, text, num_ctx=params.get("num_ctx"))
+    # An API request's tools are part of its prompt (the chat template writes them out), and so is its last message
+    # when it is more than a user's text (a tool's result, content parts).
+    estimate = session_prompt_estimate(session, text, num_ctx=params.get("num_ctx"), new_message=params.get("message"))
+    estimate += estimate_json_tokens((params.get("passthrough") or {}).get("tools"))
     context_check(prompt_tokens=estimate, limit=limits.max_context_tokens, estimated=True)
 
 

@@ -45,7 +45,12 @@ PRESET_NAME_MAX_CHARS = 60
 ALLOWED = (*NUMBER_RULES, "system", "stop", "think")
 # A turn's own: the start of the reply, which the backend continues (continue a reply cut short). llama-server
 # streams it back first, so the turn's reply holds the whole text; Ollama sends only what follows it.
-TURN_ONLY = ("prefill",)
+# An API request's turn also keeps what the client sent beyond RigDash's own fields (``passthrough``: tools,
+# response_format, samplers..., forwarded to the backend unchanged) and its last message when that is more than a
+# user's text (``message``: a tool's result, an assistant's start, content parts; ``Turn.prompt_message``). Both
+# come from the strict JSON parser (rigdash/strictjson.py) and the body's size limit.
+# ``client``: an API request's key name and user agent, for the board.
+TURN_ONLY = ("prefill", "passthrough", "message", "client")
 PREFILL_MAX_CHARS = 100_000
 LABELS = {
     "temperature": "temperature",
@@ -120,6 +125,14 @@ def params_validate(raw: Any, *, turn: bool = False) -> dict[str, Any]:
             raise _bad(f"unknown parameter {name!r}; allowed: {sorted(allowed)}")
         if name == "prefill":
             clean[name] = _prefill(value)
+        elif name == "client":
+            if not isinstance(value, dict) or not all(isinstance(v, str) and len(v) <= 200 for v in value.values()):
+                raise _bad("client must be an object of short strings")
+            clean[name] = value
+        elif name in ("passthrough", "message"):
+            if not isinstance(value, dict) or (name == "message" and not isinstance(value.get("role"), str)):
+                raise _bad(f"{name} must be an object" + (" with a role" if name == "message" else ""))
+            clean[name] = value
         elif name == "system":
             clean[name] = _system(value)
         elif name == "think":
@@ -158,7 +171,7 @@ def turn_params(*, session: ChatSession, raw: Any) -> dict[str, Any]:
     return {**params_validate(session.settings or {}), **params_validate(raw, turn=True)}
 
 
-def chat_request(model: str, messages: list[dict[str, str]], max_tokens: int, params: Mapping[str, Any]) -> ChatRequest:
+def chat_request(model: str, messages: list[dict[str, Any]], max_tokens: int, params: Mapping[str, Any]) -> ChatRequest:
     """The backend request for a turn: its system prompt first, then the conversation, with its sampling."""
     if params.get("system"):
         messages = [{"role": "system", "content": params["system"]}, *messages]
@@ -177,6 +190,7 @@ def chat_request(model: str, messages: list[dict[str, str]], max_tokens: int, pa
         stop=tuple(params.get("stop") or ()),
         think=params.get("think"),
         num_ctx=params.get("num_ctx"),
+        extra=params.get("passthrough") or {},
     )
 
 

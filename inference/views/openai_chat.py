@@ -16,6 +16,7 @@ from typing import Any
 from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
 from django.utils import timezone
 
+from inference.backends.openai.stream import tool_calls_merged
 from inference.board import apikeys
 from inference.errors import InvalidInput, QueueUnavailable, QuotaExceeded
 from inference.models import ApiKey, Turn
@@ -23,9 +24,12 @@ from inference.turns.api import api_turn_submit
 from inference.turns.lifecycle import turn_cancel
 from inference.views.openai import BadRequest, chat_request_parse, model_catalogue, model_resolve
 from inference.views.openai import openai_error as error
-from inference.views.turn_listener import TurnListener, on_db_thread, reply_pieces
+from inference.views.turn_listener import Extras, TurnListener, on_db_thread, reply_pieces
 
 ENDED_STATUSES: dict[str, int] = {"failed": 502, "interrupted": 502, "cancelled": 409}
+# Finish reasons passed to the client as the backend said them; any other is "stop".
+FINISH_REASONS = frozenset({"length", "tool_calls", "content_filter", "function_call"})
+USER_AGENT_CHARS = 200
 
 
 def _usage(turn: Turn) -> dict[str, int]:
@@ -34,7 +38,19 @@ def _usage(turn: Turn) -> dict[str, int]:
 
 
 def _finish_reason(turn: Turn) -> str:
-    return "length" if turn.finish_reason == "length" else "stop"
+    return turn.finish_reason if turn.finish_reason in FINISH_REASONS else "stop"
+
+
+def _ended_error(turn: Turn) -> HttpResponse | None:
+    """The error answer of a turn that did not finish: the backend's own status and words where it refused the
+    request (a field it does not take), else 502 (failed, interrupted) or 409 (cancelled)."""
+    if turn.status not in ENDED_STATUSES:
+        return None
+    refused = (turn.stats or {}).get("backend_refused")
+    if isinstance(refused, dict) and isinstance(refused.get("status"), int):
+        return error(refused["status"], str(refused.get("message") or turn.error), code="backend_refused")
+    return error(ENDED_STATUSES[turn.status], turn.error or f"The reply was {turn.status}.", code=turn.status,
+                 kind="server_error")  # fmt: skip
 
 
 def _submit(request: HttpRequest) -> tuple[Turn, str, bool, bool] | HttpResponse:
@@ -48,9 +64,11 @@ def _submit(request: HttpRequest) -> tuple[Turn, str, bool, bool] | HttpResponse
         return error(404, f"The model '{parsed.model}' does not exist", code="model_not_found", param="model")
     key = request.api_key  # type: ignore[attr-defined]
     assert isinstance(key, ApiKey)
+    client = request.headers.get("User-Agent", "")[:USER_AGENT_CHARS]
     try:
         turn = api_turn_submit(key=key, rig=entry.rig, model=entry.model, history=parsed.history,
-                               text=parsed.user_text, params=parsed.params, placed=entry.placed)  # fmt: skip
+                               text=parsed.user_text, params=parsed.params, placed=entry.placed,
+                               client=client)  # fmt: skip
     except QuotaExceeded as exc:
         response = error(429, exc.message, code="rate_limit_exceeded", kind="requests")
         if exc.resets_at is not None:
@@ -96,6 +114,17 @@ async def _finish(listener: TurnListener, cancel: bool) -> None:
         await _cancel_if_running(listener.turn_id)
 
 
+def _message(turn: Turn) -> dict[str, Any]:
+    """The reply as OpenAI's assistant message: its text, a reasoning model's thoughts, the tool calls it made."""
+    calls = (turn.stats or {}).get("tool_calls")
+    message: dict[str, Any] = {"role": "assistant", "content": turn.reply_text or (None if calls else "")}
+    if turn.thinking_text:
+        message["reasoning_content"] = turn.thinking_text
+    if calls:
+        message["tool_calls"] = calls
+    return message
+
+
 async def chat_completions(request: HttpRequest) -> HttpResponse | StreamingHttpResponse:
     """Async, so that waiting for a reply holds no thread; the key check, the parsing and the submit run in one
     hop to a database thread that keeps its connection (``on_db_thread``), and the reply is pushed by the channel
@@ -107,18 +136,16 @@ async def chat_completions(request: HttpRequest) -> HttpResponse | StreamingHttp
         return submitted
     turn, model_id, stream, include_usage = submitted
     if stream:
-        response = StreamingHttpResponse(_stream(turn, model_id, include_usage), content_type="text/event-stream")
-        response["Cache-Control"] = "no-cache"
-        return response
+        return await _stream_response(turn, model_id, include_usage)
     turn = await _wait_for_end(turn)
-    if turn.status in ENDED_STATUSES:
-        return error(ENDED_STATUSES[turn.status], turn.error or f"The reply was {turn.status}.", code=turn.status,
-                     kind="server_error")  # fmt: skip
+    if (refused := _ended_error(turn)) is not None:
+        return refused
+    logprobs = (turn.stats or {}).get("logprobs")
     return JsonResponse({
         "id": f"chatcmpl-rd{turn.pk}", "object": "chat.completion", "created": int(turn.created_at.timestamp()),
         "model": model_id,
-        "choices": [{"index": 0, "message": {"role": "assistant", "content": turn.reply_text},
-                     "finish_reason": _finish_reason(turn)}],
+        "choices": [{"index": 0, "message": _message(turn), "finish_reason": _finish_reason(turn),
+                     "logprobs": {"content": logprobs} if logprobs else None}],
         "usage": _usage(turn),
     })  # fmt: skip
 
@@ -141,9 +168,36 @@ def _sse(payload: dict[str, Any] | str) -> bytes:
     return f"data: {data}\n\n".encode()
 
 
-async def _stream(turn: Turn, model_id: str, include_usage: bool) -> AsyncIterator[bytes]:
-    """The turn's text as ``chat.completion.chunk`` events, as the channel layer brings it. Closing the iterator
-    before the end (the client went away) cancels the turn."""
+Piece = str | Extras | Turn
+
+
+async def _stream_response(turn: Turn, model_id: str, include_usage: bool) -> HttpResponse | StreamingHttpResponse:
+    """Wait for the reply's first piece before answering, so that a request the backend refused (or a turn that
+    failed before its first token) gets its status and words as an error, not a 200 stream that ends in one."""
+    listener = TurnListener(session_id=turn.session_id, turn_id=turn.pk)
+    pieces: AsyncIterator[Piece] | None = None
+    try:
+        await listener.join()
+        pieces = reply_pieces(listener)
+        first = await anext(pieces)
+    except BaseException:  # the client went away (the view is cancelled) or the layer failed
+        await asyncio.shield(_finish(listener, True))
+        raise
+    if isinstance(first, Turn) and (refused := _ended_error(first)) is not None:
+        await _finish(listener, False)
+        return refused
+    response = StreamingHttpResponse(_stream(turn, model_id, include_usage, listener, pieces, first),
+                                     content_type="text/event-stream")  # fmt: skip
+    response["Cache-Control"] = "no-cache"
+    return response
+
+
+async def _stream(
+    turn: Turn, model_id: str, include_usage: bool, listener: TurnListener, pieces: AsyncIterator[Piece], first: Piece
+) -> AsyncIterator[bytes]:
+    """The turn's reply as ``chat.completion.chunk`` events, as the channel layer brings it: text, tool-call deltas
+    and logprobs as the backend streamed them. Closing the iterator before the end (the client went away) cancels
+    the turn."""
     base = {"id": f"chatcmpl-rd{turn.pk}", "object": "chat.completion.chunk",
             "created": int(turn.created_at.timestamp()), "model": model_id}  # fmt: skip
     # A text chunk's JSON around its text, serialised once here rather than once per chunk.
@@ -151,27 +205,59 @@ async def _stream(turn: Turn, model_id: str, include_usage: bool) -> AsyncIterat
     head += ',"choices":[{"index":0,"delta":{"content":'
     tail = '},"finish_reason":null}]}\n\n'
 
-    def chunk(delta: dict[str, str], finish: str | None = None) -> bytes:
-        return _sse({**base, "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]})
+    def chunk(delta: dict[str, Any], finish: str | None = None, logprobs: Any = None) -> bytes:
+        choice: dict[str, Any] = {"index": 0, "delta": delta, "finish_reason": finish}
+        if logprobs:
+            choice["logprobs"] = {"content": logprobs}
+        return _sse({**base, "choices": [choice]})
 
-    listener = TurnListener(session_id=turn.session_id, turn_id=turn.pk)
     ended: Turn | None = None
+    calls_sent: list[dict[str, Any]] = []
     try:
-        await listener.join()
         yield chunk({"role": "assistant", "content": ""})
-        async for piece in reply_pieces(listener):
+        async for piece in _chained(first, pieces):
             if isinstance(piece, Turn):
                 ended = piece
-            else:
+            elif isinstance(piece, str):
                 yield (head + json.dumps(piece, ensure_ascii=False) + tail).encode()
+            else:
+                calls = piece.get("tool_calls") or []
+                calls_sent.extend(calls)
+                yield chunk({"tool_calls": calls} if calls else {}, logprobs=piece.get("logprobs"))
         assert ended is not None
         if ended.status in ENDED_STATUSES:
             yield _sse({"error": {"message": ended.error or f"The reply was {ended.status}.",
                                   "type": "server_error", "param": None, "code": ended.status}})  # fmt: skip
         else:
+            if missed := tool_call_rest(calls_sent, (ended.stats or {}).get("tool_calls") or []):
+                yield chunk({"tool_calls": missed})
             yield chunk({}, _finish_reason(ended))
             if include_usage:
                 yield _sse({**base, "choices": [], "usage": _usage(ended)})
         yield _sse("[DONE]")
     finally:
         await asyncio.shield(_finish(listener, ended is None))
+
+
+async def _chained(first: Piece, rest: AsyncIterator[Piece]) -> AsyncIterator[Piece]:
+    yield first
+    if not isinstance(first, Turn):
+        async for piece in rest:
+            yield piece
+
+
+def tool_call_rest(sent: list[dict[str, Any]], stored: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The deltas that complete the tool calls ``sent`` to the ``stored`` ones (batches the listener missed and
+    resynced as text only): a call not begun whole, and the rest of a call's arguments."""
+    begun = {call_index: call for call_index, call in enumerate(tool_calls_merged(sent))}
+    rest: list[dict[str, Any]] = []
+    for index, call in enumerate(stored):
+        function = call.get("function") or {}
+        had = begun.get(index)
+        if had is None:
+            rest.append({"index": index, **call})
+            continue
+        arguments, said = function.get("arguments") or "", had["function"]["arguments"]
+        if arguments.startswith(said) and len(arguments) > len(said):
+            rest.append({"index": index, "function": {"arguments": arguments[len(said) :]}})
+    return rest

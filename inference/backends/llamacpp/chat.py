@@ -34,8 +34,9 @@ from inference.backends.base import (
     OnSent,
     ReadGate,
     StreamChunk,
+    refusal_or,
 )
-from inference.backends.openai.stream import stream_chat_events
+from inference.backends.openai.stream import passthrough_merged, stream_chat_events, tool_call_deltas
 
 
 def draft_counts(timings: dict[str, Any]) -> tuple[int | None, int | None]:
@@ -92,7 +93,7 @@ def _error_message(body: bytes) -> str:
 
 def _error(status: int | None, message: str) -> BackendError:
     """llama-server's error by what it says (a 503 ``Loading model`` is retryable; out of memory is not)."""
-    return failures.classify("llama-server", message, status=status)
+    return refusal_or(failures.classify("llama-server", message, status=status), "llama-server", status, message)
 
 
 class LlamaCppBackend(Backend):
@@ -209,7 +210,7 @@ class LlamaCppBackend(Backend):
             payload["reasoning_format"] = "deepseek"
         if request.stop:
             payload["stop"] = list(request.stop)
-        return payload
+        return passthrough_merged(payload, request.extra)
 
     def stream_chat(
         self, request: ChatRequest, *, read_gate: ReadGate | None = None, on_sent: OnSent | None = None
@@ -278,8 +279,11 @@ def _chunk(data: str, *, timings: bool = True) -> StreamChunk:
         or not (times is None or isinstance(times, dict))
     ):
         raise BackendBadEvent(f"fields of unexpected types: {data[:200]!r}")
+    calls = tool_call_deltas(delta, data)  # an API client's tools: None for every chat-page token
+    logprobs = choice.get("logprobs") if isinstance(choice, dict) else None
+    logprobs = logprobs if isinstance(logprobs, dict) else None
     if times is None or not (timings or finish):
-        return StreamChunk(text=text, thinking=thinking, finish_reason=finish)
+        return StreamChunk(text=text, thinking=thinking, finish_reason=finish, tool_calls=calls, logprobs=logprobs)
     if not _timings_ok(times):
         raise BackendBadEvent(f"fields of unexpected types: {data[:200]!r}")
     # With timings_per_token every chunk carries the running timings; the first one already holds prompt_n
@@ -290,6 +294,8 @@ def _chunk(data: str, *, timings: bool = True) -> StreamChunk:
         finish_reason=finish,
         stats=stats_from_timings(times) if times else None,
         context_tokens=context_tokens(times) if times else None,
+        tool_calls=calls,
+        logprobs=logprobs,
     )
 
 

@@ -40,6 +40,7 @@ from inference.backends.base import (
     ReadGate,
     StreamChunk,
 )
+from inference.backends.ollama.openai_fields import ollama_fields, ollama_message
 
 T = TypeVar("T")
 NS_PER_MS = 1_000_000
@@ -115,6 +116,26 @@ def _chat_part(line: bytes) -> ollama.ChatResponse:
     return ollama.ChatResponse(**part)
 
 
+def _with_openai_fields(body: dict[str, Any], request: ChatRequest) -> None:
+    """An OpenAI client's request in Ollama's terms (inference/backends/ollama/openai_fields.py); the turn's own
+    options (its token cap) win."""
+    options, fields = ollama_fields(request.extra)
+    body["options"] = {**options, **body.get("options", {})}
+    body.update(fields)
+    body["messages"] = [ollama_message(m) for m in request.messages]
+
+
+def _tool_call_deltas(calls: Any) -> list[dict[str, Any]] | None:
+    """Ollama's whole tool calls (arguments an object) as OpenAI's stream deltas (arguments a JSON string)."""
+    if not calls:
+        return None
+    return [
+        {"index": index, "id": f"call_{index}", "type": "function",
+         "function": {"name": call.function.name, "arguments": json.dumps(dict(call.function.arguments or {}))}}
+        for index, call in enumerate(calls)
+    ]  # fmt: skip
+
+
 class OllamaBackend(Backend):
     kind = "ollama"
     label = "Ollama"
@@ -187,6 +208,9 @@ class OllamaBackend(Backend):
             keep_alive=request.keep_alive,
             think=request.think,  # unset: the server's default (a thinking model thinks)
         ).model_dump(exclude_none=True)
+        if request.extra or any(set(m) - {"role", "content"} or not isinstance(m.get("content"), str)
+                                for m in request.messages):  # fmt: skip
+            _with_openai_fields(body, request)  # an API client's request
         timeout = httpx.Timeout(self.timeout_s, read=None)
         extra: dict[str, Any] = {} if self.transport is None else {"transport": self.transport}
         if on_sent is not None:
@@ -214,8 +238,9 @@ class OllamaBackend(Backend):
                             context_tokens=(stats.prompt_tokens or 0) + (stats.output_tokens or 0) or None,
                         )
                         return
-                    if text or thinking:
-                        yield StreamChunk(text=text, thinking=thinking)
+                    calls = _tool_call_deltas(part.message.tool_calls)
+                    if text or thinking or calls:
+                        yield StreamChunk(text=text, thinking=thinking, tool_calls=calls)
         except (ollama.ResponseError, ConnectionError, httpx.HTTPError) as exc:  # an unreadable line: below
             raise _translate(exc, "chat") from exc
         except UNREADABLE_LINE_ERRORS as exc:

@@ -31,8 +31,9 @@ from inference.backends.base import (
     OnSent,
     ReadGate,
     StreamChunk,
+    refusal_or,
 )
-from inference.backends.openai.stream import stream_chat_events
+from inference.backends.openai.stream import passthrough_merged, stream_chat_events, tool_call_deltas
 
 SERVER = "the OpenAI-compatible server"
 # Where servers put a model's context window in /v1/models: vLLM's max_model_len, LM Studio's and others'
@@ -48,7 +49,7 @@ def error_from(status: int | None, body: bytes) -> BackendError:
         message = str(error.get("message") if isinstance(error, dict) else error or payload)
     except ValueError:
         message = body[:300].decode("utf-8", "replace")
-    return failures.classify(SERVER, message[:300], status=status)
+    return refusal_or(failures.classify(SERVER, message[:300], status=status), SERVER, status, message[:300])
 
 
 def _context_of(entry: dict[str, Any]) -> int | None:
@@ -122,7 +123,7 @@ class OpenAICompatBackend(Backend):
             payload["repetition_penalty"] = request.repeat_penalty
         if request.stop:
             payload["stop"] = list(request.stop)
-        return payload
+        return passthrough_merged(payload, request.extra)
 
     def stream_chat(
         self, request: ChatRequest, *, read_gate: ReadGate | None = None, on_sent: OnSent | None = None
@@ -182,13 +183,18 @@ class UsageEvents:
             raise BackendBadEvent(f"fields of unexpected types: {data[:200]!r}")
         if finish:
             self.finish_reason = finish
-        if not (text or thinking):
+        calls = tool_call_deltas(delta, data)
+        logprobs = choices[0].get("logprobs")
+        chunk = StreamChunk(
+            text=text, thinking=thinking, tool_calls=calls, logprobs=logprobs if isinstance(logprobs, dict) else None
+        )
+        if not chunk.carries:
             return None
         now = time.monotonic()
         self.first_text_at = self.first_text_at or now
         self.last_text_at = now
         self.text_chunks += 1
-        return StreamChunk(text=text, thinking=thinking)
+        return chunk
 
     def done(self) -> StreamChunk | None:
         if self.finish_reason is None:
