@@ -5,7 +5,19 @@ from __future__ import annotations
 
 from django.urls import path
 
-from inference.views import board, chat, chats, keys, models, openai, openai_chat, rigs, sweeps, usage
+from inference.views import (
+    board,
+    chat,
+    chats,
+    keys,
+    models,
+    openai,
+    openai_chat,
+    openai_embeddings,
+    rigs,
+    sweeps,
+    usage,
+)
 
 app_name = "inference"
 
@@ -35,6 +47,7 @@ urlpatterns = [
     # The OpenAI-compatible API, by API key (inference/views/openai.py)
     path("v1/models", openai.models_list, name="openai_models"),
     path("v1/chat/completions", openai_chat.chat_completions, name="openai_chat_completions"),
+    path("v1/embeddings", openai_embeddings.embeddings, name="openai_embeddings"),
     path("v1/models/<path:model_id>", openai.model_detail, name="openai_model"),
     # Model management (staff only)
     path("rigs/<int:rig_id>/models/", models.rig_models_page, name="rig_models"),

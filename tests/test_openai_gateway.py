@@ -22,7 +22,8 @@ import pytest
 from inference.board import apikeys
 from inference.models import Rig, Turn
 from inference.turns.board_rows import board_row_for
-from tests.conftest import TEST_QUEUE
+from rigdash.launcher import Stack, free_port, llama_server_command, wait_http
+from tests.conftest import LOG_DIR, TEST_QUEUE
 
 pytestmark = [pytest.mark.llama, pytest.mark.django_db(transaction=True)]
 FAKE_MODEL = "fake-tools"
@@ -188,3 +189,33 @@ def test_json_mode_stop_logprobs_and_samplers_reach_llama_server(web_url, celery
     assert [t.status for t in turns] == [Turn.Status.DONE] * 3 + [Turn.Status.FAILED]
     assert turns[1].params["passthrough"] == {"stop": ["5"], "temperature": 0}
     assert all(board_row_for(t.pk)["api_client"]["key"] == "tools" for t in turns)
+
+
+@pytest.fixture(scope="module")
+def embeddings_url(stack: Stack) -> str:
+    """A second llama-server with SmolLM2, started with ``--embeddings`` and mean pooling (OpenAI's embeddings need a
+    pooled vector), named ``smol-embed``."""
+    port = free_port()
+    command = llama_server_command(port=port, slots=1, ctx=512, extra=["--embeddings", "--pooling", "mean"])
+    command[command.index("--alias") + 1] = "smol-embed"
+    proc = stack.start("llama-server-embeddings", command, log_path=LOG_DIR / "llama-server-embeddings.log")
+    url = f"http://127.0.0.1:{port}"
+    wait_http(f"{url}/health", timeout_s=120, proc=proc)
+    return url
+
+
+def test_embeddings_from_a_rig_that_serves_them_and_the_refusal_of_one_that_does_not(
+    web_url, rig, model_name, embeddings_url, owner
+):
+    Rig.objects.create(name="embed-rig", kind=Rig.Kind.LLAMACPP, base_url=embeddings_url, queue=f"{TEST_QUEUE}.embed")
+    client = _client(web_url, apikeys.api_key_create(owner=owner, name="rag").secret)
+    answer = client.embeddings.create(model="smol-embed", input=["hello", "a lighthouse keeper"])
+    vectors = [item.embedding for item in answer.data]
+    assert len(vectors) == 2 and len(vectors[0]) == len(vectors[1]) > 0 and vectors[0] != vectors[1]
+    assert answer.model == "smol-embed"
+    with pytest.raises(openai.APIStatusError) as refused:  # llama-server without --embeddings says so
+        client.embeddings.create(model=model_name, input="hi")
+    assert refused.value.status_code == 501 and "--embeddings" in refused.value.message
+    listed = {m.id: m for m in client.models.list().data}
+    assert listed["smol-embed"].model_extra["context_length"] > 0
+    assert listed[model_name].model_extra["capabilities"] == {"chat_completions": True, "embeddings": True}

@@ -320,6 +320,11 @@ class Backend(ABC):
         """Tokens ``messages`` make as ``model``'s prompt: its chat template applied, then its tokenizer."""
         raise BackendNotSupported(f"{self.kind} cannot count a prompt's tokens")
 
+    async def embeddings(self, body: dict[str, Any]) -> dict[str, Any]:
+        """OpenAI's ``/v1/embeddings`` answer to ``body`` (its ``model`` the server's name for it); BackendRefused
+        where the server does not serve embeddings, with its status and words."""
+        raise BackendNotSupported(f"{self.kind} cannot make embeddings")
+
     async def loaded_models(self) -> list[LoadedModel]:
         raise BackendNotSupported(f"{self.kind} cannot list loaded models")
 

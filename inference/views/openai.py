@@ -16,6 +16,7 @@ from typing import Any
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 
+from inference.backends import backend_supports
 from inference.backends.base import BackendError
 from inference.board import apikeys
 from inference.models import Rig
@@ -96,8 +97,13 @@ def model_resolve(model_id: str, catalogue: list[CatalogueEntry]) -> CatalogueEn
 
 
 def model_object(entry: CatalogueEntry) -> dict[str, Any]:
+    """OpenAI's model object, with RigDash's additions: the model's context (as its rig's list says: llama-server's
+    trained context, Ollama's when known) and what its rig's backend can be asked (an embeddings request may still
+    be refused by a rig that does not serve them: llama-server without ``--embeddings``)."""
     return {"id": entry.id, "object": "model", "created": int(entry.rig.created_at.timestamp()),
-            "owned_by": entry.rig.name}  # fmt: skip
+            "owned_by": entry.rig.name, "context_length": entry.context_length,
+            "capabilities": {"chat_completions": True,
+                             "embeddings": backend_supports(entry.rig.kind, "embeddings")}}  # fmt: skip
 
 
 @key_required

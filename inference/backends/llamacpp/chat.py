@@ -36,6 +36,7 @@ from inference.backends.base import (
     StreamChunk,
     refusal_or,
 )
+from inference.backends.openai.embeddings import embeddings_post
 from inference.backends.openai.stream import passthrough_merged, stream_chat_events, tool_call_deltas
 
 
@@ -211,6 +212,10 @@ class LlamaCppBackend(Backend):
         if request.stop:
             payload["stop"] = list(request.stop)
         return passthrough_merged(payload, request.extra)
+
+    async def embeddings(self, body: dict[str, Any]) -> dict[str, Any]:
+        return await embeddings_post(server="llama-server", base_url=self.base_url, body=body, timeout_s=self.timeout_s,
+                                     tls=tls_context())  # fmt: skip
 
     def stream_chat(
         self, request: ChatRequest, *, read_gate: ReadGate | None = None, on_sent: OnSent | None = None

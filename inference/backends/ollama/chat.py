@@ -25,7 +25,9 @@ from inference.backends.base import (
     Backend,
     BackendBadEvent,
     BackendError,
+    BackendNotSupported,
     BackendProtocolError,
+    BackendRefused,
     BackendStats,
     BackendUnavailable,
     Capabilities,
@@ -248,6 +250,31 @@ class OllamaBackend(Backend):
         raise BackendUnavailable("Ollama closed the stream before the reply finished (no done:true line)")
 
     # Optional capabilities (base.Backend).
+    async def embeddings(self, body: dict[str, Any]) -> dict[str, Any]:
+        """OpenAI's embeddings request through Ollama's ``/api/embed`` (``input``: a string or a list of them),
+        answered in OpenAI's shape; a field Ollama has no equivalent of is refused by name."""
+        refused = sorted(set(body) - {"model", "input", "encoding_format", "user", "dimensions"})
+        if refused or body.get("encoding_format") not in (None, "float"):
+            raise BackendNotSupported(f"Ollama's /api/embed has no equivalent of {refused or ['encoding_format']}")
+        ask = {name: body[name] for name in ("model", "input", "dimensions") if name in body}
+        try:
+            async with httpx.AsyncClient(base_url=self.base_url, timeout=self.timeout_s, trust_env=False) as http:
+                response = await http.post("/api/embed", json=ask)
+            payload = response.json()
+        except (httpx.HTTPError, ValueError) as exc:
+            raise _translate(exc, "embed") from exc
+        if response.status_code >= 400 or not isinstance(payload, dict):
+            words = payload.get("error") if isinstance(payload, dict) else payload
+            raise BackendRefused("Ollama", response.status_code, str(words)[:500])
+        vectors = payload.get("embeddings") or []
+        count = payload.get("prompt_eval_count") or 0
+        return {
+            "object": "list",
+            "data": [{"object": "embedding", "index": i, "embedding": v} for i, v in enumerate(vectors)],
+            "model": body.get("model"),
+            "usage": {"prompt_tokens": count, "total_tokens": count},
+        }
+
     async def model_architecture(self, model: str) -> ModelArchitecture:
         """From /api/show's model_info (GGUF keys). Ollama blanks a list longer than 5 items (a per-layer
         ``head_count_kv``) unless asked for verbose output: then it asks again, verbose."""

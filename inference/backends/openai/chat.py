@@ -33,6 +33,7 @@ from inference.backends.base import (
     StreamChunk,
     refusal_or,
 )
+from inference.backends.openai.embeddings import embeddings_post
 from inference.backends.openai.stream import passthrough_merged, stream_chat_events, tool_call_deltas
 
 SERVER = "the OpenAI-compatible server"
@@ -124,6 +125,10 @@ class OpenAICompatBackend(Backend):
         if request.stop:
             payload["stop"] = list(request.stop)
         return passthrough_merged(payload, request.extra)
+
+    async def embeddings(self, body: dict[str, Any]) -> dict[str, Any]:
+        return await embeddings_post(server=SERVER, base_url=self.base_url, body=body, timeout_s=self.timeout_s,
+                                     tls=True)  # fmt: skip
 
     def stream_chat(
         self, request: ChatRequest, *, read_gate: ReadGate | None = None, on_sent: OnSent | None = None
