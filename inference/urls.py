@@ -13,6 +13,7 @@ from inference.views import (
     models,
     openai,
     openai_chat,
+    openai_completions,
     openai_embeddings,
     rigs,
     sweeps,
@@ -48,6 +49,7 @@ urlpatterns = [
     path("v1/models", openai.models_list, name="openai_models"),
     path("v1/chat/completions", openai_chat.chat_completions, name="openai_chat_completions"),
     path("v1/embeddings", openai_embeddings.embeddings, name="openai_embeddings"),
+    path("v1/completions", openai_completions.completions, name="openai_completions"),
     path("v1/models/<path:model_id>", openai.model_detail, name="openai_model"),
     # Model management (staff only)
     path("rigs/<int:rig_id>/models/", models.rig_models_page, name="rig_models"),

@@ -219,3 +219,41 @@ def test_embeddings_from_a_rig_that_serves_them_and_the_refusal_of_one_that_does
     listed = {m.id: m for m in client.models.list().data}
     assert listed["smol-embed"].model_extra["context_length"] > 0
     assert listed[model_name].model_extra["capabilities"] == {"chat_completions": True, "embeddings": True}
+
+
+def test_code_completion_is_a_turn_and_a_suffix_goes_to_infill(web_url, celery_worker, rig, model_name, owner):
+    client = _client(web_url, apikeys.api_key_create(owner=owner, name="editor").secret)
+    whole = client.completions.create(model=model_name, prompt="def add(a, b):\n", max_tokens=12, temperature=0)
+    streamed = list(
+        client.completions.create(model=model_name, prompt="def add(a, b):\n", max_tokens=12, temperature=0,
+                                  stream=True, stream_options={"include_usage": True})
+    )  # fmt: skip
+    turns = list(Turn.objects.order_by("pk"))
+    assert whole.object == "text_completion" and whole.choices[0].text == turns[0].reply_text != ""
+    assert whole.usage.completion_tokens == turns[0].output_tokens > 0
+    assert "".join(c.choices[0].text for c in streamed if c.choices) == turns[1].reply_text == turns[0].reply_text
+    assert streamed[-1].usage.completion_tokens == turns[1].output_tokens
+    assert turns[0].params["raw_prompt"] is True and turns[0].user_text == "def add(a, b):\n"
+    # SmolLM2 has no fill-in-the-middle tokens: llama-server's /infill refuses, and the client reads why.
+    with pytest.raises(openai.APIStatusError) as refused:
+        client.completions.create(
+            model=model_name, prompt="def add(a, b):\n    ", suffix="\n    return c", max_tokens=8
+        )
+    assert refused.value.status_code == 501 and "Infill is not supported" in refused.value.message
+
+
+async def test_llama_servers_own_completion_events_are_read(llama_url):
+    """The reader of /infill's events, on the same events of /completion (SmolLM2 cannot infill)."""
+    from inference.backends.llamacpp.chat import _error, _NativeEvents
+    from inference.backends.openai.stream import stream_chat_events
+
+    chunks = [
+        chunk
+        async for chunk in stream_chat_events(
+            server="llama-server", base_url=llama_url, path="/completion", reader=_NativeEvents(), tls=None,
+            payload={"prompt": "def add(a, b):", "n_predict": 6, "stream": True, "temperature": 0},
+            error=lambda status, body: _error(status, body.decode()), connect_timeout_s=5,
+        )
+    ]  # fmt: skip
+    assert "".join(c.text for c in chunks) and chunks[-1].finish_reason == "length"
+    assert chunks[-1].stats is not None and chunks[-1].stats.output_tokens == 6

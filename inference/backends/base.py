@@ -65,8 +65,11 @@ class BackendRefused(BackendError):
 
 
 def refusal_or(error: BackendError, server: str, status: int | None, words: str) -> BackendError:
-    """``error`` (classed by its words), or a BackendRefused where nothing known was said and the status is 4xx."""
-    if type(error) is BackendError and status is not None and 400 <= status < 500 and status != 404:
+    """``error`` (classed by its words), or a BackendRefused where nothing known was said and the status is 4xx
+    (not 404: an unknown model) or 501 (a feature the server or its model does not have)."""
+    if status is None or type(error) not in (BackendError, BackendUnavailable):
+        return error
+    if (400 <= status < 500 and status != 404) or status == 501:  # 501: not implemented
         return BackendRefused(server, status, words)
     return error
 
@@ -150,6 +153,9 @@ class ChatRequest:
     # passed to the server unchanged: an OpenAI-speaking backend merges them into its body under its own keys
     # (``stream``, ``timings_per_token``); another maps what it can and refuses the rest (BackendNotSupported).
     extra: Mapping[str, Any] = field(default_factory=dict)
+    # A raw completion (OpenAI's ``/v1/completions``): the prompt as the client wrote it, no chat template; None for
+    # a chat. ``messages`` then holds it as one user message, for estimates.
+    prompt: str | None = None
 
 
 class LayerKV(NamedTuple):

@@ -49,8 +49,9 @@ ALLOWED = (*NUMBER_RULES, "system", "stop", "think")
 # response_format, samplers..., forwarded to the backend unchanged) and its last message when that is more than a
 # user's text (``message``: a tool's result, an assistant's start, content parts; ``Turn.prompt_message``). Both
 # come from the strict JSON parser (rigdash/strictjson.py) and the body's size limit.
-# ``client``: an API request's key name and user agent, for the board.
-TURN_ONLY = ("prefill", "passthrough", "message", "client")
+# ``client``: an API request's key name and user agent, for the board. ``raw_prompt``: a raw completion
+# (/v1/completions): the turn's text is the prompt, sent with no chat template.
+TURN_ONLY = ("prefill", "passthrough", "message", "client", "raw_prompt")
 PREFILL_MAX_CHARS = 100_000
 LABELS = {
     "temperature": "temperature",
@@ -135,9 +136,9 @@ def params_validate(raw: Any, *, turn: bool = False) -> dict[str, Any]:
             clean[name] = value
         elif name == "system":
             clean[name] = _system(value)
-        elif name == "think":
+        elif name in ("think", "raw_prompt"):
             if not isinstance(value, bool):
-                raise _bad("think must be true or false")
+                raise _bad(f"{name} must be true or false")
             clean[name] = value
         elif name == "stop":
             if value != []:
@@ -191,6 +192,7 @@ def chat_request(model: str, messages: list[dict[str, Any]], max_tokens: int, pa
         think=params.get("think"),
         num_ctx=params.get("num_ctx"),
         extra=params.get("passthrough") or {},
+        prompt=messages[-1]["content"] if params.get("raw_prompt") else None,
     )
 
 

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import math
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
@@ -24,6 +25,7 @@ from inference.turns.api import api_turn_submit
 from inference.turns.lifecycle import turn_cancel
 from inference.views.openai import BadRequest, chat_request_parse, model_catalogue, model_resolve
 from inference.views.openai import openai_error as error
+from inference.views.openai_request import ChatCompletionRequest
 from inference.views.turn_listener import Extras, TurnListener, on_db_thread, reply_pieces
 
 ENDED_STATUSES: dict[str, int] = {"failed": 502, "interrupted": 502, "cancelled": 409}
@@ -32,16 +34,16 @@ FINISH_REASONS = frozenset({"length", "tool_calls", "content_filter", "function_
 USER_AGENT_CHARS = 200
 
 
-def _usage(turn: Turn) -> dict[str, int]:
+def usage_of(turn: Turn) -> dict[str, int]:
     prompt, completion = turn.prompt_tokens or 0, turn.output_tokens or 0
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
 
-def _finish_reason(turn: Turn) -> str:
+def finish_reason_of(turn: Turn) -> str:
     return turn.finish_reason if turn.finish_reason in FINISH_REASONS else "stop"
 
 
-def _ended_error(turn: Turn) -> HttpResponse | None:
+def ended_error(turn: Turn) -> HttpResponse | None:
     """The error answer of a turn that did not finish: the backend's own status and words where it refused the
     request (a field it does not take), else 502 (failed, interrupted) or 409 (cancelled)."""
     if turn.status not in ENDED_STATUSES:
@@ -59,6 +61,11 @@ def _submit(request: HttpRequest) -> tuple[Turn, str, bool, bool] | HttpResponse
         parsed = chat_request_parse(request.body)
     except BadRequest as exc:
         return error(exc.status, exc.message, param=exc.param, code=exc.error_code)
+    return turn_submit_for(request, parsed)
+
+
+def turn_submit_for(request: HttpRequest, parsed: ChatCompletionRequest) -> tuple[Turn, str, bool, bool] | HttpResponse:
+    """Submit a parsed request as a turn of the key's owner: its model resolved, the quotas' refusals answered."""
     entry = model_resolve(parsed.model, model_catalogue())
     if entry is None:
         return error(404, f"The model '{parsed.model}' does not exist", code="model_not_found", param="model")
@@ -93,7 +100,7 @@ async def _cancel_if_running(turn_id: int) -> None:
     await on_db_thread(cancel)()
 
 
-async def _wait_for_end(turn: Turn) -> Turn:
+async def wait_for_end(turn: Turn) -> Turn:
     """The turn's ended row, told by its end event (``TurnListener``); a client that goes away cancels the turn."""
     listener = TurnListener(session_id=turn.session_id, turn_id=turn.pk)
     ended: Turn | None = None
@@ -105,10 +112,10 @@ async def _wait_for_end(turn: Turn) -> Turn:
         assert ended is not None
         return ended
     finally:
-        await asyncio.shield(_finish(listener, ended is None))
+        await asyncio.shield(listener_finish(listener, ended is None))
 
 
-async def _finish(listener: TurnListener, cancel: bool) -> None:
+async def listener_finish(listener: TurnListener, cancel: bool) -> None:
     await listener.leave()
     if cancel:
         await _cancel_if_running(listener.turn_id)
@@ -131,39 +138,43 @@ async def chat_completions(request: HttpRequest) -> HttpResponse | StreamingHttp
     layer (``TurnListener``)."""
     if request.method != "POST":
         return error(405, "Use POST.", code="method_not_allowed")
-    submitted = await on_db_thread(_authenticated_submit)(request)
+    submitted = await on_db_thread(authenticated_submit)(request)
     if isinstance(submitted, HttpResponse):
         return submitted
     turn, model_id, stream, include_usage = submitted
     if stream:
-        return await _stream_response(turn, model_id, include_usage)
-    turn = await _wait_for_end(turn)
-    if (refused := _ended_error(turn)) is not None:
+        return await stream_response(turn, functools.partial(_stream, turn, model_id, include_usage))
+    turn = await wait_for_end(turn)
+    if (refused := ended_error(turn)) is not None:
         return refused
     logprobs = (turn.stats or {}).get("logprobs")
     return JsonResponse({
         "id": f"chatcmpl-rd{turn.pk}", "object": "chat.completion", "created": int(turn.created_at.timestamp()),
         "model": model_id,
-        "choices": [{"index": 0, "message": _message(turn), "finish_reason": _finish_reason(turn),
+        "choices": [{"index": 0, "message": _message(turn), "finish_reason": finish_reason_of(turn),
                      "logprobs": {"content": logprobs} if logprobs else None}],
-        "usage": _usage(turn),
+        "usage": usage_of(turn),
     })  # fmt: skip
 
 
 chat_completions.csrf_exempt = True  # type: ignore[attr-defined]  # API keys only, never a session cookie
 
 
-def _authenticated_submit(request: HttpRequest) -> tuple[Turn, str, bool, bool] | HttpResponse:
+Submitted = tuple[Turn, str, bool, bool] | HttpResponse  # the turn, model id, stream, include_usage; or a refusal
+
+
+def authenticated_submit(request: HttpRequest, submit: Callable[[HttpRequest], Submitted] | None = None) -> Submitted:
+    """The key check, then ``submit`` (a chat completion's, by default): one hop to a database thread."""
     try:
         request.api_key = apikeys.api_key_authenticate(request.headers.get("Authorization", ""))  # type: ignore[attr-defined]
     except apikeys.KeyRejected as exc:
         response = error(401, exc.message, code="invalid_api_key")
         response["WWW-Authenticate"] = 'Bearer realm="rigdash-api"'
         return response
-    return _submit(request)
+    return (submit or _submit)(request)
 
 
-def _sse(payload: dict[str, Any] | str) -> bytes:
+def sse(payload: dict[str, Any] | str) -> bytes:
     data = payload if isinstance(payload, str) else json.dumps(payload, ensure_ascii=False, separators=(",", ":"))
     return f"data: {data}\n\n".encode()
 
@@ -171,7 +182,10 @@ def _sse(payload: dict[str, Any] | str) -> bytes:
 Piece = str | Extras | Turn
 
 
-async def _stream_response(turn: Turn, model_id: str, include_usage: bool) -> HttpResponse | StreamingHttpResponse:
+Body = Callable[[TurnListener, AsyncIterator[Piece], Piece], AsyncIterator[bytes]]
+
+
+async def stream_response(turn: Turn, body: Body) -> HttpResponse | StreamingHttpResponse:
     """Wait for the reply's first piece before answering, so that a request the backend refused (or a turn that
     failed before its first token) gets its status and words as an error, not a 200 stream that ends in one."""
     listener = TurnListener(session_id=turn.session_id, turn_id=turn.pk)
@@ -181,13 +195,12 @@ async def _stream_response(turn: Turn, model_id: str, include_usage: bool) -> Ht
         pieces = reply_pieces(listener)
         first = await anext(pieces)
     except BaseException:  # the client went away (the view is cancelled) or the layer failed
-        await asyncio.shield(_finish(listener, True))
+        await asyncio.shield(listener_finish(listener, True))
         raise
-    if isinstance(first, Turn) and (refused := _ended_error(first)) is not None:
-        await _finish(listener, False)
+    if isinstance(first, Turn) and (refused := ended_error(first)) is not None:
+        await listener_finish(listener, False)
         return refused
-    response = StreamingHttpResponse(_stream(turn, model_id, include_usage, listener, pieces, first),
-                                     content_type="text/event-stream")  # fmt: skip
+    response = StreamingHttpResponse(body(listener, pieces, first), content_type="text/event-stream")
     response["Cache-Control"] = "no-cache"
     return response
 
@@ -209,13 +222,13 @@ async def _stream(
         choice: dict[str, Any] = {"index": 0, "delta": delta, "finish_reason": finish}
         if logprobs:
             choice["logprobs"] = {"content": logprobs}
-        return _sse({**base, "choices": [choice]})
+        return sse({**base, "choices": [choice]})
 
     ended: Turn | None = None
     calls_sent: list[dict[str, Any]] = []
     try:
         yield chunk({"role": "assistant", "content": ""})
-        async for piece in _chained(first, pieces):
+        async for piece in chained(first, pieces):
             if isinstance(piece, Turn):
                 ended = piece
             elif isinstance(piece, str):
@@ -226,20 +239,20 @@ async def _stream(
                 yield chunk({"tool_calls": calls} if calls else {}, logprobs=piece.get("logprobs"))
         assert ended is not None
         if ended.status in ENDED_STATUSES:
-            yield _sse({"error": {"message": ended.error or f"The reply was {ended.status}.",
+            yield sse({"error": {"message": ended.error or f"The reply was {ended.status}.",
                                   "type": "server_error", "param": None, "code": ended.status}})  # fmt: skip
         else:
             if missed := tool_call_rest(calls_sent, (ended.stats or {}).get("tool_calls") or []):
                 yield chunk({"tool_calls": missed})
-            yield chunk({}, _finish_reason(ended))
+            yield chunk({}, finish_reason_of(ended))
             if include_usage:
-                yield _sse({**base, "choices": [], "usage": _usage(ended)})
-        yield _sse("[DONE]")
+                yield sse({**base, "choices": [], "usage": usage_of(ended)})
+        yield sse("[DONE]")
     finally:
-        await asyncio.shield(_finish(listener, ended is None))
+        await asyncio.shield(listener_finish(listener, ended is None))
 
 
-async def _chained(first: Piece, rest: AsyncIterator[Piece]) -> AsyncIterator[Piece]:
+async def chained(first: Piece, rest: AsyncIterator[Piece]) -> AsyncIterator[Piece]:
     yield first
     if not isinstance(first, Turn):
         async for piece in rest:

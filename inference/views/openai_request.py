@@ -125,3 +125,26 @@ def chat_request_parse(raw_body: bytes) -> ChatCompletionRequest:
         params["message"] = last  # a tool's result, an assistant's start to continue, content parts
         text = text if text.strip() else f"({last['role']} message)"
     return ChatCompletionRequest(model, messages[:-1], text, stream, include_usage, params)
+
+
+def completion_request_parse(raw_body: bytes) -> ChatCompletionRequest:
+    """A ``POST /v1/completions`` body: one prompt (a string, or a list of one), sent with no chat template
+    (``params["raw_prompt"]``); ``suffix`` and every other field RigDash does not own are passed on."""
+    body = body_read(raw_body)
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise BadRequest("model must be a non-empty string", "model")
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1:
+        prompt = prompt[0]
+    if not isinstance(prompt, str) or not prompt.strip():
+        raise BadRequest("prompt must be a non-empty string (or a list of one): a request is one turn", "prompt")
+    limit = settings.RIGDASH.max_message_chars
+    if len(prompt) > limit:
+        raise BadRequest(f"The prompt is longer than {limit} characters.", "prompt")
+    stream, include_usage = _stream_flags(body)
+    params = {**_cap(body), "raw_prompt": True}
+    passthrough = {name: value for name, value in body.items() if name not in OWNED | {"prompt"} and value is not None}
+    if passthrough:
+        params["passthrough"] = passthrough
+    return ChatCompletionRequest(model, [], prompt, stream, include_usage, params)

@@ -37,7 +37,7 @@ from inference.backends.base import (
     refusal_or,
 )
 from inference.backends.openai.embeddings import embeddings_post
-from inference.backends.openai.stream import passthrough_merged, stream_chat_events, tool_call_deltas
+from inference.backends.openai.stream import EventReader, passthrough_merged, stream_chat_events, tool_call_deltas
 
 
 def draft_counts(timings: dict[str, Any]) -> tuple[int | None, int | None]:
@@ -194,11 +194,14 @@ class LlamaCppBackend(Backend):
     def _payload(self, request: ChatRequest) -> dict[str, Any]:
         payload: dict[str, Any] = {
             "model": request.model,
-            "messages": request.messages,
             "stream": True,
             "timings_per_token": True,
             "max_tokens": request.max_tokens,
         }
+        if request.prompt is None:
+            payload["messages"] = request.messages
+        else:
+            payload["prompt"] = request.prompt
         # llama-server's own sampling names (tools/server/README.md, "POST /completion" options).
         for name in ("temperature", "top_p", "seed", "top_k", "min_p", "repeat_penalty"):
             value = getattr(request, name)
@@ -222,17 +225,65 @@ class LlamaCppBackend(Backend):
     ) -> AsyncIterator[StreamChunk]:
         # The stream is read with the lean client in sse.py (httpx's line iterator was the worker's largest
         # cost per token).
+        payload, path = self._payload(request), "/v1/chat/completions"
+        reader: EventReader = _Events()
+        if request.prompt is not None:
+            payload, path = _infill(payload) if "suffix" in request.extra else (payload, "/v1/completions")
+            reader = _NativeEvents() if path == "/infill" else reader
         return stream_chat_events(
             server="llama-server",
             base_url=self.base_url,
-            payload=self._payload(request),
-            reader=_Events(),
+            payload=payload,
+            reader=reader,
+            path=path,
             error=lambda status, body: _error(status, _error_message(body)),
             connect_timeout_s=self.timeout_s,
             tls=tls_context(),
             read_gate=read_gate,
             on_sent=on_sent,
         )
+
+
+def _infill(payload: dict[str, Any]) -> tuple[dict[str, Any], str]:
+    """A completion with a ``suffix`` (code completion, fill-in-the-middle) as llama-server's ``/infill``: its
+    ``/v1/completions`` ignores a suffix. A model without FIM tokens is refused there (501, in its words)."""
+    body = {name: value for name, value in payload.items() if name not in ("prompt", "suffix", "max_tokens")}
+    body.update(input_prefix=payload["prompt"], input_suffix=payload["suffix"], n_predict=payload["max_tokens"])
+    return body, "/infill"
+
+
+class _NativeEvents:
+    """llama-server's own completion events (``/infill``, ``/completion``): ``content``, ``stop`` at the end with
+    ``stop_type`` and the timings."""
+
+    def __init__(self) -> None:
+        self.finished = False
+
+    def event(self, data: str, *, last_in_read: bool) -> StreamChunk:
+        try:
+            event = orjson.loads(data)
+        except orjson.JSONDecodeError as exc:
+            raise BackendBadEvent(f"not JSON ({exc}): {data[:200]!r}") from exc
+        if not isinstance(event, dict) or not isinstance(event.get("content", ""), str):
+            raise BackendBadEvent(f"fields of unexpected types: {data[:200]!r}")
+        if "error" in event:
+            raise _error(None, str(event["error"])[:300])
+        times = event.get("timings") if isinstance(event.get("timings"), dict) else None
+        if times is not None and not _timings_ok(times):
+            raise BackendBadEvent(f"fields of unexpected types: {data[:200]!r}")
+        finish = None
+        if event.get("stop") is True:
+            self.finished = True
+            finish = "length" if event.get("stop_type") == "limit" else "stop"
+        return StreamChunk(
+            text=event.get("content") or "",
+            finish_reason=finish,
+            stats=stats_from_timings(times) if times else None,
+            context_tokens=context_tokens(times) if times else None,
+        )
+
+    def done(self) -> None:
+        return None
 
 
 class _Events:
@@ -274,6 +325,8 @@ def _chunk(data: str, *, timings: bool = True) -> StreamChunk:
     choice = choices[0] if isinstance(choices, list) else None
     delta = choice.get("delta") or {} if isinstance(choice, dict) else None
     text = delta.get("content") or "" if isinstance(delta, dict) else None
+    if text == "" and isinstance(choice, dict) and "text" in choice:  # a raw completion's event (/v1/completions)
+        text = choice["text"] or ""
     thinking = delta.get("reasoning_content") or "" if isinstance(delta, dict) else None
     finish = choice.get("finish_reason") if isinstance(choice, dict) else None
     times = event.get("timings")

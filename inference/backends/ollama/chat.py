@@ -210,6 +210,8 @@ class OllamaBackend(Backend):
             keep_alive=request.keep_alive,
             think=request.think,  # unset: the server's default (a thinking model thinks)
         ).model_dump(exclude_none=True)
+        if request.prompt is not None:
+            raise BackendNotSupported("a raw completion (/v1/completions) is not wired to Ollama's /api/generate yet")
         if request.extra or any(set(m) - {"role", "content"} or not isinstance(m.get("content"), str)
                                 for m in request.messages):  # fmt: skip
             _with_openai_fields(body, request)  # an API client's request

@@ -110,7 +110,7 @@ class OpenAICompatBackend(Backend):
     def _payload(self, request: ChatRequest) -> dict[str, Any]:
         payload: dict[str, Any] = {
             "model": request.model,
-            "messages": request.messages,
+            **({"messages": request.messages} if request.prompt is None else {"prompt": request.prompt}),
             "stream": True,
             "stream_options": {"include_usage": True},
             "max_tokens": request.max_tokens,
@@ -139,6 +139,7 @@ class OpenAICompatBackend(Backend):
             payload=self._payload(request),
             reader=UsageEvents(),
             error=error_from,
+            path="/v1/chat/completions" if request.prompt is None else "/v1/completions",
             connect_timeout_s=self.timeout_s,
             tls=None,
             read_gate=read_gate,
@@ -179,6 +180,8 @@ class UsageEvents:
         delta = choices[0].get("delta") or {}
         finish = choices[0].get("finish_reason")
         text = delta.get("content") or "" if isinstance(delta, dict) else None
+        if text == "" and isinstance(choices[0].get("text"), str):  # a raw completion's event (/v1/completions)
+            text = choices[0]["text"]
         thinking = (delta.get("reasoning_content") or delta.get("reasoning") or "") if isinstance(delta, dict) else None
         if (
             not isinstance(text, str)

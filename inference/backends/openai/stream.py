@@ -85,14 +85,16 @@ async def stream_chat_events(
     tls: ssl.SSLContext | None,
     read_gate: ReadGate | None = None,
     on_sent: OnSent | None = None,
+    path: str = "/v1/chat/completions",
 ) -> AsyncIterator[StreamChunk]:
-    """POST ``payload`` to ``/v1/chat/completions`` and yield the reader's chunks. ``error`` builds the failure from a
+    """POST ``payload`` to ``path`` (``/v1/chat/completions``; ``/v1/completions`` for a raw completion, whose events
+    carry ``choices[0].text``) and yield the reader's chunks. ``error`` builds the failure from a
     refusal's status and body. After a read that brought text, ``read_gate`` is awaited with reads paused (the
     worker publishes meanwhile; tokens gather in the socket). No read timeout: the worker enforces first-token and
     stall timeouts."""
     try:
         response = await sse.post_json_stream(
-            base_url, "/v1/chat/completions", payload, connect_timeout_s=connect_timeout_s, tls=tls, on_sent=on_sent
+            base_url, path, payload, connect_timeout_s=connect_timeout_s, tls=tls, on_sent=on_sent
         )
     except (OSError, TimeoutError, sse.ProtocolError) as exc:
         raise BackendUnavailable(f"{server} at {base_url} is unreachable: {exc!r}") from exc
