@@ -20,7 +20,7 @@ import openai
 import pytest
 
 from inference.board import apikeys
-from inference.models import Rig, Turn
+from inference.models import Quota, Rig, Turn
 from inference.turns.board_rows import board_row_for
 from rigdash.launcher import Stack, free_port, llama_server_command, wait_http
 from tests.conftest import LOG_DIR, TEST_QUEUE
@@ -257,3 +257,46 @@ async def test_llama_servers_own_completion_events_are_read(llama_url):
     ]  # fmt: skip
     assert "".join(c.text for c in chunks) and chunks[-1].finish_reason == "length"
     assert chunks[-1].stats is not None and chunks[-1].stats.output_tokens == 6
+
+
+def _stream_until_text(stream: Any, chunks: int) -> None:
+    seen = 0
+    for chunk in stream:
+        seen += bool(chunk.choices and chunk.choices[0].delta.content)
+        if seen >= chunks:
+            return
+
+
+def test_cancel_from_the_board_and_revoking_the_key_end_the_clients_stream(
+    web_url, celery_worker, rig, model_name, owner, admin_user
+):
+    from inference.board.actions import admin_turn_cancel
+
+    story = [{"role": "user", "content": "Write a long story about a lighthouse keeper."}]
+    key = apikeys.api_key_create(owner=owner, name="agent")
+    client = _client(web_url, key.secret)
+    for stop in ("board", "revoke"):
+        stream = client.chat.completions.create(model=model_name, max_tokens=700, messages=story, stream=True)
+        _stream_until_text(stream, 3)
+        turn = Turn.objects.filter(status__in=Turn.ACTIVE).get()
+        if stop == "board":
+            admin_turn_cancel(actor=admin_user, turn_id=turn.pk)
+        else:
+            apikeys.api_key_revoke(key_id=key.key.pk, actor=owner)
+        with pytest.raises(openai.APIError, match="cancelled"):  # the stream's error event, then its end
+            _stream_until_text(stream, 10_000)
+        turn.refresh_from_db()
+        assert turn.status == Turn.Status.CANCELLED
+
+
+def test_tools_and_history_count_in_the_context_quota_at_submit(web_url, rig, model_name, owner):
+    Quota.objects.create(user=owner, max_context_tokens=300)
+    client = _client(web_url, apikeys.api_key_create(owner=owner, name="sdk").secret)
+    big_tool = {"type": "function", "function": {"name": "f", "description": "word " * 400, "parameters": WEATHER}}
+    with pytest.raises(openai.RateLimitError, match="context"):
+        client.chat.completions.create(model=model_name, messages=[{"role": "user", "content": "hi"}],
+                                       tools=[big_tool])  # fmt: skip
+    history = [{"role": "user", "content": "word " * 400}, {"role": "assistant", "content": "ok"}]
+    with pytest.raises(openai.RateLimitError, match="context"):
+        client.chat.completions.create(model=model_name, messages=[*history, {"role": "user", "content": "hi"}])
+    assert not Turn.objects.exists()  # refused at submit: nothing stored

@@ -6,6 +6,7 @@ found by that digest, so the database never holds a usable key.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import re
 import secrets
@@ -20,7 +21,8 @@ from django.utils import timezone
 from inference.audit import audit_record
 from inference.db import lock_rows
 from inference.errors import InvalidInput, NotFound
-from inference.models import ApiKey
+from inference.models import ApiKey, Turn
+from inference.turns.lifecycle import turn_cancel
 from rigdash.access import staff_now
 
 KEY_PREFIX = "rdk_"
@@ -87,7 +89,15 @@ def api_key_revoke(*, key_id: int, actor: AbstractBaseUser | AnonymousUser) -> A
         if key.owner_id != actor.pk:
             detail = {"owner": key.owner.get_username(), "name": key.name, "prefix": key.prefix}
             audit_record(actor=actor, action="apikey.revoke", target=f"apikey:{key.pk}", detail=detail)
+        _key_turns_cancel(key)
     return key
+
+
+def _key_turns_cancel(key: ApiKey) -> None:
+    """A revoked key's requests waiting or running end as cancelled (their clients' streams end with them)."""
+    for turn in Turn.objects.filter(session__api_key=key, status__in=Turn.ACTIVE).select_related("session"):
+        with contextlib.suppress(InvalidInput):  # it ended meanwhile
+            turn_cancel(turn=turn)
 
 
 def _active(keys: QuerySet[ApiKey], now: datetime) -> QuerySet[ApiKey]:
