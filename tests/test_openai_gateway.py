@@ -27,6 +27,7 @@ from tests.conftest import LOG_DIR, TEST_QUEUE
 
 pytestmark = [pytest.mark.llama, pytest.mark.django_db(transaction=True)]
 FAKE_MODEL = "fake-tools"
+SKY = 'What colour is the sky? Reply as JSON: {"colour": ...}'
 WEATHER = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "The weather", "parameters": WEATHER}}]
 ARGUMENT_PIECES = ['{"ci', 'ty": "Os', 'lo"}']
@@ -300,3 +301,57 @@ def test_tools_and_history_count_in_the_context_quota_at_submit(web_url, rig, mo
     with pytest.raises(openai.RateLimitError, match="context"):
         client.chat.completions.create(model=model_name, messages=[*history, {"role": "user", "content": "hi"}])
     assert not Turn.objects.exists()  # refused at submit: nothing stored
+
+
+def _ollama(web_url: str, key: str) -> Any:
+    import ollama
+
+    return ollama.Client(host=web_url, headers={"Authorization": f"Bearer {key}"}, timeout=120)
+
+
+def test_ollamas_client_chats_generates_and_lists_through_rigdash(web_url, celery_worker, rig, model_name, owner):
+    import ollama
+
+    client = _ollama(web_url, apikeys.api_key_create(owner=owner, name="ollama-cli").secret)
+    assert model_name in [m.model for m in client.list().models]
+    assert client.show(model_name).modelinfo["general.context_length"] > 0
+    options = {"temperature": 0, "num_predict": 12}
+    messages = [{"role": "user", "content": "Name a colour."}]
+    whole = client.chat(model=model_name, messages=messages, options=options)
+    streamed = list(client.chat(model=model_name, messages=messages, options=options, stream=True))
+    assert whole.message.content and "".join(p.message.content for p in streamed) == whole.message.content
+    assert streamed[-1].done and streamed[-1].eval_count == whole.eval_count > 0
+    json_mode = client.chat(model=model_name, format="json", options={"temperature": 0, "num_predict": 200},
+                            messages=[{"role": "system", "content": "Reply with a JSON object of one key."},
+                                      {"role": "user", "content": SKY}])  # fmt: skip
+    assert isinstance(json.loads(json_mode.message.content), dict)
+    generated = client.generate(model=model_name, prompt="def add(a, b):\n", raw=True, options=options)
+    assert generated.response and generated.done
+    with pytest.raises(ollama.ResponseError) as missing:
+        client.chat(model="no-such-model", messages=messages)
+    assert missing.value.status_code == 404
+    turns = list(Turn.objects.order_by("pk"))
+    assert len(turns) == 4 and all(t.status == Turn.Status.DONE for t in turns)
+    assert turns[0].params["passthrough"] == {"temperature": 0} and turns[0].params["max_tokens"] == 12
+    assert turns[3].params["raw_prompt"] is True and "ollama" in board_row_for(turns[0].pk)["api_client"]["agent"]
+
+
+def test_ollamas_client_runs_a_tool_loop_and_embeds(web_url, celery_worker, fake_rig, embeddings_url, owner):
+    Rig.objects.create(name="embed-rig", kind=Rig.Kind.LLAMACPP, base_url=embeddings_url, queue=f"{TEST_QUEUE}.embed")
+    client = _ollama(web_url, apikeys.api_key_create(owner=owner, name="ollama-agent").secret)
+    messages: list[dict[str, Any]] = [{"role": "user", "content": "What is the weather in Oslo?"}]
+    called = client.chat(model=FAKE_MODEL, messages=messages, tools=TOOLS)
+    call = called.message.tool_calls[0]
+    assert call.function.name == "get_weather" and call.function.arguments == {"city": "Oslo"}
+    streamed = [p for p in client.chat(model=FAKE_MODEL, messages=messages, tools=TOOLS, stream=True)
+                if p.message.tool_calls]  # fmt: skip
+    assert streamed[0].message.tool_calls[0].function.arguments == {"city": "Oslo"}
+    messages += [{"role": "assistant", "content": "", "tool_calls": [call.model_dump()]},
+                 {"role": "tool", "content": "12 C", "tool_name": "get_weather"}]  # fmt: skip
+    answer = client.chat(model=FAKE_MODEL, messages=messages, tools=TOOLS)
+    assert answer.message.content == "It is 12 C in Oslo."
+    sent = FakeOpenAI.bodies[-1]["messages"]  # in OpenAI's shape at the OpenAI-compatible server
+    assert sent[1]["tool_calls"][0]["function"] == {"name": "get_weather", "arguments": '{"city": "Oslo"}'}
+    assert sent[2] == {"role": "tool", "content": "12 C", "name": "get_weather"}
+    vectors = client.embed(model="smol-embed", input=["hello", "world"]).embeddings
+    assert len(vectors) == 2 and len(vectors[0]) > 0

@@ -185,7 +185,13 @@ Piece = str | Extras | Turn
 Body = Callable[[TurnListener, AsyncIterator[Piece], Piece], AsyncIterator[bytes]]
 
 
-async def stream_response(turn: Turn, body: Body) -> HttpResponse | StreamingHttpResponse:
+async def stream_response(
+    turn: Turn,
+    body: Body,
+    *,
+    refuse: Callable[[Turn], HttpResponse | None] = ended_error,
+    content_type: str = "text/event-stream",
+) -> HttpResponse | StreamingHttpResponse:
     """Wait for the reply's first piece before answering, so that a request the backend refused (or a turn that
     failed before its first token) gets its status and words as an error, not a 200 stream that ends in one."""
     listener = TurnListener(session_id=turn.session_id, turn_id=turn.pk)
@@ -197,10 +203,10 @@ async def stream_response(turn: Turn, body: Body) -> HttpResponse | StreamingHtt
     except BaseException:  # the client went away (the view is cancelled) or the layer failed
         await asyncio.shield(listener_finish(listener, True))
         raise
-    if isinstance(first, Turn) and (refused := ended_error(first)) is not None:
+    if isinstance(first, Turn) and (refused := refuse(first)) is not None:
         await listener_finish(listener, False)
         return refused
-    response = StreamingHttpResponse(body(listener, pieces, first), content_type="text/event-stream")
+    response = StreamingHttpResponse(body(listener, pieces, first), content_type=content_type)
     response["Cache-Control"] = "no-cache"
     return response
 

@@ -27,6 +27,7 @@ OPTIONS = {
     "repeat_penalty": "repeat_penalty",
     "repeat_last_n": "repeat_last_n",
     "num_keep": "num_keep",
+    "num_ctx": "num_ctx",  # an Ollama client's own option, through RigDash's /api/
 }
 # Fields that change nothing Ollama generates: OpenAI's end-user tag and stored-completion metadata.
 NO_EFFECT = frozenset({"user", "store", "metadata", "parallel_tool_calls"})
