@@ -18,6 +18,7 @@ from typing import Any
 
 import openai
 import pytest
+from django.test import Client
 
 from inference.board import apikeys
 from inference.models import Quota, Rig, Turn
@@ -190,6 +191,12 @@ def test_json_mode_stop_logprobs_and_samplers_reach_llama_server(web_url, celery
     assert [t.status for t in turns] == [Turn.Status.DONE] * 3 + [Turn.Status.FAILED]
     assert turns[1].params["passthrough"] == {"stop": ["5"], "temperature": 0}
     assert all(board_row_for(t.pk)["api_client"]["key"] == "tools" for t in turns)
+    # Usage by key: the keys page counts the key's requests and tokens.
+    used = apikeys.api_key_usage([turns[0].session.api_key])[turns[0].session.api_key_id]
+    assert used.turns == 4 and used.output_tokens == sum(t.output_tokens or 0 for t in turns) > 0
+    page = Client()
+    page.force_login(owner)
+    assert '<td data-testid="key-requests">4</td>' in page.get("/keys/").content.decode()
 
 
 @pytest.fixture(scope="module")

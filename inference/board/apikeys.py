@@ -15,7 +15,7 @@ from datetime import datetime, timedelta
 
 from django.contrib.auth.models import AbstractBaseUser, AnonymousUser, User
 from django.db import transaction
-from django.db.models import QuerySet
+from django.db.models import Count, QuerySet, Sum
 from django.utils import timezone
 
 from inference.audit import audit_record
@@ -91,6 +91,28 @@ def api_key_revoke(*, key_id: int, actor: AbstractBaseUser | AnonymousUser) -> A
             audit_record(actor=actor, action="apikey.revoke", target=f"apikey:{key.pk}", detail=detail)
         _key_turns_cancel(key)
     return key
+
+
+USAGE_DAYS = 30
+
+
+@dataclass(frozen=True)
+class KeyUsage:
+    turns: int
+    prompt_tokens: int
+    output_tokens: int
+
+
+def api_key_usage(keys: list[ApiKey], *, days: int = USAGE_DAYS) -> dict[int, KeyUsage]:
+    """Each key's requests over the last ``days``: turns and tokens (one grouped query; a key with none is left out)."""
+    since = timezone.now() - timedelta(days=days)
+    rows = (
+        Turn.objects.filter(session__api_key__in=[key.pk for key in keys], created_at__gte=since)
+        .values("session__api_key")
+        .annotate(turns=Count("id"), prompt=Sum("prompt_tokens"), output=Sum("output_tokens"))
+        .order_by()
+    )
+    return {row["session__api_key"]: KeyUsage(row["turns"], row["prompt"] or 0, row["output"] or 0) for row in rows}
 
 
 def _key_turns_cancel(key: ApiKey) -> None:
