@@ -201,6 +201,12 @@ class Turn(models.Model):
     def is_active(self) -> bool:
         return self.status in self.ACTIVE
 
+    def prompt_message(self) -> dict[str, Any]:
+        """The message this turn adds to its conversation: its user's text, or an API request's last message as the
+        client sent it (a tool's result, an assistant's start to continue, content parts: ``params["message"]``)."""
+        message = (self.params or {}).get("message")
+        return dict(message) if isinstance(message, dict) else {"role": "user", "content": self.user_text}
+
     def as_history_messages(self) -> list[dict[str, str]]:
         """This turn as chat messages for the next prompt (a reply cut short still counts as said)."""
         return self.history_messages(self.user_text, self.reply_text)

@@ -6,6 +6,7 @@ found by that digest, so the database never holds a usable key.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import re
 import secrets
@@ -14,13 +15,14 @@ from datetime import datetime, timedelta
 
 from django.contrib.auth.models import AbstractBaseUser, AnonymousUser, User
 from django.db import transaction
-from django.db.models import QuerySet
+from django.db.models import Count, QuerySet, Sum
 from django.utils import timezone
 
 from inference.audit import audit_record
 from inference.db import lock_rows
 from inference.errors import InvalidInput, NotFound
-from inference.models import ApiKey
+from inference.models import ApiKey, Turn
+from inference.turns.lifecycle import turn_cancel
 from rigdash.access import may_act_on, staff_now
 
 KEY_PREFIX = "rdk_"
@@ -91,7 +93,37 @@ def api_key_revoke(*, key_id: int, actor: AbstractBaseUser | AnonymousUser) -> A
         if key.owner_id != actor.pk:
             detail = {"owner": key.owner.get_username(), "name": key.name, "prefix": key.prefix}
             audit_record(actor=actor, action="apikey.revoke", target=f"apikey:{key.pk}", detail=detail)
+        _key_turns_cancel(key)
     return key
+
+
+USAGE_DAYS = 30
+
+
+@dataclass(frozen=True)
+class KeyUsage:
+    turns: int
+    prompt_tokens: int
+    output_tokens: int
+
+
+def api_key_usage(keys: list[ApiKey], *, days: int = USAGE_DAYS) -> dict[int, KeyUsage]:
+    """Each key's requests over the last ``days``: turns and tokens (one grouped query; a key with none is left out)."""
+    since = timezone.now() - timedelta(days=days)
+    rows = (
+        Turn.objects.filter(session__api_key__in=[key.pk for key in keys], created_at__gte=since)
+        .values("session__api_key")
+        .annotate(turns=Count("id"), prompt=Sum("prompt_tokens"), output=Sum("output_tokens"))
+        .order_by()
+    )
+    return {row["session__api_key"]: KeyUsage(row["turns"], row["prompt"] or 0, row["output"] or 0) for row in rows}
+
+
+def _key_turns_cancel(key: ApiKey) -> None:
+    """A revoked key's requests waiting or running end as cancelled (their clients' streams end with them)."""
+    for turn in Turn.objects.filter(session__api_key=key, status__in=Turn.ACTIVE).select_related("session"):
+        with contextlib.suppress(InvalidInput):  # it ended meanwhile
+            turn_cancel(turn=turn)
 
 
 def _active(keys: QuerySet[ApiKey], now: datetime) -> QuerySet[ApiKey]:

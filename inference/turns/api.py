@@ -13,10 +13,12 @@ from inference.turns.submit import turn_submit
 TITLE_CHARS = 60
 
 
-def api_turn_submit(*, key: ApiKey, rig: Rig, model: str, history: list[dict[str, str]], text: str,
-                    params: dict[str, Any], placed: bool = False) -> Turn:  # fmt: skip
+def api_turn_submit(*, key: ApiKey, rig: Rig, model: str, history: list[dict[str, Any]], text: str,
+                    params: dict[str, Any], placed: bool = False, client: str = "") -> Turn:  # fmt: skip
     """Store the request's session and turn and dispatch it; InvalidInput (QuotaExceeded...) stores nothing.
-    ``placed``: the request named the model, not a rig: it runs on any enabled rig serving it."""
+    ``placed``: the request named the model, not a rig: it runs on any enabled rig serving it. ``client``: the
+    request's user agent; the turn keeps it and its key's name for the board (``params["client"]``)."""
+    params = {**params, "client": {"key": key.name[:200], "agent": client[:200]}}
     how = ChatSession.Placement.MODEL if placed else ChatSession.Placement.RIG
     with transaction.atomic():
         session = ChatSession.objects.create(

@@ -45,13 +45,13 @@ PROMPT_STATE_DELAY_S = 0.05
 FINISH_RETRY_S = (0.5, 2.0, 5.0)  # a turn's end the database refused is stored again after each of these, then left
 
 
-def _chat_request(model: str, messages: list[dict[str, str]], max_tokens: int, params: dict[str, Any]) -> ChatRequest:
+def _chat_request(model: str, messages: list[dict[str, Any]], max_tokens: int, params: dict[str, Any]) -> ChatRequest:
     return turn_params.chat_request(model, messages, max_tokens, params)
 
 
 async def run_claimed_turn(
     turn: Turn,
-    messages: list[dict[str, str]],
+    messages: list[dict[str, Any]],
     budget: TurnBudget | InvalidInput,
     opened: OpenedStream | None = None,
 ) -> None:
