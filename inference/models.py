@@ -10,7 +10,7 @@ from django.contrib.auth.models import Group
 from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 
-from inference.validators import validate_backend_url
+from inference.validators import validate_backend_key, validate_backend_url
 
 
 class Rig(models.Model):
@@ -43,6 +43,14 @@ class Rig(models.Model):
         max_length=128,
         blank=True,
         help_text="The rig agent's secret (RIGDASH_AGENT_KEY on the rig's host); empty when no agent runs beside it.",
+    )
+    # Sent as a bearer token on every request to the backend (llama-server --api-key, vLLM --api-key, a proxy in
+    # front of Ollama); never shown back on a page.
+    api_key = models.CharField(
+        max_length=256,
+        blank=True,
+        validators=[validate_backend_key],
+        help_text="The backend's own key (llama-server --api-key), sent as a bearer token; empty when it takes none.",
     )
     # The model names the backend last listed (Rig.record_models): placement sends a chat that targets a model to
     # any enabled rig serving it (inference/queue/placement.py).

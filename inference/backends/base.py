@@ -355,9 +355,12 @@ class Backend(ABC):
     # on a task of its own, and the worker calls the gate after whatever that task read together.
     calls_read_gate: ClassVar[bool] = False
 
-    def __init__(self, base_url: str, *, timeout_s: float = 10.0) -> None:
+    def __init__(self, base_url: str, *, timeout_s: float = 10.0, api_key: str = "") -> None:
         self.base_url = base_url.rstrip("/")
         self.timeout_s = timeout_s
+        # The rig's backend key (llama-server --api-key, a bearer a proxy in front of Ollama or vLLM checks), sent
+        # on every request to the server: docs/deploy.md, "A key for the backend".
+        self.headers = auth_headers(api_key)
 
     @abstractmethod
     async def health(self) -> Health: ...
@@ -425,6 +428,12 @@ class Backend(ABC):
     async def unload_model(self, model: str) -> None:
         """Free the memory a loaded model holds now (the files stay)."""
         raise BackendNotSupported(f"{self.kind} cannot unload models")
+
+
+def auth_headers(api_key: str) -> dict[str, str]:
+    """The header that carries a rig's backend key: a bearer token, as llama-server's --api-key, vLLM's --api-key and
+    the proxies people put in front of Ollama check it."""
+    return {"Authorization": f"Bearer {api_key}"} if api_key else {}
 
 
 def _same_model(a: str, b: str) -> bool:

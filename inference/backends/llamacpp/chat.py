@@ -124,7 +124,9 @@ class LlamaCppBackend(Backend):
 
     def _client(self, *, read_timeout: float | None) -> httpx.AsyncClient:
         timeout = httpx.Timeout(self.timeout_s, read=read_timeout)
-        return httpx.AsyncClient(base_url=self.base_url, timeout=timeout, trust_env=False, verify=tls_context())
+        return httpx.AsyncClient(
+            base_url=self.base_url, timeout=timeout, trust_env=False, verify=tls_context(), headers=self.headers
+        )
 
     async def _get_json(self, path: str) -> Any:
         try:
@@ -308,8 +310,10 @@ class LlamaCppBackend(Backend):
         return passthrough_merged(payload, request.extra)
 
     async def embeddings(self, body: dict[str, Any]) -> dict[str, Any]:
-        return await embeddings_post(server="llama-server", base_url=self.base_url, body=body, timeout_s=self.timeout_s,
-                                     tls=tls_context())  # fmt: skip
+        return await embeddings_post(
+            server="llama-server", base_url=self.base_url, body=body, timeout_s=self.timeout_s, headers=self.headers,
+            tls=tls_context(),
+        )  # fmt: skip
 
     def stream_chat(
         self, request: ChatRequest, *, read_gate: ReadGate | None = None, on_sent: OnSent | None = None
@@ -322,6 +326,7 @@ class LlamaCppBackend(Backend):
             payload, path = _infill(payload) if "suffix" in request.extra else (payload, "/v1/completions")
             reader = _NativeEvents() if path == "/infill" else reader
         return stream_chat_events(
+            headers=self.headers,
             server="llama-server",
             base_url=self.base_url,
             payload=payload,

@@ -158,7 +158,7 @@ class OllamaBackend(Backend):
     def _client(self, *, read_timeout: float | None) -> ollama.AsyncClient:
         timeout = httpx.Timeout(self.timeout_s, read=read_timeout)
         extra: dict[str, Any] = {} if self.transport is None else {"transport": self.transport}
-        return ollama.AsyncClient(host=self.base_url, timeout=timeout, trust_env=False, **extra)
+        return ollama.AsyncClient(host=self.base_url, timeout=timeout, trust_env=False, headers=self.headers, **extra)
 
     async def _call(self, what: str, call: Callable[[ollama.AsyncClient], Awaitable[T]]) -> T:
         """Run ``call(client)`` with a fresh client, translating its errors."""
@@ -172,7 +172,9 @@ class OllamaBackend(Backend):
     async def health(self) -> Health:
         # The client has no call for /api/version, so this one request goes through httpx directly.
         try:
-            async with httpx.AsyncClient(base_url=self.base_url, timeout=self.timeout_s, trust_env=False) as http:
+            async with httpx.AsyncClient(
+                base_url=self.base_url, timeout=self.timeout_s, trust_env=False, headers=self.headers
+            ) as http:
                 response = await http.get("/api/version")
                 response.raise_for_status()
                 version = str(response.json().get("version", ""))
@@ -229,7 +231,9 @@ class OllamaBackend(Backend):
             on_sent()
         try:
             async with (
-                httpx.AsyncClient(base_url=self.base_url, timeout=timeout, trust_env=False, **extra) as http,
+                httpx.AsyncClient(
+                    base_url=self.base_url, timeout=timeout, trust_env=False, headers=self.headers, **extra
+                ) as http,
                 http.stream("POST", "/api/chat", json=body, headers={"Accept": "application/json"}) as response,
             ):
                 if response.is_error:
@@ -268,7 +272,9 @@ class OllamaBackend(Backend):
             raise BackendNotSupported(f"Ollama's /api/embed has no equivalent of {refused or ['encoding_format']}")
         ask = {name: body[name] for name in ("model", "input", "dimensions") if name in body}
         try:
-            async with httpx.AsyncClient(base_url=self.base_url, timeout=self.timeout_s, trust_env=False) as http:
+            async with httpx.AsyncClient(
+                base_url=self.base_url, timeout=self.timeout_s, trust_env=False, headers=self.headers
+            ) as http:
                 response = await http.post("/api/embed", json=ask)
             payload = response.json()
         except (httpx.HTTPError, ValueError) as exc:
@@ -302,7 +308,9 @@ class OllamaBackend(Backend):
     async def _show_verbose(self, model: str) -> dict[str, Any]:
         # The client's show() has no verbose flag: this one request goes through httpx directly.
         try:
-            async with httpx.AsyncClient(base_url=self.base_url, timeout=self.timeout_s, trust_env=False) as http:
+            async with httpx.AsyncClient(
+                base_url=self.base_url, timeout=self.timeout_s, trust_env=False, headers=self.headers
+            ) as http:
                 response = await http.post("/api/show", json={"model": model, "verbose": True})
         except httpx.HTTPError as exc:
             raise _translate(exc, "show model (verbose)") from exc

@@ -31,7 +31,7 @@ class OllamaMonitor(BackendMonitor):
         self.file_cache: dict[str, int | None] = {}
 
     def backend(self, timeout_s: float) -> OllamaBackend:
-        return OllamaBackend(self.context.rig.base_url, timeout_s=timeout_s)
+        return OllamaBackend(self.context.rig.base_url, timeout_s=timeout_s, api_key=self.context.rig.api_key)
 
     async def read(self, now: float, series: dict[str, float], detail: dict[str, Any]) -> None:
         backend = self.backend(timeout_s=0.8)

@@ -71,14 +71,16 @@ class OpenAICompatBackend(Backend):
     calls_read_gate = True
     capabilities = Capabilities(reasoning_switch=False)
 
-    def __init__(self, base_url: str, *, timeout_s: float = 10.0) -> None:
+    def __init__(self, base_url: str, *, timeout_s: float = 10.0, api_key: str = "") -> None:
         # A URL given with its /v1 (as these servers' docs write it) names the same server.
         base = base_url.rstrip("/")
-        super().__init__(base[: -len("/v1")] if base.endswith("/v1") else base, timeout_s=timeout_s)
+        super().__init__(base[: -len("/v1")] if base.endswith("/v1") else base, timeout_s=timeout_s, api_key=api_key)
 
     async def _models_payload(self) -> list[dict[str, Any]]:
         try:
-            async with httpx.AsyncClient(base_url=self.base_url, timeout=self.timeout_s, trust_env=False) as client:
+            async with httpx.AsyncClient(
+                base_url=self.base_url, timeout=self.timeout_s, trust_env=False, headers=self.headers
+            ) as client:
                 response = await client.get("/v1/models")
         except httpx.HTTPError as exc:
             raise BackendUnavailable(f"{SERVER} at {self.base_url} is unreachable: {exc!r}") from exc
@@ -130,13 +132,15 @@ class OpenAICompatBackend(Backend):
         return passthrough_merged(payload, request.extra)
 
     async def embeddings(self, body: dict[str, Any]) -> dict[str, Any]:
-        return await embeddings_post(server=SERVER, base_url=self.base_url, body=body, timeout_s=self.timeout_s,
-                                     tls=True)  # fmt: skip
+        return await embeddings_post(
+            server=SERVER, base_url=self.base_url, body=body, timeout_s=self.timeout_s, headers=self.headers, tls=True
+        )
 
     def stream_chat(
         self, request: ChatRequest, *, read_gate: ReadGate | None = None, on_sent: OnSent | None = None
     ) -> AsyncIterator[StreamChunk]:
         return stream_chat_events(
+            headers=self.headers,
             server=SERVER,
             base_url=self.base_url,
             payload=self._payload(request),

@@ -16,11 +16,19 @@ from inference.backends.base import BackendProtocolError, BackendRefused, Backen
 
 
 async def embeddings_post(
-    *, server: str, base_url: str, body: dict[str, Any], timeout_s: float, tls: ssl.SSLContext | bool = True
+    *,
+    server: str,
+    base_url: str,
+    body: dict[str, Any],
+    timeout_s: float,
+    tls: ssl.SSLContext | bool = True,
+    headers: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     """The server's answer to ``body`` (OpenAI's list of embeddings); BackendRefused for any refusal."""
     try:
-        async with httpx.AsyncClient(base_url=base_url, timeout=timeout_s, trust_env=False, verify=tls) as client:
+        async with httpx.AsyncClient(
+            base_url=base_url, timeout=timeout_s, trust_env=False, verify=tls, headers=headers
+        ) as client:
             response = await client.post("/v1/embeddings", json=body)
     except httpx.HTTPError as exc:
         raise BackendUnavailable(f"{server} at {base_url} is unreachable: {exc!r}") from exc

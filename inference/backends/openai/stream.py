@@ -86,6 +86,7 @@ async def stream_chat_events(
     read_gate: ReadGate | None = None,
     on_sent: OnSent | None = None,
     path: str = "/v1/chat/completions",
+    headers: Mapping[str, str] | None = None,
 ) -> AsyncIterator[StreamChunk]:
     """POST ``payload`` to ``path`` (``/v1/chat/completions``; ``/v1/completions`` for a raw completion, whose events
     carry ``choices[0].text``) and yield the reader's chunks. ``error`` builds the failure from a
@@ -94,7 +95,7 @@ async def stream_chat_events(
     stall timeouts."""
     try:
         response = await sse.post_json_stream(
-            base_url, path, payload, connect_timeout_s=connect_timeout_s, tls=tls, on_sent=on_sent
+            base_url, path, payload, connect_timeout_s=connect_timeout_s, tls=tls, on_sent=on_sent, headers=headers
         )
     except (OSError, TimeoutError, sse.ProtocolError) as exc:
         raise BackendUnavailable(f"{server} at {base_url} is unreachable: {exc!r}") from exc
