@@ -473,6 +473,7 @@ def test_database_wrong_ca_stops_at_start(tls_postgres: TlsPostgres, certs: Cert
     cases = (
         (tls_postgres.url(certs.other_ca), "sslrootcert must name the CA that signed PostgreSQL's ssl_cert_file"),
         (tls_postgres.url(certs.ca, host="127.0.0.2"), "a name its certificate holds"),
+        (tls_postgres.url(Path("/nonexistent/ca.crt")), "sslrootcert must name a readable CA file"),
     )
     for url, words in cases:
         started = time.monotonic()
@@ -484,6 +485,15 @@ def test_database_wrong_ca_stops_at_start(tls_postgres: TlsPostgres, certs: Cert
         assert time.monotonic() - started < 30
         assert "CommandError: PostgreSQL's TLS: " in done.stderr, done.stderr[-2000:]
         assert words in done.stderr, done.stderr[-2000:]
+    # POSTGRES_* parts (docker-compose.yml) with libpq's own PGSSLMODE and PGSSLROOTCERT: the same verification.
+    parts = {"DATABASE_URL": "", "POSTGRES_HOST": "localhost", "POSTGRES_PORT": str(tls_postgres.port),
+             "POSTGRES_USER": "rigdash", "POSTGRES_PASSWORD": "secret", "POSTGRES_DB": "postgres",
+             "PGSSLMODE": "verify-full"}  # fmt: skip
+    query = "from django.db import connection as c\nc.ensure_connection()\nprint(c.connection.pgconn.ssl_in_use)"
+    done = _settings_in_subprocess({**parts, "PGSSLROOTCERT": str(certs.ca)}, query)
+    assert done.returncode == 0 and done.stdout.splitlines()[-1] == "True", done.stderr[-2000:]
+    done = _settings_in_subprocess({**parts, "PGSSLROOTCERT": str(certs.other_ca)}, query)
+    assert done.returncode != 0 and "certificate verify failed" in done.stderr
     # And Django's own error, for any other command: psycopg's, naming the certificate.
     done = _settings_in_subprocess(
         {"DATABASE_URL": tls_postgres.url(certs.other_ca)},
