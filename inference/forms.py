@@ -9,7 +9,7 @@ from django.contrib.auth.models import Group, User
 from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 
-from inference.models import Quota, Rig
+from inference.models import ApiKey, Quota, Rig
 from inference.validators import validate_backend_key
 from rigdash import numbers
 
@@ -126,3 +126,10 @@ class ApiKeyForm(forms.Form):
         help_text="Leave empty for a key that does not expire.",
         widget=forms.NumberInput(attrs={"placeholder": "never"}),
     )  # fmt: skip
+    storage = forms.ChoiceField(
+        choices=ApiKey.Storage.choices, initial=ApiKey.Storage.CHATS, label="Conversations", required=False,
+        help_text="Store nothing: a request's messages and reply are wiped once answered; its counts stay.",
+    )  # fmt: skip
+
+    def clean_storage(self) -> str:
+        return self.cleaned_data.get("storage") or ApiKey.Storage.CHATS  # left out: as before, kept as chats

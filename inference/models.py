@@ -105,6 +105,9 @@ class ChatSession(models.Model):
     # gave before its last user message (system and earlier turns), said before the session's own turns.
     api_key = models.ForeignKey("ApiKey", null=True, blank=True, on_delete=models.SET_NULL, related_name="sessions")
     context_messages = models.JSONField(default=list, blank=True)
+    # A session of a key that stores nothing (``ApiKey.Storage.NOTHING``): not in its owner's chat list, and its
+    # texts (the request's messages, the reply) are wiped once the reply has been delivered (inference/turns/api.py).
+    hidden = models.BooleanField(default=False)
     # Generation settings (system prompt, sampling, stop strings), checked by inference/turns/params.py and
     # copied onto each new turn's params.
     settings = models.JSONField(default=dict, blank=True)
@@ -342,10 +345,26 @@ class ApiKey(models.Model):
     revoked_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )
+    # When the periodic pass found the key expired and cancelled its waiting and running requests (once).
+    expiry_applied_at = models.DateTimeField(null=True, blank=True)
+
+    class Storage(models.TextChoices):
+        CHATS = "chats", "store as chats in the chat list"
+        NOTHING = "nothing", "store nothing (only counts and timings)"
+
+    storage = models.CharField(max_length=8, choices=Storage.choices, default=Storage.CHATS)
 
     class Meta:
         ordering = ["-created_at", "-id"]
-        indexes = [models.Index(fields=["owner", "-created_at"])]
+        indexes = [
+            models.Index(fields=["owner", "-created_at"]),
+            # The expiry pass's keys: expiring, not yet applied.
+            models.Index(
+                fields=["expires_at"],
+                name="apikey_expiry_due",
+                condition=models.Q(expires_at__isnull=False, expiry_applied_at__isnull=True),
+            ),
+        ]
 
     def __str__(self) -> str:
         return f"{self.name} ({self.prefix}…)"

@@ -308,6 +308,18 @@ CELERY_BEAT_SCHEDULE = {
         "task": "inference.worker_queues_reconcile",
         "schedule": env_float("RIGDASH_QUEUES_RECONCILE_S", 30.0, minimum=1.0),
     },
+    # An API key past its expiry: its waiting and running requests are cancelled, once (docs/openai.md, "Keys").
+    "expire-api-keys": {
+        "task": "inference.api_keys_expire",
+        "schedule": env_float("RIGDASH_KEY_EXPIRY_EVERY_S", 30.0, minimum=1.0),
+    },
+    # The texts of a key that stores nothing, of requests whose view did not wipe them (the client went away before
+    # the end): wiped once the turn has been over this long (docs/openai.md, "What is stored").
+    "forget-api-texts": {
+        "task": "inference.api_texts_forget",
+        "schedule": 60.0,
+        "kwargs": {"older_than_s": env_float("RIGDASH_API_FORGET_AFTER_S", 900.0, minimum=1.0)},
+    },
 }
 
 # Mail, for alert emails (monitoring/alerts/transports.py): Django's SMTP backend with these settings. Nothing is

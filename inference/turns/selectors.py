@@ -25,7 +25,8 @@ def rig_list_enabled() -> QuerySet[Rig]:
 
 
 def session_list_for(user: AbstractBaseUser | AnonymousUser) -> QuerySet[ChatSession]:
-    return ChatSession.objects.filter(owner_id=user.pk).select_related("rig")
+    """The user's chats; not the requests of a key that stores nothing (``ChatSession.hidden``)."""
+    return ChatSession.objects.filter(owner_id=user.pk, hidden=False).select_related("rig")
 
 
 CHAT_PAGE = 100

@@ -46,6 +46,7 @@ def api_keys_page(request: HttpRequest) -> HttpResponse:
             owner=request.user,  # type: ignore[arg-type]
             name=form.cleaned_data["name"],
             expires_in_days=form.cleaned_data["expires_in_days"],
+            storage=form.cleaned_data["storage"],
         )
     except InvalidInput as exc:
         return _page(request, form, status=400, error=exc.message)

@@ -21,7 +21,7 @@ from inference.backends.openai.stream import tool_calls_merged
 from inference.board import apikeys
 from inference.errors import InvalidInput, QueueUnavailable, QuotaExceeded
 from inference.models import ApiKey, Turn
-from inference.turns.api import api_turn_submit
+from inference.turns.api import api_turn_submit, api_turn_texts_forget
 from inference.turns.lifecycle import turn_cancel
 from inference.views.openai import BadRequest, chat_request_parse, model_catalogue, model_resolve
 from inference.views.openai import openai_error as error
@@ -102,7 +102,7 @@ async def _cancel_if_running(turn_id: int) -> None:
 
 async def wait_for_end(turn: Turn) -> Turn:
     """The turn's ended row, told by its end event (``TurnListener``); a client that goes away cancels the turn."""
-    listener = TurnListener(session_id=turn.session_id, turn_id=turn.pk)
+    listener = listener_for(turn)
     ended: Turn | None = None
     try:
         await listener.join()
@@ -115,10 +115,20 @@ async def wait_for_end(turn: Turn) -> Turn:
         await asyncio.shield(listener_finish(listener, ended is None))
 
 
+def listener_for(turn: Turn) -> TurnListener:
+    """The listener of a just-submitted turn (its session is the one the submit made, held on the turn)."""
+    return TurnListener(session_id=turn.session_id, turn_id=turn.pk, forget=turn.session.hidden)
+
+
 async def listener_finish(listener: TurnListener, cancel: bool) -> None:
+    """The view is done with the turn: it leaves the group, cancels a turn whose client went away before its end,
+    and, for a key that stores nothing, wipes the ended turn's texts, which the view has read by now (the answer is
+    built, or the last event sent). A turn not ended yet is wiped by the periodic pass (``api_texts_forget_ended``)."""
     await listener.leave()
     if cancel:
         await _cancel_if_running(listener.turn_id)
+    if listener.forget:
+        await on_db_thread(api_turn_texts_forget)(listener.turn_id)
 
 
 def _message(turn: Turn) -> dict[str, Any]:
@@ -194,7 +204,7 @@ async def stream_response(
 ) -> HttpResponse | StreamingHttpResponse:
     """Wait for the reply's first piece before answering, so that a request the backend refused (or a turn that
     failed before its first token) gets its status and words as an error, not a 200 stream that ends in one."""
-    listener = TurnListener(session_id=turn.session_id, turn_id=turn.pk)
+    listener = listener_for(turn)
     pieces: AsyncIterator[Piece] | None = None
     try:
         await listener.join()

@@ -55,9 +55,10 @@ def on_db_thread(func: Callable[P, R]) -> Callable[P, Coroutine[Any, Any, R]]:
 class TurnListener:
     """The events of one turn, from the moment ``join`` returns until ``leave``."""
 
-    def __init__(self, *, session_id: int, turn_id: int) -> None:
+    def __init__(self, *, session_id: int, turn_id: int, forget: bool = False) -> None:
         self.group = events.session_group(session_id)
         self.turn_id = turn_id
+        self.forget = forget  # a key that stores nothing: the view wipes the turn's texts once it has them
         self.layer: Any = get_channel_layer()
         self.inbox: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
         self.channel = ""
