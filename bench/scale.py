@@ -3,6 +3,7 @@
     python -m bench.scale rigs      # 20 rigs sampled at 1 Hz: sampler CPU per rig, sample-to-browser delay, DB growth
     python -m bench.scale viewers   # 2 web processes, 16 streaming turns, 100 and 500 open sockets
     python -m bench.scale rate      # 2,000 tokens/s x 1 and x 16 streams through the worker and the web
+    python -m bench.scale api       # the same rates read through /v1/chat/completions by an API client
     python -m bench.scale all --smoke   # a tiny run of each (tests/test_bench_scale.py)
 
 Every part starts its own RigDash on free ports (bench.stack: a private Redis, SQLite unless ``--database-url``;
@@ -20,6 +21,7 @@ import argparse
 import asyncio
 import bisect
 import gc
+import itertools
 import json
 import os
 import subprocess
@@ -680,9 +682,93 @@ async def part_rate(stack: BenchStack, prepared: dict[str, Any], size: Size) -> 
     return {"rounds": rounds}
 
 
+# --- part 6: the same rates through the OpenAI-compatible API ----------------------------------------------
+
+
+async def api_stream(port: int, key: str, prompt: str, tokens: int) -> tuple[list[tuple[float, str]], str]:
+    """One ``stream: true`` chat completion through RigDash's /v1/ on its own connection: each content chunk's
+    arrival (time.time(), the source's clock) and text, and the error, if any."""
+    body = {"model": "synthetic", "messages": [{"role": "user", "content": prompt}], "stream": True,
+            "max_tokens": tokens, "temperature": 0}  # fmt: skip
+    chunks: list[tuple[float, str]] = []
+    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=httpx.Timeout(600)) as client:
+        headers = {"Authorization": f"Bearer {key}"}
+        async with client.stream("POST", "/v1/chat/completions", json=body, headers=headers) as response:
+            if response.status_code != 200:
+                return chunks, f"{response.status_code}: {(await response.aread())[:200]!r}"
+            async for line in response.aiter_lines():
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                choices = json.loads(line[6:]).get("choices") or [{}]
+                text = (choices[0].get("delta") or {}).get("content") or ""
+                if text:
+                    chunks.append((time.time(), text))
+    return chunks, ""
+
+
+def token_arrivals(chunks: list[tuple[float, str]], tokens: list[str]) -> list[float] | None:
+    """Each source token's arrival: the time of the chunk that completed it (RigDash coalesces tokens into batches,
+    several to a chunk). None when the text differs from the source's."""
+    if "".join(text for _, text in chunks) != "".join(tokens):
+        return None
+    arrivals, received, i = [], 0, 0
+    ends = list(itertools.accumulate(len(token) for token in tokens))
+    for arrived, text in chunks:
+        received += len(text)
+        while i < len(ends) and ends[i] <= received:
+            arrivals.append(arrived)
+            i += 1
+    return arrivals
+
+
+async def part_api(stack: BenchStack, prepared: dict[str, Any], size: Size) -> dict[str, Any]:
+    """The GPU-class rates of part 5 read through ``/v1/chat/completions`` by an API client (each stream on a
+    connection of its own): the rate each client sees against the source's, each token's lag, and RigDash's CPU
+    (worker and web) per streamed token."""
+    from inference.board import apikeys
+
+    key = apikeys.api_key_create(owner=stack._user, name="bench").secret
+    port = stack.ports[stack.web_names()[0]]
+    rounds: list[dict[str, Any]] = []
+    for streams in size.rate_streams:
+        prompts = [f"[synthetic rate={size.rate} tokens={size.rate_tokens} ttft=20] api{streams}-{i}"
+                   for i in range(streams)]  # fmt: skip
+        floor = await direct_floor(stack.ports["synthetic"], [p + "-floor" for p in prompts], size.rate_tokens)
+        emissions(stack.ports["synthetic"])
+        cpu0, t0 = stack.cpu(), time.monotonic()
+        results = await asyncio.gather(*(api_stream(port, key, p, size.rate_tokens) for p in prompts))
+        wall, cpu1 = time.monotonic() - t0, stack.cpu()
+        sources = emissions(stack.ports["synthetic"])
+        seen = Seen()
+        for prompt, (chunks, error) in zip(prompts, results, strict=True):
+            seen.clients += 1
+            source = sources.get(marker(prompt))
+            arrivals = None if source is None or error else token_arrivals(chunks, [t for _, t in source["events"]])
+            if arrivals is None or source is None:
+                seen.failures.append(f"api {marker(prompt)}: error={error} chunks={len(chunks)}")
+                continue
+            seen.matched(arrivals, [t for t, _ in source["events"]])
+        cpu = {name: cpu1.get(name, 0.0) - cpu0.get(name, 0.0) for name in cpu1}
+        rigdash_s = cpu.get("worker", 0.0) + sum(cpu.get(name, 0.0) for name in stack.web_names())
+        rounds.append({
+            "streams": streams, "rate_per_stream": size.rate, "tokens_per_stream": size.rate_tokens,
+            "seconds": round(wall, 2), **seen.summary(), "floor_direct": floor,
+            "rigdash_cpu_pct_of_a_core": round(100 * rigdash_s / wall, 1),
+            "rigdash_cpu_us_per_token": round(1e6 * rigdash_s / (streams * size.rate_tokens), 2),
+            "source_cpu_pct_of_a_core": round(100 * cpu.get("synthetic", 0.0) / wall, 1),
+        })  # fmt: skip
+        r = rounds[-1]
+        log(f"api {streams} x {size.rate}: in order {r['every_token_in_order']} rate seen/source "
+            f"{r['rate_seen_over_source']} (floor {floor['rate_seen_over_source']}) lag p50/p99 "
+            f"{r['display_lag_ms'].get('p50')}/{r['display_lag_ms'].get('p99')} ms (floor "
+            f"{floor['display_lag_ms'].get('p50')}/{floor['display_lag_ms'].get('p99')}), RigDash "
+            f"{r['rigdash_cpu_us_per_token']} us/token, load {loadavg()}")  # fmt: skip
+    return {"rounds": rounds}
+
+
 # --- running it ----------------------------------------------------------------------------------------------
 
-PARTS = {"rigs": part_rigs, "viewers": part_viewers, "rate": part_rate}
+PARTS = {"rigs": part_rigs, "viewers": part_viewers, "rate": part_rate, "api": part_api}
 
 
 def stack_for(part: str, size: Size, args: argparse.Namespace, var: Path) -> BenchStack:
