@@ -96,3 +96,23 @@ def test_gemma3_27b_at_8k_sliding_layers_hold_1536_cells():
     arch = ModelArchitecture("gemma3", 62, 32, 16, 5376, 131072, 128, 128, layers=layers_from_metadata(meta))
     per_cell = 16 * 256 * 2
     assert decode.kv_allocated_bytes(arch, 8192) == (10 * 8192 + 52 * 1536) * per_cell
+
+
+def test_falcon_h1_every_layer_has_attention_and_a_state():
+    """create_memory: falcon-h1's filter_attn and filter_recr are both true for every layer."""
+    meta = _meta("falcon-h1", 3, **{"ssm.conv_kernel": 4, "ssm.inner_size": 128, "ssm.state_size": 16,
+                                    "ssm.group_count": 1})  # fmt: skip
+    layers = layers_from_metadata(meta)
+    assert all(layer.kv_heads == 2 for layer in layers)
+    assert {layer.state_bytes for layer in layers} == {(3 * (128 + 2 * 16) + 16 * 128) * 4}
+
+
+def test_rwkv_state_and_lfm2moe_without_sliding():
+    """llama_hparams::n_embd_r/n_embd_s for RWKV: token_shift_count (2) x embedding + embedding x wkv.head_size,
+    f32. lfm2moe.cpp sets no swa_type (unlike lfm2.cpp)."""
+    rwkv = layers_from_metadata(_meta("rwkv6", 2, **{"wkv.head_size": 16}))
+    assert [layer.state_bytes for layer in rwkv] == [(2 * 64 + 64 * 16) * 4] * 2
+    assert not any(layer.kv_heads for layer in rwkv)
+    moe = _meta("lfm2moe", 3, **{"attention.head_count_kv": [0, 2, 0], "attention.sliding_window": 128,
+                                 "shortconv.l_cache": 3})  # fmt: skip
+    assert [(layer.kv_heads, layer.window) for layer in layers_from_metadata(moe)] == [(0, 0), (2, 0), (0, 0)]

@@ -29,7 +29,7 @@ from rigdash.launcher import Stack, free_port, llama_server_command, wait_http
 from tests import tiny_gguf
 
 MIB = 1024 * 1024
-PRINTED = 0.005 * MIB  # half the last printed digit of "%7.2f MiB"
+PRINTED = 0.005 * MIB + 1  # half the last printed digit of "%7.2f MiB" (and a byte: a tie prints either way)
 
 KV_LINE = re.compile(
     r"llama_kv_cache: size = +(?P<mib>[\d.]+) MiB \( *(?P<cells>\d+) cells, +(?P<layers>\d+) layers, +"
@@ -85,11 +85,13 @@ def _expected_lines(
     """(cells per sequence, layers, bytes) for each KV cache llama.cpp makes: the full-attention one, then the
     sliding-window one (llama_kv_cache_iswa), for the layers that have attention."""
     lines = []
+    iswa = any(layer.kv_heads and layer.window for layer in arch.layers)
     for sliding in (False, True):
         layers = [layer for layer in arch.layers if layer.kv_heads and bool(layer.window) == sliding]
-        if not layers:
+        if not layers and not (iswa and not sliding):  # llama_kv_cache_iswa logs its full cache even when empty
             continue
-        cells = decode.kv_cells(tokens, parallel=parallel, window=layers[0].window, swa_full=swa_full)
+        window = layers[0].window if layers else 0
+        cells = decode.kv_cells(tokens, parallel=parallel, window=window, swa_full=swa_full)
         element = decode.KV_CACHE_TYPE_BYTES[cache_type]
         per_cell = sum(layer.kv_heads * (layer.key_dim + layer.value_dim) * element for layer in layers)
         lines.append((cells, len(layers), float(cells * parallel * per_cell)))
@@ -249,3 +251,18 @@ def test_cohere2_slides_three_of_four(tmp_path, serve):
     log = serve(model, ctx=8192, slots=2)
     arch = _check(model, log, tokens=4096, parallel=2)
     assert [layer.window for layer in arch.layers] == [128, 128, 128, 0, 128]
+
+
+@pytest.mark.parametrize("window", [0, 128])
+def test_lfm2_short_convolution_state_and_sliding_attention(tmp_path, serve, window):
+    """lfm2 (src/models/lfm2.cpp): layers with 0 KV heads keep a short-convolution state of (l_cache - 1) x
+    embedding f32 a slot (llama_hparams::n_embd_r); with a ``sliding_window`` every attention layer slides
+    (llama_memory_hybrid_iswa)."""
+    keys = {"attention.sliding_window": window} if window else {}
+    model = _model(tmp_path, f"lfm2-{window}", tiny_gguf.lfm2(kv_heads=[0, 2, 0, 2, 0], l_cache=3, **keys))
+    log = serve(model, ctx=8192, slots=2)
+    arch = _check(model, log, tokens=4096, parallel=2)
+    assert [layer.window for layer in arch.layers] == [0, window, 0, window, 0]
+    _, rs = _logged(log)
+    state = sum(layer.state_bytes for layer in arch.layers) * 2
+    assert state == 3 * 64 * 2 * 4 * 2 and abs(float(rs[0]["mib"]) * MIB - state) <= PRINTED

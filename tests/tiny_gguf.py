@@ -355,3 +355,27 @@ def cohere2(layers: int = 5, heads: int = 4, kv_heads: int = 2, window: int = 12
         tensors |= _attention(i, heads, kv_heads, head, head)
         tensors |= {k: v for k, v in _ffn(i).items() if "ffn_norm" not in k}
     return meta, tensors
+
+
+def lfm2(kv_heads: list[int] | None = None, heads: int = 4, l_cache: int = 3, **keys: Any) -> tuple[dict, dict]:
+    """src/models/lfm2.cpp: short-convolution layers where the per-layer ``head_count_kv`` is 0, attention (with
+    Q/K norms) elsewhere, all dense; the output norm is named ``token_embd_norm``. With a ``sliding_window`` every
+    attention layer slides."""
+    kv_heads = kv_heads or [0, 2, 0, 2, 0]
+    meta = _base("lfm2", len(kv_heads), **{"attention.head_count": heads, "attention.head_count_kv": kv_heads,
+                                           "shortconv.l_cache": l_cache, **keys})  # fmt: skip
+    head = EMBD // heads
+    tensors: dict[str, tuple[int, ...]] = {"token_embd.weight": (EMBD, VOCAB), "token_embd_norm.weight": (EMBD,)}
+    for i, n in enumerate(kv_heads):
+        tensors |= _ffn(i)
+        if n:
+            tensors |= _attention(i, heads, n, head, head)
+            tensors |= {f"blk.{i}.attn_q_norm.weight": (head,), f"blk.{i}.attn_k_norm.weight": (head,)}
+        else:
+            tensors |= {
+                f"blk.{i}.attn_norm.weight": (EMBD,),
+                f"blk.{i}.shortconv.conv.weight": (l_cache, EMBD),
+                f"blk.{i}.shortconv.in_proj.weight": (EMBD, 3 * EMBD),
+                f"blk.{i}.shortconv.out_proj.weight": (EMBD, EMBD),
+            }
+    return meta, tensors

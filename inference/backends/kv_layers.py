@@ -27,13 +27,17 @@ The rules are llama.cpp's (``src/llama-model.cpp`` ``load_hparams``, ``src/llama
 - NextN/MTP layers (``nextn_predict_layers``, the last layers of ``block_count``): no cache in the main context
   (``llama_model::create_memory``: ``filter = il < n_layer()``; the hybrids' ``filter_attn`` / ``filter_recr`` the
   same), nor a recurrent state. Only a speculative MTP draft context caches them, apart.
+- falcon-h1: every layer has both an attention cache and a Mamba-2 state (``create_memory``: both filters true);
+  lfm2: its short-convolution layers (0 KV heads) keep ``(shortconv.l_cache - 1) x embedding`` f32 a sequence, and
+  with a window every attention layer slides (src/models/lfm2.cpp, ``llama_memory_hybrid_iswa``).
 - Shared-KV layers (gemma3n, gemma4): layers from ``n_layer_kv_from_start`` on reuse an earlier layer's cache
   (``llama_hparams::has_kv``, ``create_memory``'s ``reuse``) and allocate none: gemma3n's first 20 layers have a cache
   (fixed in src/models/gemma3n.cpp), gemma4's all but the last ``attention.shared_kv_layers``.
 - MLA (deepseek2 and kin, marked by ``attention.key_length_mla``): the GGUF states the compressed cache itself
   (one KV head, key_length = kv_lora_rank + the rope dimension) and llama.cpp caches K only, V being a view of K.
   An older conversion without ``key_length_mla`` is cached as plain multi-head attention, as stated.
-- A recurrent layer's state, f32, per sequence: (conv_kernel - 1) x (inner + 2 x groups x state) + state x inner.
+- A recurrent layer's state, f32, per sequence (``llama_hparams::n_embd_r`` + ``n_embd_s``): (conv_kernel - 1) x
+  (inner + 2 x groups x state) + state x inner; RWKV (token_shift_count x embedding) + embedding x wkv.head_size.
 """
 
 from __future__ import annotations
@@ -84,6 +88,7 @@ SWA_FAMILIES: dict[str, SwaRule] = {
     "muse-glimmer": SwaRule(4),  # muse-glimmer.cpp
     "llama4": SwaRule(4, fixed=8192),  # llama4.cpp: chunked attention, chunks of 8192
     **{arch: SwaRule(None) for arch in ("granite-swa", "maple", "mimo2", "spark2-5", "step35")},
+    "lfm2": SwaRule(0, needs_window=True),  # lfm2.cpp: the attention layers slide (below); lfm2moe never
 }
 # gemma3n.cpp: the first 20 layers hold a cache, the rest reuse one of them (llama_hparams::n_layer_kv_from_start).
 GEMMA3N_KV_LAYERS = 20
@@ -153,10 +158,19 @@ def _recurrent(meta: dict[str, Any], arch: str, kv_heads: list[int]) -> list[boo
 
 
 def _recurrent_state_bytes(meta: dict[str, Any], arch: str) -> int:
-    def get(name: str) -> int:
-        return int(meta.get(f"{arch}.ssm.{name}") or 0)
+    """``llama_hparams::n_embd_r() + n_embd_s()`` (src/llama-hparams.cpp), f32: RWKV's token shifts and wkv state,
+    LFM2's short-convolution cache, else Mamba's (or Gated DeltaNet's) rolling convolution and SSM state."""
 
-    conv, inner, state, groups = get("conv_kernel"), get("inner_size"), get("state_size"), get("group_count")
+    def get(name: str) -> int:
+        return int(meta.get(f"{arch}.{name}") or 0)
+
+    embd = get("embedding_length")
+    if get("wkv.head_size"):
+        return (int(meta.get(f"{arch}.token_shift_count") or 2) * embd + embd * get("wkv.head_size")) * F32_BYTES
+    if get("shortconv.l_cache"):
+        return embd * (get("shortconv.l_cache") - 1) * F32_BYTES
+    conv, inner = get("ssm.conv_kernel"), get("ssm.inner_size")
+    state, groups = get("ssm.state_size"), get("ssm.group_count")
     rolling = (conv - 1) * (inner + 2 * groups * state) if conv > 0 else 0
     return (rolling + state * inner) * F32_BYTES
 
@@ -185,10 +199,17 @@ def layers_from_metadata(meta: dict[str, Any]) -> tuple[LayerKV, ...]:
     key_swa, value_swa = dim("attention.key_length_swa", key_dim), dim("attention.value_length_swa", value_dim)
     mla = bool(get("attention.key_length_mla"))
     recurrent = _recurrent(meta, arch, kv_heads)
-    kv_heads = [0 if recurrent[i] or i >= with_kv else n for i, n in enumerate(kv_heads)]
+    if arch == "falcon-h1":  # create_memory: filter_attn and filter_recr both true, every layer has both
+        recurrent = [True] * count
+    else:
+        kv_heads = [0 if recurrent[i] else n for i, n in enumerate(kv_heads)]
+    kv_heads = [0 if i >= with_kv else n for i, n in enumerate(kv_heads)]
     recurrent = [r and i < trunk for i, r in enumerate(recurrent)]
     window = swa_window(meta, arch, trunk)
-    sliding = _sliding(meta, arch, count, trunk) if window else [False] * count
+    if arch == "lfm2":  # lfm2.cpp: with a window, every attention layer slides (hybrid_iswa)
+        sliding = [bool(window) and bool(n) for n in kv_heads]
+    else:
+        sliding = _sliding(meta, arch, count, trunk) if window else [False] * count
     state = _recurrent_state_bytes(meta, arch)
     return tuple(
         LayerKV(
