@@ -84,3 +84,20 @@ def test_the_api_and_page_show_the_per_layer_cache(client):
     assert custom.status_code == 400 and "window" in custom.json()["error"]["fields"]
     page = client.get("/monitoring/calculator/?model=gemma-3-27b")
     assert page.status_code == 200 and b'name="sliding_layers"' in page.content
+
+
+def test_a_rigs_layer_kinds_fill_the_fields():
+    """Ollama's per-layer list and llama-server's counts (arch_summary) give the same fields; a NextN layer (no
+    cache, no state) is not counted."""
+    from monitoring.calculator.selectors import _layer_kinds
+
+    rows = [[2, 32, 32, 128, 0]] * 5 + [[2, 32, 32, 0, 0], [0, 32, 32, 0, 0]]
+    assert _layer_kinds({"block_count": 7, "layers": rows}) == {
+        "layers": 6, "sliding_layers": 5, "window": 128, "recurrent_layers": None, "state_mib": None,
+    }  # fmt: skip
+    summary = {"block_count": 8, "attention_layers": 2, "sliding_layers": 0, "window": 0, "recurrent_layers": 6,
+               "state_bytes": 2**20}  # fmt: skip
+    assert _layer_kinds(summary) == {
+        "layers": 8, "sliding_layers": None, "window": None, "recurrent_layers": 6, "state_mib": 1.0,
+    }  # fmt: skip
+    assert _layer_kinds({"block_count": 4}) == {}
