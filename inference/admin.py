@@ -23,14 +23,24 @@ class RigAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     form = RigForm
     list_display = ("name", "kind", "base_url", "queue", "slots", "is_default", "enabled")
     readonly_fields = ("queue",)
-    fields = ("name", "kind", "base_url", "queue", "slots", "is_default", "enabled")
+    fields = ("name", "kind", "base_url", "queue", "slots", "is_default", "enabled", "backend_key", "clear_backend_key")
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return bool(getattr(request.user, "is_superuser", False) and super().has_add_permission(request))
 
     def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> tuple[str, ...]:
         fields = tuple(super().get_readonly_fields(request, obj))
-        return fields if getattr(request.user, "is_superuser", False) else (*fields, *rigs.SUPERUSER_FIELDS)
+        if getattr(request.user, "is_superuser", False):
+            return fields
+        # The backend key is never shown, not even read-only: staff neither see nor set it.
+        shown = tuple(name for name in rigs.SUPERUSER_FIELDS if name not in rigs.SECRET_FIELDS)
+        return (*fields, *shown)
+
+    def get_fields(self, request: HttpRequest, obj: Any = None) -> Any:
+        fields = super().get_fields(request, obj)
+        if getattr(request.user, "is_superuser", False):
+            return fields
+        return [name for name in fields if name not in ("backend_key", "clear_backend_key")]
 
     def save_model(self, request: HttpRequest, obj: Rig, form: Any, change: bool) -> None:
         obj.queue = Rig.queue_for(obj.name)

@@ -17,6 +17,8 @@ class TokenFrame(TypedDict):
     text: str
     stats: dict[str, Any]
     thinking: NotRequired[str]
+    tool_calls: NotRequired[list[dict[str, Any]]]  # an API client's streamed tool-call deltas (OpenAI's shape)
+    logprobs: NotRequired[list[Any]]
 
 
 class ChatToken(TypedDict):

@@ -74,23 +74,45 @@ def _layer() -> Any:
 
 
 def token_frame(
-    *, turn_id: int, seq_from: int, seq_to: int, text: str, stats: dict[str, Any], thinking: str = ""
+    *,
+    turn_id: int,
+    seq_from: int,
+    seq_to: int,
+    text: str,
+    stats: dict[str, Any],
+    thinking: str = "",
+    tool_calls: list[dict[str, Any]] | None = None,
+    logprobs: list[Any] | None = None,
 ) -> str:
     """The browser's ``token`` frame, serialised once per batch rather than once per watching socket. ``thinking``
-    (a reasoning model's thoughts in this batch) is there only when the batch has some."""
+    (a reasoning model's thoughts in this batch) is there only when the batch has some; so are an API client's
+    ``tool_calls`` deltas and ``logprobs`` (OpenAI's shapes, for the /v1/ stream; a page ignores them)."""
     frame: TokenFrame = {
         "type": "token", "turn": turn_id, "seq_from": seq_from, "seq_to": seq_to, "text": text, "stats": stats,
     }  # fmt: skip
     if thinking:
         frame["thinking"] = thinking
+    if tool_calls:
+        frame["tool_calls"] = tool_calls
+    if logprobs:
+        frame["logprobs"] = logprobs
     return orjson.dumps(frame).decode()
 
 
 def token_batch_message(
-    *, turn_id: int, seq_from: int, seq_to: int, text: str, stats: dict[str, Any], thinking: str = ""
+    *,
+    turn_id: int,
+    seq_from: int,
+    seq_to: int,
+    text: str,
+    stats: dict[str, Any],
+    thinking: str = "",
+    tool_calls: list[dict[str, Any]] | None = None,
+    logprobs: list[Any] | None = None,
 ) -> ChatToken:
     """``chat.token``: the ready frame, and the turn and seqs for anything that filters on them."""
-    frame = token_frame(turn_id=turn_id, seq_from=seq_from, seq_to=seq_to, text=text, stats=stats, thinking=thinking)
+    frame = token_frame(turn_id=turn_id, seq_from=seq_from, seq_to=seq_to, text=text, stats=stats, thinking=thinking,
+                        tool_calls=tool_calls, logprobs=logprobs)  # fmt: skip
     return {"type": "chat.token", "turn": turn_id, "seq_from": seq_from, "seq_to": seq_to, "frame": frame}
 
 

@@ -9,7 +9,8 @@ from django.contrib.auth.models import Group, User
 from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 
-from inference.models import Quota, Rig
+from inference.models import ApiKey, Quota, Rig
+from inference.validators import validate_backend_key
 from rigdash import numbers
 
 
@@ -30,6 +31,18 @@ class RigForm(forms.ModelForm):  # type: ignore[type-arg]
     """A rig as admins edit it: the URL may name any host a container network or LAN resolves
     (inference.validators); the queue is not typed but derived from the name (Rig.queue_for)."""
 
+    # The backend's key is written, never shown: empty keeps the key the rig has, "clear" removes it.
+    backend_key = forms.CharField(
+        required=False,
+        max_length=256,
+        strip=True,
+        validators=[validate_backend_key],
+        widget=forms.PasswordInput(render_value=False, attrs={"autocomplete": "new-password", "size": 40}),
+        help_text="The backend's own key (llama-server --api-key, vLLM --api-key), sent as a bearer token. "
+        "Leave empty to keep the key the rig has.",
+    )
+    clear_backend_key = forms.BooleanField(required=False, label="Remove the backend key")
+
     class Meta:
         model = Rig
         fields = ["name", "kind", "base_url", "slots", "is_default", "enabled"]
@@ -39,6 +52,10 @@ class RigForm(forms.ModelForm):  # type: ignore[type-arg]
     def save(self, commit: bool = True) -> Rig:
         rig: Rig = super().save(commit=False)
         rig.queue = Rig.queue_for(rig.name)
+        if self.cleaned_data.get("backend_key"):
+            rig.api_key = self.cleaned_data["backend_key"]
+        elif self.cleaned_data.get("clear_backend_key"):
+            rig.api_key = ""
         if commit:
             rig.save()
         return rig
@@ -109,3 +126,10 @@ class ApiKeyForm(forms.Form):
         help_text="Leave empty for a key that does not expire.",
         widget=forms.NumberInput(attrs={"placeholder": "never"}),
     )  # fmt: skip
+    storage = forms.ChoiceField(
+        choices=ApiKey.Storage.choices, initial=ApiKey.Storage.CHATS, label="Conversations", required=False,
+        help_text="Store nothing: a request's messages and reply are wiped once answered; its counts stay.",
+    )  # fmt: skip
+
+    def clean_storage(self) -> str:
+        return self.cleaned_data.get("storage") or ApiKey.Storage.CHATS  # left out: as before, kept as chats

@@ -10,7 +10,7 @@ from django.contrib.auth.models import Group
 from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 
-from inference.validators import validate_backend_url
+from inference.validators import validate_backend_key, validate_backend_url
 
 
 class Rig(models.Model):
@@ -43,6 +43,14 @@ class Rig(models.Model):
         max_length=128,
         blank=True,
         help_text="The rig agent's secret (RIGDASH_AGENT_KEY on the rig's host); empty when no agent runs beside it.",
+    )
+    # Sent as a bearer token on every request to the backend (llama-server --api-key, vLLM --api-key, a proxy in
+    # front of Ollama); never shown back on a page.
+    api_key = models.CharField(
+        max_length=256,
+        blank=True,
+        validators=[validate_backend_key],
+        help_text="The backend's own key (llama-server --api-key), sent as a bearer token; empty when it takes none.",
     )
     # The model names the backend last listed (Rig.record_models): placement sends a chat that targets a model to
     # any enabled rig serving it (inference/queue/placement.py).
@@ -97,6 +105,9 @@ class ChatSession(models.Model):
     # gave before its last user message (system and earlier turns), said before the session's own turns.
     api_key = models.ForeignKey("ApiKey", null=True, blank=True, on_delete=models.SET_NULL, related_name="sessions")
     context_messages = models.JSONField(default=list, blank=True)
+    # A session of a key that stores nothing (``ApiKey.Storage.NOTHING``): not in its owner's chat list, and its
+    # texts (the request's messages, the reply) are wiped once the reply has been delivered (inference/turns/api.py).
+    hidden = models.BooleanField(default=False)
     # Generation settings (system prompt, sampling, stop strings), checked by inference/turns/params.py and
     # copied onto each new turn's params.
     settings = models.JSONField(default=dict, blank=True)
@@ -200,6 +211,12 @@ class Turn(models.Model):
     @property
     def is_active(self) -> bool:
         return self.status in self.ACTIVE
+
+    def prompt_message(self) -> dict[str, Any]:
+        """The message this turn adds to its conversation: its user's text, or an API request's last message as the
+        client sent it (a tool's result, an assistant's start to continue, content parts: ``params["message"]``)."""
+        message = (self.params or {}).get("message")
+        return dict(message) if isinstance(message, dict) else {"role": "user", "content": self.user_text}
 
     def as_history_messages(self) -> list[dict[str, str]]:
         """This turn as chat messages for the next prompt (a reply cut short still counts as said)."""
@@ -328,10 +345,26 @@ class ApiKey(models.Model):
     revoked_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )
+    # When the periodic pass found the key expired and cancelled its waiting and running requests (once).
+    expiry_applied_at = models.DateTimeField(null=True, blank=True)
+
+    class Storage(models.TextChoices):
+        CHATS = "chats", "store as chats in the chat list"
+        NOTHING = "nothing", "store nothing (only counts and timings)"
+
+    storage = models.CharField(max_length=8, choices=Storage.choices, default=Storage.CHATS)
 
     class Meta:
         ordering = ["-created_at", "-id"]
-        indexes = [models.Index(fields=["owner", "-created_at"])]
+        indexes = [
+            models.Index(fields=["owner", "-created_at"]),
+            # The expiry pass's keys: expiring, not yet applied.
+            models.Index(
+                fields=["expires_at"],
+                name="apikey_expiry_due",
+                condition=models.Q(expires_at__isnull=False, expiry_applied_at__isnull=True),
+            ),
+        ]
 
     def __str__(self) -> str:
         return f"{self.name} ({self.prefix}…)"

@@ -7,9 +7,9 @@ from typing import Any
 
 from celery import shared_task
 
-from inference.board import model_admin, sweeps
+from inference.board import apikeys, model_admin, sweeps
 from inference.queue import dispatch
-from inference.turns import lifecycle
+from inference.turns import api, lifecycle
 from inference.worker import queues, start
 
 
@@ -56,3 +56,13 @@ def sweeps_resume_task(silent_s: float = 60.0) -> list[int]:
 def worker_queues_reconcile_task() -> dict[str, Any]:
     done = queues.reconcile()
     return {"added": done.added, "cancelled": done.cancelled, "error": done.error}
+
+
+@shared_task(name="inference.api_keys_expire")
+def api_keys_expire_task() -> list[int]:
+    return apikeys.api_keys_expired_cancel()
+
+
+@shared_task(name="inference.api_texts_forget")
+def api_texts_forget_task(older_than_s: float = 900.0) -> list[int]:
+    return api.api_texts_forget_ended(older_than_s=older_than_s)

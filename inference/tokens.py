@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Iterable, Mapping
+from typing import Any
 
 
 def estimate_tokens(text: str) -> int:
@@ -11,9 +13,25 @@ def estimate_tokens(text: str) -> int:
     return math.ceil(len(text) / 4)
 
 
-def estimate_prompt_tokens(messages: Iterable[Mapping[str, str]]) -> int:
-    """Estimated prompt size: each message's text plus a few tokens of chat template around it."""
-    return sum(estimate_tokens(m.get("content", "")) + 4 for m in messages) + 2
+def estimate_prompt_tokens(messages: Iterable[Mapping[str, Any]]) -> int:
+    """Estimated prompt size: each message's text plus a few tokens of chat template around it. A message that is
+    more than text (content parts, an assistant's tool calls, a tool's result) counts as its JSON, which is about
+    what a chat template writes of it."""
+    return sum(_message_tokens(m) + 4 for m in messages) + 2
+
+
+def _message_tokens(message: Mapping[str, Any]) -> int:
+    content = message.get("content")
+    if isinstance(content, str) and len(message) <= 2:  # {"role", "content"}: the chat page's messages
+        return estimate_tokens(content)
+    return estimate_json_tokens({k: v for k, v in message.items() if k != "role"})
+
+
+def estimate_json_tokens(value: Any) -> int:
+    """A rough token count of a JSON value as a template writes it (tool definitions, content parts)."""
+    if value is None:
+        return 0
+    return estimate_tokens(json.dumps(value, ensure_ascii=False, separators=(",", ":")))
 
 
 # Ollama drops the oldest messages to fit its context window (num_ctx) and says nothing: all that shows is a prompt

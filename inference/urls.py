@@ -5,7 +5,21 @@ from __future__ import annotations
 
 from django.urls import path
 
-from inference.views import board, chat, chats, keys, models, openai, openai_chat, rigs, sweeps, usage
+from inference.views import (
+    board,
+    chat,
+    chats,
+    keys,
+    models,
+    ollama_api,
+    openai,
+    openai_chat,
+    openai_completions,
+    openai_embeddings,
+    rigs,
+    sweeps,
+    usage,
+)
 
 app_name = "inference"
 
@@ -35,12 +49,23 @@ urlpatterns = [
     # The OpenAI-compatible API, by API key (inference/views/openai.py)
     path("v1/models", openai.models_list, name="openai_models"),
     path("v1/chat/completions", openai_chat.chat_completions, name="openai_chat_completions"),
+    path("v1/embeddings", openai_embeddings.embeddings, name="openai_embeddings"),
+    path("v1/completions", openai_completions.completions, name="openai_completions"),
+    # Ollama's API for Ollama clients (docs/openai.md, "Ollama's API")
+    path("api/chat", ollama_api.chat, name="ollama_chat"),
+    path("api/generate", ollama_api.generate, name="ollama_generate"),
+    path("api/embed", ollama_api.embed, name="ollama_embed"),
+    path("api/tags", ollama_api.tags, name="ollama_tags"),
+    path("api/show", ollama_api.show, name="ollama_show"),
+    path("api/ps", ollama_api.ps, name="ollama_ps"),
+    path("api/version", ollama_api.version, name="ollama_version"),
     path("v1/models/<path:model_id>", openai.model_detail, name="openai_model"),
     # Model management (staff only)
     path("rigs/<int:rig_id>/models/", models.rig_models_page, name="rig_models"),
     path("api/rigs/<int:rig_id>/models/state", models.api_rig_models_state, name="api_rig_models_state"),
     path("api/rigs/<int:rig_id>/models/pull", models.api_rig_models_pull, name="api_rig_models_pull"),
     path("api/rigs/<int:rig_id>/models/delete", models.api_rig_models_delete, name="api_rig_models_delete"),
+    path("api/rigs/<int:rig_id>/models/load", models.api_rig_models_load, name="api_rig_models_load"),
     path("api/rigs/<int:rig_id>/models/unload", models.api_rig_models_unload, name="api_rig_models_unload"),
 ]
 

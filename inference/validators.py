@@ -55,3 +55,9 @@ def validate_backend_url(value: str) -> None:
         raise ValidationError(
             "Enter a host name (ollama, gpu-box.lan), an IPv4 address or a bracketed IPv6 address.", code="invalid"
         )
+
+
+def validate_backend_key(value: str) -> None:
+    """A backend key travels in an HTTP header: printable ASCII without spaces, as llama-server's keys are."""
+    if value and not all(33 <= ord(char) <= 126 for char in value):
+        raise ValidationError("A backend key is printable ASCII without spaces.", code="invalid")

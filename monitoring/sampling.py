@@ -62,6 +62,7 @@ class RigSampler:
     backend_pid: int | None = None
     served_at: float = 0.0
     energy_at: float | None = None  # the previous sample's time, for the energy account
+    loaded_kept: tuple[tuple[str, ...] | None, float] | None = None  # the loaded models last stored, and when
     monitor: BackendMonitor = field(init=False)
 
     def __post_init__(self) -> None:
@@ -154,6 +155,18 @@ class RigSampler:
         self._queue_and_turns(sample.series, sample.detail)
         self._roofline(sample.series, sample.detail)
         self._energy(sample.series, sample.detail)
+        self._keep_loaded(sample)
+
+    def _keep_loaded(self, sample: Sample) -> None:
+        """The models the server holds now, for placement (inference/queue/placement.py): stored when they change,
+        and again before the kept list expires."""
+        names = self.monitor.loaded_models(sample.detail)
+        kept = (tuple(sorted(names)) if names is not None else None, sample.ts)
+        previous = self.loaded_kept
+        if previous is not None and kept[0] == previous[0] and sample.ts - previous[1] < served.TTL_S / 2:
+            return
+        served.loaded_store(self.rig.pk, names)
+        self.loaded_kept = kept
 
     def _memory(self, series: dict[str, float], detail: dict[str, Any]) -> None:
         try:

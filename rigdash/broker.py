@@ -7,7 +7,8 @@ submit pays on the way to the turn's first token. A client object holds no conne
 its own: it takes one from the channel's pool for each command and gives it back, and redis-py documents it as safe
 to share between threads (pipelines, which are not, are still made per use). So the channel keeps one.
 
-Used for ``redis://`` brokers (settings.CELERY_BROKER_TRANSPORT); any other URL gets kombu's own transport.
+Used for ``redis://`` and ``rediss://`` (TLS) brokers (settings.CELERY_BROKER_TRANSPORT); any other URL gets kombu's
+own transport.
 """
 
 from __future__ import annotations

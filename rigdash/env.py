@@ -141,7 +141,7 @@ def database_url(default: str) -> str:
 
 def redis_url(default: str) -> str:
     """REDIS_URL; else a Redis URL built from REDIS_HOST, REDIS_PORT, REDIS_DB and REDIS_PASSWORD when REDIS_HOST is
-    set (docker-compose.yml); else ``default``.
+    set (docker-compose.yml), ``rediss://`` (TLS) with REDIS_TLS=1; else ``default``.
 
     The password is percent-encoded, so one with ``/``, ``#``, ``@``, ``:`` or ``%`` reaches Redis as typed (redis-py
     and kombu decode it). REDIS_PASSWORD_FILE (a Docker secret) is read when REDIS_PASSWORD is unset.
@@ -152,6 +152,7 @@ def redis_url(default: str) -> str:
         port = env_int("REDIS_PORT", 6379, minimum=1, maximum=65535)
         db = env_int("REDIS_DB", 0, minimum=0, maximum=15)
         credentials = f":{quote(password, safe='')}@" if password else ""
-        return f"redis://{credentials}{host}:{port}/{db}"
+        scheme = "rediss" if env_bool("REDIS_TLS", False) else "redis"
+        return f"{scheme}://{credentials}{host}:{port}/{db}"
 
     return _url_or_parts("REDIS_URL", "REDIS_HOST", default, build)

@@ -50,8 +50,10 @@ def free_port() -> int:
 def redis_answers(url: str) -> bool:
     import redis
 
-    try:
-        return bool(redis.Redis.from_url(url, socket_connect_timeout=1, socket_timeout=1).ping())
+    from rigdash.redistls import with_tls
+
+    try:  # a rediss:// URL verified as RigDash's settings will verify it (RIGDASH_REDIS_CA_FILE)
+        return bool(redis.Redis.from_url(with_tls(url), socket_connect_timeout=1, socket_timeout=1).ping())
     except redis.RedisError:
         return False
 

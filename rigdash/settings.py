@@ -9,6 +9,7 @@ from pathlib import Path
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
+from rigdash import redistls
 from rigdash.env import (
     WS_MAX_BYTES,
     RigDashConfig,
@@ -154,7 +155,9 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     # builds; SQLite makes a plain index on created_at and Django says so at every start (models.W040). The
     # model keeps one declaration for every database, so that migrations are the same everywhere:
     # https://docs.djangoproject.com/en/5.2/ref/models/indexes/#include
-    SILENCED_SYSTEM_CHECKS = ["models.W040"]
+    # Likewise the alerts' one-firing-alert-per-rule-and-rig constraint treats an empty rig as a value
+    # (nulls_distinct=False), which SQLite cannot (models.W047): there the sampler, the alerts' only writer, keeps it.
+    SILENCED_SYSTEM_CHECKS = ["models.W040", "models.W047"]
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
@@ -179,8 +182,10 @@ STATIC_ROOT.mkdir(exist_ok=True)
 WHITENOISE_USE_FINDERS = True  # serve straight from static/ without collectstatic for a local run
 
 # REDIS_URL, or REDIS_HOST and the other REDIS_* parts (docker-compose.yml), the password percent-encoded
-# (rigdash.env.redis_url).
-REDIS_URL = redis_url("redis://127.0.0.1:6379/0")
+# (rigdash.env.redis_url). A rediss:// URL (or REDIS_TLS=1) is TLS, the server's certificate verified: against
+# RIGDASH_REDIS_CA_FILE when set, with a client certificate from RIGDASH_REDIS_CERT_FILE and RIGDASH_REDIS_KEY_FILE
+# (rigdash/redistls.py writes them onto the URL, which every Redis client of RigDash reads).
+REDIS_URL = redistls.with_tls(redis_url("redis://127.0.0.1:6379/0"))
 
 # Pub/sub layer: one PUBLISH per group_send, several times cheaper than the list-based layer's per-member sends.
 # It drops nothing silently by capacity; a consumer that misses a batch detects the seq gap and resyncs.
@@ -192,9 +197,13 @@ CHANNEL_LAYERS = {
     }
 }
 
-CELERY_BROKER_URL = env_str("CELERY_BROKER_URL", REDIS_URL)
+CELERY_BROKER_URL = redistls.with_tls(env_str("CELERY_BROKER_URL", "") or REDIS_URL, name="CELERY_BROKER_URL")
 # kombu's Redis transport, with one client object per channel, not one per command (rigdash/broker.py).
-CELERY_BROKER_TRANSPORT = "rigdash.broker:Transport" if CELERY_BROKER_URL.startswith("redis://") else None
+CELERY_BROKER_TRANSPORT = (
+    "rigdash.broker:Transport" if CELERY_BROKER_URL.startswith(("redis://", "rediss://")) else None
+)
+# Over TLS, the broker verifies as the URL says (kombu alone would not verify a rediss:// URL without ssl_cert_reqs).
+CELERY_BROKER_USE_SSL = redistls.ssl_options(CELERY_BROKER_URL)
 CELERY_TASK_IGNORE_RESULT = True
 CELERY_TASK_ACKS_LATE = True  # a turn's task survives a worker lost before it claimed the turn
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
@@ -298,6 +307,18 @@ CELERY_BEAT_SCHEDULE = {
     "reconcile-worker-queues": {
         "task": "inference.worker_queues_reconcile",
         "schedule": env_float("RIGDASH_QUEUES_RECONCILE_S", 30.0, minimum=1.0),
+    },
+    # An API key past its expiry: its waiting and running requests are cancelled, once (docs/openai.md, "Keys").
+    "expire-api-keys": {
+        "task": "inference.api_keys_expire",
+        "schedule": env_float("RIGDASH_KEY_EXPIRY_EVERY_S", 30.0, minimum=1.0),
+    },
+    # The texts of a key that stores nothing, of requests whose view did not wipe them (the client went away before
+    # the end): wiped once the turn has been over this long (docs/openai.md, "What is stored").
+    "forget-api-texts": {
+        "task": "inference.api_texts_forget",
+        "schedule": 60.0,
+        "kwargs": {"older_than_s": env_float("RIGDASH_API_FORGET_AFTER_S", 900.0, minimum=1.0)},
     },
 }
 

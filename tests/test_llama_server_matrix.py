@@ -147,3 +147,39 @@ def test_a_sleeping_server_is_not_woken(server, model) -> None:
     assert _chat(url, "tiny") in ("length", "stop")  # a request wakes it
     series, detail = _sample(url)
     assert not detail.get("sleeping") and series["kv_allocated_bytes"] == _logged_mib(log.read_text())[-1] * MIB
+
+
+@pytest.mark.django_db
+def test_staff_load_and_unload_a_routers_models_from_the_rig_page(server, tmp_path) -> None:
+    """The rig's model page (inference/board/model_admin.py) on a router: Load and Unload over its JSON API, as the
+    page's buttons send them, and the overview shows which installed model can be loaded."""
+    import json
+
+    from django.test import Client
+
+    from inference.models import Rig as RigRow
+    from tests.adminkit import make_user
+
+    models = tmp_path / "models"
+    models.mkdir()
+    tiny_gguf.write_gguf(models / "alpha.gguf", *tiny_gguf.llama_gqa(layers=2, kv_heads=1))
+    tiny_gguf.write_gguf(models / "beta.gguf", *tiny_gguf.llama_gqa(layers=2, kv_heads=2))
+    url, _log = server("--models-dir", str(models), "-c", "512")
+    rig = RigRow.objects.create(name="router", kind=RigRow.Kind.LLAMACPP, base_url=url, queue="rig.router")
+    client = Client()
+    client.force_login(make_user("boss", is_staff=True))
+    api = f"/api/rigs/{rig.pk}/models"
+    state = client.get(f"{api}/state").json()
+    assert state["capabilities"]["load"] and state["loaded_names"] == []
+    response = client.post(f"{api}/load", json.dumps({"model": "alpha"}), content_type="application/json")
+    assert response.status_code == 200, response.content
+    assert client.get(f"{api}/state").json()["loaded_names"] == ["alpha"]
+    response = client.post(f"{api}/unload", json.dumps({"model": "alpha"}), content_type="application/json")
+    assert response.status_code == 200, response.content
+    time.sleep(0.5)
+    assert client.get(f"{api}/state").json()["loaded_names"] == []
+    missing = client.post(f"{api}/load", json.dumps({"model": "nope"}), content_type="application/json")
+    assert missing.status_code >= 400 and missing.json()["error"]["message"]
+    user = Client()
+    user.force_login(make_user("someone"))
+    assert user.post(f"{api}/load", json.dumps({"model": "beta"}), content_type="application/json").status_code == 404

@@ -466,3 +466,15 @@ async def test_the_worker_wakes_the_sampler_once_its_turn_has_a_first_token(cele
     await sync_to_async(wait_until)(
         lambda: Turn.objects.get(pk=turn.pk).status not in Turn.ACTIVE, timeout_s=60, what="the turn's end"
     )
+
+
+@pytest.mark.llama
+@pytest.mark.django_db
+def test_a_sample_keeps_the_models_the_server_holds_for_placement(rig, model_name):
+    """The real llama-server holds its one model: the sampler keeps that name where placement reads it."""
+    from inference.live import served
+
+    served.loaded_store(rig.pk, None)
+    asyncio.run(_take(rig, ticks=1, pause_s=0))
+    loaded = served.loaded_get_many([rig.pk])[rig.pk]
+    assert loaded is not None and model_name in loaded

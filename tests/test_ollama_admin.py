@@ -86,7 +86,7 @@ def test_admin_page_lists_installed_and_loaded_models(admin_user, ollama_rig, ol
     assert MODEL in html and 'data-testid="pull-form"' in html and "Nothing is loaded." in html
     state = client.get(f"/api/rigs/{ollama_rig.pk}/models/state").json()
     assert [m["name"] for m in state["models"]] == [MODEL]
-    assert state["capabilities"] == {"pull": True, "delete": True, "unload": True, "loaded": True}
+    assert state["capabilities"] == {"pull": True, "delete": True, "load": False, "unload": True, "loaded": True}
     assert state["errors"] == []
 
 

@@ -21,7 +21,7 @@ from asgiref.sync import sync_to_async
 
 from inference.models import Rig, Turn
 from inference.turns import sessions
-from rigdash.launcher import ROOT, Stack, worker_command
+from rigdash.launcher import ROOT, Stack, free_port, wait_http, worker_command
 from tests.conftest import LOG_DIR, session_cookie_for
 from tests.ollama_replay import OllamaReplay, smollm2
 from tests.wsclient import ChatSocket
@@ -51,6 +51,10 @@ def impatient_worker(service_env: dict[str, str]) -> Iterator[str]:
 
 async def _turn(owner, rig: Rig) -> tuple[list[dict], dict]:
     session = await sync_to_async(sessions.session_create)(owner=owner, rig=rig, model_name="smollm2:135m")
+    return await _turn_on(owner, session)
+
+
+async def _turn_on(owner, session) -> tuple[list[dict], dict]:
     sock = ChatSocket(session.pk, await sync_to_async(session_cookie_for)(owner))
     assert (await sock.connect())[0]
     await sock.recv()
@@ -109,3 +113,39 @@ def test_the_stats_line_reads_the_same_on_every_backend():
     assert "model loaded in 2500 ms · TTFT 100 ms after the load" in out[1]
     assert "prompt 900 tok in 50 ms · prefill ≤ 18000 tok/s" in out[1]
     assert out[2].startswith("loading the model")
+
+
+@pytest.mark.llama
+@pytest.mark.django_db(transaction=True)
+async def test_a_routers_model_loaded_on_demand_shows_loading_and_its_load_apart(impatient_worker, owner, tmp_path):
+    """The real llama-server in router mode (--models-dir) loads SmolLM2 for the first chat on it: the page shows
+    "loading", the worker waits past its 1 s first-token timeout, and the stats hold the load apart from the time to
+    first token (llama-server does not time its loads: RigDash's TTFT less the server's prompt time)."""
+    models = tmp_path / "models"
+    models.mkdir()
+    (models / "smol.gguf").symlink_to(os.environ["LLAMA_MODEL_PATH"])
+    port = free_port()
+    processes = Stack()
+    processes.start(
+        "llama-router",
+        [os.environ["LLAMA_SERVER_BIN"], "--host", "127.0.0.1", "--port", str(port), "--models-dir", str(models),
+         "-c", "1024", "-t", "1", "--no-webui"],
+        log_path=LOG_DIR / "llama-router.log",
+    )  # fmt: skip
+    try:
+        await sync_to_async(wait_http)(f"http://127.0.0.1:{port}/health", timeout_s=60)
+        rig = await Rig.objects.acreate(
+            name="router-load", kind=Rig.Kind.LLAMACPP, base_url=f"http://127.0.0.1:{port}", queue=QUEUE
+        )
+        session = await sync_to_async(sessions.session_create)(owner=owner, rig=rig, model_name="smol")
+        frames, turn = await _turn_on(owner, session)
+        assert turn["status"] == Turn.Status.DONE, turn
+        assert "loading" in [f["status"] for f in frames if f["type"] == "turn.state"]
+        stats = turn["stats"]
+        assert stats["load_timed_by"] == "RigDash" and stats["load_ms"] > 0
+        assert stats["ttft_after_load_ms"] == pytest.approx(stats["ttft_ms"] - stats["load_ms"], abs=0.02)
+        frames, turn = await _turn_on(owner, session)  # loaded now: no loading, no load in the stats
+        assert "loading" not in [f["status"] for f in frames if f["type"] == "turn.state"]
+        assert "load_ms" not in turn["stats"]
+    finally:
+        processes.stop()

@@ -96,6 +96,26 @@ def test_placed_turns_go_to_the_rig_with_a_free_slot_and_the_chat_follows(sent: 
 
 
 @pytest.mark.django_db(transaction=True)
+def test_a_rig_holding_the_model_in_memory_comes_first_then_one_that_cannot_say(sent: list[Any]) -> None:
+    """What the sampler keeps of each rig's loaded models (inference/live/served.py): a rig that would have to load
+    the model first loses to one that holds it, even with more free slots; a rig whose server cannot say (an
+    OpenAI-compatible one, or no sampler) ranks between the two."""
+    from inference.live import served
+
+    cold, warm, unknown = _rig("cold", slots=4), _rig("warm", slots=1), _rig("unknown", slots=4)
+    served.loaded_store(cold.pk, ["another-model"])
+    served.loaded_store(warm.pk, [MODEL])
+    served.loaded_store(unknown.pk, None)
+    assert placement.choose([cold, warm, unknown], model=MODEL) == warm
+    assert placement.choose([cold, unknown], model=MODEL) == unknown
+    assert placement.choose([cold, warm, unknown]) == cold  # no model named: slots decide, as before
+    turn = submit.turn_submit(session=_placed_chat(make_user("warm-user")), text="hi")
+    assert Turn.objects.get(pk=turn.pk).rig_id == warm.pk
+    for rig in (cold, warm, unknown):
+        served.loaded_store(rig.pk, None)
+
+
+@pytest.mark.django_db(transaction=True)
 def test_a_submit_prefers_the_rig_with_more_free_slots_then_the_shorter_queue(sent: list[Any]) -> None:
     small, big = _rig("small", slots=1), _rig("big", slots=3)
     user = make_user("chooser")

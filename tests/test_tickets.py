@@ -159,6 +159,10 @@ def test_a_ticket_that_is_not_one_is_ignored():
         context_limit=None,
     ).as_message()
     assert ticket_from_message(good) is not None
+    call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+    api = [{"role": "assistant", "content": None, "tool_calls": [call]}, {"role": "tool", "tool_call_id": "c1",
+           "content": "12"}, {"role": "user", "content": [{"type": "text", "text": "x"}]}]  # fmt: skip
+    assert ticket_from_message({**good, "messages": api}) is not None  # an API client's messages
     bad = [
         None,
         "ticket",
@@ -170,7 +174,7 @@ def test_a_ticket_that_is_not_one_is_ignored():
         {**good, "messages": []},
         {**good, "messages": [{"role": "user"}]},
         {**good, "messages": [{"role": "user", "content": 3}]},
-        {**good, "messages": [{"role": "user", "content": "x", "extra": "y"}]},
+        {**good, "messages": [{"role": "assistant", "content": None}]},
         {**good, "context_limit": "900"},
         {**good, "unknown": 1},
         {k: v for k, v in good.items() if k != "model"},

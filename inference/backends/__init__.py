@@ -36,7 +36,7 @@ def backend_for(rig: Rig, *, timeout_s: float = 10.0) -> Backend:
         cls = BACKENDS[rig.kind]
     except KeyError:
         raise BackendError(f"RigDash has no backend for rig kind {rig.kind!r} yet") from None
-    return cls(rig.base_url, timeout_s=timeout_s)
+    return cls(rig.base_url, timeout_s=timeout_s, api_key=rig.api_key)
 
 
 def monitor_for(context: MonitorContext) -> BackendMonitor:

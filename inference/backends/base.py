@@ -7,7 +7,7 @@ A backend lists its models, reports its health and streams one chat completion. 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, NamedTuple
 
@@ -81,6 +81,29 @@ class BackendNotSupported(BackendError):
     code = "not_supported"
 
 
+class BackendRefused(BackendError):
+    """The server refused the request as asked (a 4xx other than an unknown model: a field it does not take, a
+    malformed tool, a prompt over its context). ``status`` and ``words`` are the server's own: an API client gets
+    them back as they were said, since the request was its own."""
+
+    code = "backend_refused"
+
+    def __init__(self, server: str, status: int, words: str) -> None:
+        super().__init__(f"{server} answered {status}: {words}")
+        self.status = status
+        self.words = words
+
+
+def refusal_or(error: BackendError, server: str, status: int | None, words: str) -> BackendError:
+    """``error`` (classed by its words), or a BackendRefused where nothing known was said and the status is 4xx
+    (not 404: an unknown model) or 501 (a feature the server or its model does not have)."""
+    if status is None or type(error) not in (BackendError, BackendUnavailable):
+        return error
+    if (400 <= status < 500 and status != 404) or status == 501:  # 501: not implemented
+        return BackendRefused(server, status, words)
+    return error
+
+
 class BackendProtocolError(BackendError):
     """The server answered something this plug-in cannot parse."""
 
@@ -112,7 +135,9 @@ PLAIN_REASONS = {
 
 # Kinds whose message RigDash wrote for the user from the server's words about memory or loading (no URL, no path):
 # shown whole, since what to do next depends on them (inference/backends/failures.py).
-USER_FACING = frozenset({"out_of_memory", "model_loading", "context_overflow", "thinking_not_supported"})
+USER_FACING = frozenset(
+    {"out_of_memory", "model_loading", "context_overflow", "thinking_not_supported", "backend_refused"}
+)
 
 
 def user_message(rig_name: str, exc: BackendError) -> str:
@@ -146,7 +171,8 @@ THINK_LEVELS = ("low", "medium", "high")
 @dataclass(frozen=True)
 class ChatRequest:
     model: str
-    messages: list[dict[str, str]]
+    # OpenAI's messages: text content, or content parts, an assistant's ``tool_calls``, a tool's ``tool_call_id``.
+    messages: list[dict[str, Any]]
     max_tokens: int
     temperature: float | None = None
     top_p: float | None = None
@@ -162,6 +188,13 @@ class ChatRequest:
     # or leave it to the server (None). Ollama's ``think`` takes either (api/types.go ThinkValue); llama-server
     # takes the level as ``reasoning_effort``.
     think: bool | str | None = None
+    # An API client's other fields (``tools``, ``response_format``, ``logprobs``, samplers RigDash has no name for),
+    # passed to the server unchanged: an OpenAI-speaking backend merges them into its body under its own keys
+    # (``stream``, ``timings_per_token``); another maps what it can and refuses the rest (BackendNotSupported).
+    extra: Mapping[str, Any] = field(default_factory=dict)
+    # A raw completion (OpenAI's ``/v1/completions``): the prompt as the client wrote it, no chat template; None for
+    # a chat. ``messages`` then holds it as one user message, for estimates.
+    prompt: str | None = None
 
 
 class LayerKV(NamedTuple):
@@ -273,6 +306,16 @@ class StreamChunk:
     stats: BackendStats | None = None
     context_tokens: int | None = None  # tokens in the sequence's context now, when the backend says
     thinking: str = ""
+    # OpenAI's ``delta.tool_calls`` as the server streamed them (index, id, function name and argument pieces):
+    # passed on to an API client unchanged, and merged into the turn's tool calls at its end.
+    tool_calls: list[dict[str, Any]] | None = None
+    # OpenAI's ``choices[0].logprobs`` of this chunk, when the request asked for them.
+    logprobs: dict[str, Any] | None = None
+
+    @property
+    def carries(self) -> bool:
+        """Whether the chunk holds anything for the client (text, thoughts, tool calls or logprobs)."""
+        return bool(self.text or self.thinking or self.tool_calls or self.logprobs)
 
 
 @dataclass(frozen=True)
@@ -312,9 +355,12 @@ class Backend(ABC):
     # on a task of its own, and the worker calls the gate after whatever that task read together.
     calls_read_gate: ClassVar[bool] = False
 
-    def __init__(self, base_url: str, *, timeout_s: float = 10.0) -> None:
+    def __init__(self, base_url: str, *, timeout_s: float = 10.0, api_key: str = "") -> None:
         self.base_url = base_url.rstrip("/")
         self.timeout_s = timeout_s
+        # The rig's backend key (llama-server --api-key, a bearer a proxy in front of Ollama or vLLM checks), sent
+        # on every request to the server: docs/deploy.md, "A key for the backend".
+        self.headers = auth_headers(api_key)
 
     @abstractmethod
     async def health(self) -> Health: ...
@@ -349,6 +395,11 @@ class Backend(ABC):
         """Tokens ``messages`` make as ``model``'s prompt: its chat template applied, then its tokenizer."""
         raise BackendNotSupported(f"{self.kind} cannot count a prompt's tokens")
 
+    async def embeddings(self, body: dict[str, Any]) -> dict[str, Any]:
+        """OpenAI's ``/v1/embeddings`` answer to ``body`` (its ``model`` the server's name for it); BackendRefused
+        where the server does not serve embeddings, with its status and words."""
+        raise BackendNotSupported(f"{self.kind} cannot make embeddings")
+
     async def loaded_models(self) -> list[LoadedModel]:
         raise BackendNotSupported(f"{self.kind} cannot list loaded models")
 
@@ -364,6 +415,11 @@ class Backend(ABC):
     async def delete_model(self, model: str) -> None:
         raise BackendNotSupported(f"{self.kind} cannot delete models")
 
+    async def needs_load(self, model: str) -> bool:
+        """Whether the server must load ``model`` before it can read a prompt for it (a server that loads on demand,
+        ``Capabilities.loads_on_demand``): by default, whether its loaded models leave it out."""
+        return not any(_same_model(entry.name, model) for entry in await self.loaded_models())
+
     async def load_model(self, model: str) -> None:
         """Load a model the server has but does not hold in memory (llama-server's router mode), returning once it
         is loaded."""
@@ -372,3 +428,18 @@ class Backend(ABC):
     async def unload_model(self, model: str) -> None:
         """Free the memory a loaded model holds now (the files stay)."""
         raise BackendNotSupported(f"{self.kind} cannot unload models")
+
+
+def auth_headers(api_key: str) -> dict[str, str]:
+    """The header that carries a rig's backend key: a bearer token, as llama-server's --api-key, vLLM's --api-key and
+    the proxies people put in front of Ollama check it."""
+    return {"Authorization": f"Bearer {api_key}"} if api_key else {}
+
+
+def _same_model(a: str, b: str) -> bool:
+    """Ollama's names: ``smollm2`` is ``smollm2:latest``."""
+
+    def full(name: str) -> str:
+        return name if ":" in name.rsplit("/", 1)[-1] else f"{name}:latest"
+
+    return full(a) == full(b)

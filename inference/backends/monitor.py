@@ -54,6 +54,11 @@ class BackendMonitor:
     def kv(self, series: dict[str, float], detail: dict[str, Any]) -> None:
         detail["sources"]["kv"] = {"ok": False, "error": "the backend does not report its KV cache"}
 
+    def loaded_models(self, detail: dict[str, Any]) -> list[str] | None:
+        """The models the server holds in memory now, from this sample's ``detail``; None where it cannot say (the
+        OpenAI API has no such list). Placement prefers rigs where a turn's model is loaded."""
+        return None
+
     def placement(self, detail: dict[str, Any]) -> dict[str, Any] | None:
         """Where the backend itself says the weights are (Ollama's /api/ps), or None: the sampler's process rule."""
         return None

@@ -18,7 +18,7 @@ import asyncio
 import contextlib
 import json
 import ssl
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, cast
 from urllib.parse import urlsplit
@@ -270,6 +270,7 @@ async def post_json_stream(
     tls: ssl.SSLContext | None = None,
     accept: str = "text/event-stream",
     on_sent: Callable[[], None] | None = None,
+    headers: Mapping[str, str] | None = None,
 ) -> SSEResponse:
     """POST ``payload`` as JSON to ``base_url + path`` and return once the response head has arrived.
 
@@ -279,21 +280,37 @@ async def post_json_stream(
     """
     body = json.dumps(payload, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
     return await _open(
-        "POST", base_url, path, body, accept=accept, connect_timeout_s=connect_timeout_s, tls=tls, on_sent=on_sent
-    )
+        "POST", base_url, path, body, accept=accept, connect_timeout_s=connect_timeout_s, tls=tls, on_sent=on_sent,
+        headers=headers,
+    )  # fmt: skip
 
 
 async def get(
-    base_url: str, path: str, *, timeout_s: float, tls: ssl.SSLContext | None = None, limit: int = MAX_GET_BODY_BYTES
+    base_url: str,
+    path: str,
+    *,
+    timeout_s: float,
+    tls: ssl.SSLContext | None = None,
+    limit: int = MAX_GET_BODY_BYTES,
+    headers: Mapping[str, str] | None = None,
 ) -> tuple[int, bytes]:
     """GET ``base_url + path``: the status and the whole body, all within ``timeout_s``. Raises OSError,
     TimeoutError, or ProtocolError (also for a body over ``limit`` bytes, rather than a cut one)."""
     async with asyncio.timeout(timeout_s):
-        response = await _open("GET", base_url, path, None, accept="*/*", connect_timeout_s=timeout_s, tls=tls)
+        response = await _open(
+            "GET", base_url, path, None, accept="*/*", connect_timeout_s=timeout_s, tls=tls, headers=headers
+        )
         try:
             return response.status, await response.read_body(limit, strict=True)
         finally:
             await response.aclose()
+
+
+def _header_value(value: str) -> str:
+    """A header value as written on the wire: a line break in it would end the header (and start another)."""
+    if "\r" in value or "\n" in value:
+        raise ProtocolError("a header value with a line break")
+    return value
 
 
 async def _open(
@@ -306,6 +323,7 @@ async def _open(
     connect_timeout_s: float,
     tls: ssl.SSLContext | None,
     on_sent: Callable[[], None] | None = None,
+    headers: Mapping[str, str] | None = None,
 ) -> SSEResponse:
     url = urlsplit(base_url)
     if url.scheme not in ("http", "https") or not url.hostname:
@@ -318,8 +336,9 @@ async def _open(
         host_header = f"[{url.hostname}]:{url.port}"
     target = (url.path.rstrip("/") + path) or "/"
     content = "" if body is None else f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n"
+    extra = "".join(f"{name}: {_header_value(value)}\r\n" for name, value in (headers or {}).items())
     request = (
-        f"{method} {target} HTTP/1.1\r\nHost: {host_header}\r\n{content}"
+        f"{method} {target} HTTP/1.1\r\nHost: {host_header}\r\n{content}{extra}"
         f"Accept: {accept}\r\nConnection: close\r\nUser-Agent: rigdash\r\n\r\n"
     ).encode("latin-1") + (body or b"")
 

@@ -6,6 +6,7 @@ found by that digest, so the database never holds a usable key.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import re
 import secrets
@@ -14,13 +15,14 @@ from datetime import datetime, timedelta
 
 from django.contrib.auth.models import AbstractBaseUser, AnonymousUser, User
 from django.db import transaction
-from django.db.models import QuerySet
+from django.db.models import Count, QuerySet, Sum
 from django.utils import timezone
 
 from inference.audit import audit_record
 from inference.db import lock_rows
 from inference.errors import InvalidInput, NotFound
-from inference.models import ApiKey
+from inference.models import ApiKey, Turn
+from inference.turns.lifecycle import turn_cancel
 from rigdash.access import may_act_on, staff_now
 
 KEY_PREFIX = "rdk_"
@@ -41,8 +43,12 @@ class NewKey:
     secret: str  # the whole key: shown to its owner once, never stored
 
 
-def api_key_create(*, owner: AbstractBaseUser, name: str, expires_in_days: int | None = None) -> NewKey:
-    """A new key for ``owner``; the secret is in the result and nowhere else."""
+def api_key_create(*, owner: AbstractBaseUser, name: str, expires_in_days: int | None = None,
+                   storage: str = ApiKey.Storage.CHATS) -> NewKey:  # fmt: skip
+    """A new key for ``owner``; the secret is in the result and nowhere else. ``storage``: whether its requests are
+    kept as chats in the chat list, or nothing of their texts is kept once answered (``ApiKey.Storage``)."""
+    if storage not in ApiKey.Storage.values:
+        raise InvalidInput("invalid_storage", "Choose whether the key's requests are kept as chats or not stored.")
     name = (name or "").strip()
     if not name or len(name) > 100:
         raise InvalidInput("invalid_name", "Name the key (1-100 characters), e.g. the tool that will use it.")
@@ -60,6 +66,7 @@ def api_key_create(*, owner: AbstractBaseUser, name: str, expires_in_days: int |
             prefix=secret[:SHOWN_CHARS],
             key_sha256=key_digest(secret),
             expires_at=now + timedelta(days=expires_in_days) if expires_in_days else None,
+            storage=storage,
         )
     return NewKey(key=key, secret=secret)
 
@@ -91,7 +98,55 @@ def api_key_revoke(*, key_id: int, actor: AbstractBaseUser | AnonymousUser) -> A
         if key.owner_id != actor.pk:
             detail = {"owner": key.owner.get_username(), "name": key.name, "prefix": key.prefix}
             audit_record(actor=actor, action="apikey.revoke", target=f"apikey:{key.pk}", detail=detail)
+        _key_turns_cancel(key)
     return key
+
+
+USAGE_DAYS = 30
+
+
+@dataclass(frozen=True)
+class KeyUsage:
+    turns: int
+    prompt_tokens: int
+    output_tokens: int
+
+
+def api_key_usage(keys: list[ApiKey], *, days: int = USAGE_DAYS) -> dict[int, KeyUsage]:
+    """Each key's requests over the last ``days``: turns and tokens (one grouped query; a key with none is left out)."""
+    since = timezone.now() - timedelta(days=days)
+    rows = (
+        Turn.objects.filter(session__api_key__in=[key.pk for key in keys], created_at__gte=since)
+        .values("session__api_key")
+        .annotate(turns=Count("id"), prompt=Sum("prompt_tokens"), output=Sum("output_tokens"))
+        .order_by()
+    )
+    return {row["session__api_key"]: KeyUsage(row["turns"], row["prompt"] or 0, row["output"] or 0) for row in rows}
+
+
+def api_keys_expired_cancel(*, now: datetime | None = None) -> list[int]:
+    """The periodic pass (the beat's ``inference.api_keys_expire``): each key past its expiry, once, has its waiting
+    and running requests cancelled, as revoking does (a request already refused at the key check never started).
+    Returns the keys it applied expiry to. Two passes at once apply each key once (the conditional update)."""
+    now = now or timezone.now()
+    due = ApiKey.objects.filter(expires_at__isnull=False, expires_at__lte=now, expiry_applied_at__isnull=True)
+    applied = []
+    for key in due.order_by("expires_at")[:EXPIRY_BATCH]:
+        if ApiKey.objects.filter(pk=key.pk, expiry_applied_at__isnull=True).update(expiry_applied_at=now):
+            _key_turns_cancel(key)
+            applied.append(key.pk)
+    return applied
+
+
+EXPIRY_BATCH = 500  # keys per pass: the next pass takes the rest
+
+
+def _key_turns_cancel(key: ApiKey) -> None:
+    """A revoked or expired key's requests waiting or running end as cancelled (their clients' streams end with
+    them)."""
+    for turn in Turn.objects.filter(session__api_key=key, status__in=Turn.ACTIVE).select_related("session"):
+        with contextlib.suppress(InvalidInput):  # it ended meanwhile
+            turn_cancel(turn=turn)
 
 
 def _active(keys: QuerySet[ApiKey], now: datetime) -> QuerySet[ApiKey]:

@@ -1,9 +1,9 @@
-"""Model management on a rig, for staff only: what is installed and loaded, pull, delete, unload.
+"""Model management on a rig, for staff only: what is installed and loaded, pull, delete, load, unload.
 
-Each admin action is one function (``model_pull``, ``model_delete``, ``model_unload``), so an audit
+Each admin action is one function (``model_pull``, ``model_delete``, ``model_load``, ``model_unload``), so an audit
 record is one line in each. Views and the consumer check staff rights with ``rig_get_for_admin``
 before calling anything here. A pull runs as a Celery task on the rig's queue and reports its progress
-through ``events`` (group ``rig.<id>.models``); delete and unload are quick calls made in the request.
+through ``events`` (group ``rig.<id>.models``); delete, load and unload are calls made in the request.
 """
 
 from __future__ import annotations
@@ -37,7 +37,10 @@ MODEL_NAME_RE = re.compile(rf"^{_PART}(?:/{_PART}){{0,2}}(?::[A-Za-z0-9_][A-Za-z
 MODEL_NAME_MAX = 200
 PROGRESS_INTERVAL_S = 0.25  # at most ~4 progress events a second per pull, plus one per status change
 MODEL_PULL_TASK = "inference.model_pull"  # inference/tasks.py, looked up by name: entry points sit above
-ACTIONS = {"pull": "pull_model", "delete": "delete_model", "unload": "unload_model", "loaded": "loaded_models"}
+ACTIONS = {
+    "pull": "pull_model", "delete": "delete_model", "load": "load_model", "unload": "unload_model",
+    "loaded": "loaded_models",
+}  # fmt: skip
 
 
 def rig_get_for_admin(user: AbstractBaseUser | AnonymousUser, rig_id: Any) -> Rig:
@@ -107,6 +110,7 @@ def models_overview(rig: Rig) -> dict[str, Any]:
             }
             for m in loaded
         ],
+        "loaded_names": [] if isinstance(loaded, BaseException) else [m.name for m in loaded],
         "errors": errors,
     }
 
@@ -147,6 +151,16 @@ def model_delete(*, actor: AbstractBaseUser | AnonymousUser, rig: Rig, model: An
     served.served_forget(rig.pk)
     audit_record(actor=actor, action="model.delete", target=f"rig:{rig.pk}", detail={"model": name})
     events.models_changed_sync(rig_id=rig.pk, action="deleted", model=name)
+    return name
+
+
+def model_load(*, actor: AbstractBaseUser | AnonymousUser, rig: Rig, model: Any) -> str:
+    """Load a model into memory now (llama-server's router mode), so that the next chat on it does not wait."""
+    name = model_name_validate(model)
+    _require(rig, "load")
+    asyncio.run(backend_for(rig).load_model(name))
+    audit_record(actor=actor, action="model.load", target=f"rig:{rig.pk}", detail={"model": name})
+    events.models_changed_sync(rig_id=rig.pk, action="loaded", model=name)
     return name
 
 

@@ -17,8 +17,10 @@ from inference.board.actions import require_staff
 from inference.errors import InvalidInput
 from inference.models import ChatSession, Rig, Turn
 
-FIELDS = ("name", "kind", "base_url", "slots", "is_default", "enabled")
-SUPERUSER_FIELDS = ("kind", "base_url")  # where the rig's chats go: a superuser's to set or change
+FIELDS = ("name", "kind", "base_url", "slots", "is_default", "enabled", "api_key")
+# Where the rig's chats go, and the key that lets RigDash in there: a superuser's to set or change.
+SUPERUSER_FIELDS = ("kind", "base_url", "api_key")
+SECRET_FIELDS = ("api_key",)  # audited as set or cleared, never by value
 
 
 def rig_save(*, actor: AbstractBaseUser | AnonymousUser, rig: Rig) -> Rig:
@@ -38,6 +40,9 @@ def rig_save(*, actor: AbstractBaseUser | AnonymousUser, rig: Rig) -> Rig:
         rig.save()
         after = {name: getattr(rig, name) for name in FIELDS}
         changed = after if before is None else {k: v for k, v in after.items() if before.get(k) != v}
+        for name in SECRET_FIELDS:
+            if name in changed:
+                changed[name] = "set" if changed[name] else "cleared"
         audit_record(
             actor=admin,
             action="rig.create" if before is None else "rig.update",

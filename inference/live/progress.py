@@ -111,7 +111,7 @@ def progress_commands(progress: dict[str, Any]) -> list[tuple[Any, ...]] | None:
     return [stored, ("PUBLISH", *publication)]
 
 
-async def progress_start(turn: Turn, messages: list[dict[str, str]], redis: aioredis.Redis) -> ProgressReporter:
+async def progress_start(turn: Turn, messages: list[dict[str, Any]], redis: aioredis.Redis) -> ProgressReporter:
     """A reporter for a turn that starts now, with its slot's context and an estimate of its prompt."""
     reporter = ProgressReporter(
         turn_id=turn.pk,

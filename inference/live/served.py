@@ -64,3 +64,37 @@ def served_forget(rig_id: int) -> None:
         sync_client().delete(served_key(rig_id))
     except RedisError as exc:
         log.warning("rig %s: could not drop its kept model list: %s", rig_id, exc)
+
+
+def loaded_key(rig_id: int) -> str:
+    return f"rigdash:rig:{rig_id}:loaded"
+
+
+def loaded_store(rig_id: int, names: Sequence[str] | None) -> None:
+    """The models the rig's server holds in memory now (the sampler's, every sample); None: it cannot say."""
+    try:
+        if names is None:
+            sync_client().delete(loaded_key(rig_id))
+        else:
+            sync_client().set(loaded_key(rig_id), json.dumps(sorted(names)), ex=TTL_S)
+    except RedisError as exc:
+        log.warning("rig %s: could not keep its loaded models: %s", rig_id, exc)
+
+
+def loaded_get_many(rig_ids: Sequence[int]) -> dict[int, set[str] | None]:
+    """Each rig's loaded models (one round trip), or None where unknown (no sampler, a server that cannot say)."""
+    if not rig_ids:
+        return {}
+    try:
+        raws = sync_client().mget([loaded_key(rig_id) for rig_id in rig_ids])
+    except RedisError as exc:
+        log.warning("could not read the rigs' loaded models: %s", exc)
+        return dict.fromkeys(rig_ids)
+    out: dict[int, set[str] | None] = {}
+    for rig_id, raw in zip(rig_ids, raws, strict=True):  # type: ignore[arg-type]
+        try:
+            names = json.loads(raw) if raw else None
+            out[rig_id] = {str(name) for name in names} if isinstance(names, list) else None
+        except ValueError:
+            out[rig_id] = None
+    return out

@@ -29,7 +29,7 @@ from inference.db import lock_rows
 from inference.errors import QuotaExceeded
 from inference.models import ChatSession, Quota, Turn
 from inference.queue.ratelimits import RateLimits, rate_merge
-from inference.tokens import estimate_prompt_tokens, estimate_tokens
+from inference.tokens import estimate_json_tokens, estimate_prompt_tokens, estimate_tokens
 
 LIMIT_NAMES = {
     "max_concurrent_turns": "concurrent replies",
@@ -148,13 +148,19 @@ def truncating_window(session: ChatSession, turns: list[Turn], num_ctx: int | No
 
 
 def session_prompt_estimate(
-    session: ChatSession, new_text: str, *, num_ctx: int | None = None, system: str = "", prefill: str = ""
+    session: ChatSession,
+    new_text: str,
+    *,
+    num_ctx: int | None = None,
+    system: str = "",
+    prefill: str = "",
+    new_message: Mapping[str, Any] | None = None,
 ) -> int:
     """The next prompt's size, all the backend will read: the last measured prompt plus what was said since, or an
     estimate of it all with the system prompt (``system``: the chat's setting), and the reply's start (``prefill``)
-    either way. On an Ollama rig with a known window, no more than the window: Ollama drops the oldest messages to
-    fit it (server/prompt.go chatPrompt), so that is all the model reads. (The OpenAI-compatible API refuses
-    ``tools``, so there are no tool definitions to count.)"""
+    either way; ``new_message``: an API request's last message when it is more than a user's text. On an Ollama rig
+    with a known window, no more than the window: Ollama drops the oldest messages to fit it (server/prompt.go
+    chatPrompt), so that is all the model reads."""
     turns = list(session.turns.order_by("created_at", "id"))
     window = truncating_window(session, turns, num_ctx)
     measured = [i for i, t in enumerate(turns) if t.prompt_tokens is not None]
@@ -163,7 +169,7 @@ def session_prompt_estimate(
         last = turns[measured[-1]]
         base = (last.prompt_tokens or 0) + (last.output_tokens or estimate_tokens(last.reply_text))
         rest = turns[measured[-1] + 1 :]
-    said = [m for t in rest for m in t.as_history_messages()] + [{"role": "user", "content": new_text}]
+    said = [m for t in rest for m in t.as_history_messages()] + [new_message or {"role": "user", "content": new_text}]
     # A measured prompt already held the system prompt; the prefill is this turn's own, so it counts every time.
     first = [{"role": "system", "content": system}] if system else []
     messages = [*first, *session.context_messages, *said] if not measured else said
@@ -220,7 +226,11 @@ def quota_check_submit(
             "max_tokens_per_reply", f"max_tokens {params['max_tokens']} is over your limit of {per_reply} per reply."
         )
     system, prefill = params.get("system") or "", params.get("prefill") or ""
-    estimate = session_prompt_estimate(session, text, num_ctx=params.get("num_ctx"), system=system, prefill=prefill)
+    estimate = session_prompt_estimate(
+        session, text, num_ctx=params.get("num_ctx"), system=system, prefill=prefill, new_message=params.get("message")
+    )
+    # An API request's tools are part of its prompt (the chat template writes them out).
+    estimate += estimate_json_tokens((params.get("passthrough") or {}).get("tools"))
     context = limits.max_context_tokens
     if context is not None and system and estimate_tokens(system) > context:
         raise QuotaExceeded(

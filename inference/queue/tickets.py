@@ -32,7 +32,7 @@ class StartTicket:
     turn_id: int
     rig_id: int
     model: str
-    messages: list[dict[str, str]]  # the conversation up to and including the turn's user message
+    messages: list[dict[str, Any]]  # the conversation up to and including the turn's user message
     params: dict[str, Any]  # the turn's validated parameters (temperature, top_p, seed, max_tokens)
     max_tokens: int  # the reply's token cap, reserved on the turn by its claim
     context_limit: int | None  # the owner's context limit, checked against the backend's prompt count
@@ -70,11 +70,12 @@ def _is_int(value: Any) -> bool:
 
 
 def _is_message(message: Any) -> bool:
-    return (
-        isinstance(message, Mapping)
-        and set(message) == {"role", "content"}
-        and all(isinstance(v, str) for v in message.values())
-    )
+    """A chat message: a role and text, or an API client's message (content parts; an assistant's tool calls with
+    no content; a tool's ``tool_call_id``)."""
+    if not isinstance(message, Mapping) or not isinstance(message.get("role"), str):
+        return False
+    content = message.get("content")
+    return isinstance(content, str | list) or (content is None and bool(message.get("tool_calls")))
 
 
 def ticket_agrees(ticket: StartTicket, turn: Turn) -> bool:
@@ -84,7 +85,7 @@ def ticket_agrees(ticket: StartTicket, turn: Turn) -> bool:
         turn.pk == ticket.turn_id
         and turn.session.rig_id == ticket.rig_id
         and turn.session.model_name == ticket.model
-        and ticket.messages[-1] == {"role": "user", "content": turn.user_text}
+        and ticket.messages[-1] == turn.prompt_message()
         and (turn.params or {}) == ticket.params
     )
 

@@ -3,24 +3,82 @@ request's earlier messages), then the chat's own submit, so quotas, the fair que
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
 
 from django.db import transaction
+from django.db.models import Q
+from django.utils import timezone
 
+from inference.live import state as live
 from inference.models import ApiKey, ChatSession, Rig, Turn
 from inference.turns.submit import turn_submit
 
 TITLE_CHARS = 60
+FORGOTTEN_TITLE = "(not stored)"
+# What a key that stores nothing keeps of a request's params: how it was run, not what it said.
+SECRET_PARAMS = ("message", "passthrough")
+SECRET_STATS = ("tool_calls", "logprobs")  # the reply's calls and tokens are the reply
+FORGET_BATCH = 500
 
 
-def api_turn_submit(*, key: ApiKey, rig: Rig, model: str, history: list[dict[str, str]], text: str,
-                    params: dict[str, Any], placed: bool = False) -> Turn:  # fmt: skip
+def api_turn_submit(*, key: ApiKey, rig: Rig, model: str, history: list[dict[str, Any]], text: str,
+                    params: dict[str, Any], placed: bool = False, client: str = "") -> Turn:  # fmt: skip
     """Store the request's session and turn and dispatch it; InvalidInput (QuotaExceeded...) stores nothing.
-    ``placed``: the request named the model, not a rig: it runs on any enabled rig serving it."""
+    ``placed``: the request named the model, not a rig: it runs on any enabled rig serving it. ``client``: the
+    request's user agent; the turn keeps it and its key's name for the board (``params["client"]``)."""
+    params = {**params, "client": {"key": key.name[:200], "agent": client[:200]}}
     how = ChatSession.Placement.MODEL if placed else ChatSession.Placement.RIG
+    hidden = key.storage == ApiKey.Storage.NOTHING
+    title = FORGOTTEN_TITLE if hidden else text.strip()[:TITLE_CHARS]
     with transaction.atomic():
         session = ChatSession.objects.create(
             owner_id=key.owner_id, rig=rig, model_name=model, api_key=key, context_messages=history,
-            title=f"API ({key.name}): {text.strip()[:TITLE_CHARS]}", placement=how,
+            title=f"API ({key.name}): {title}", placement=how, hidden=hidden,
         )  # fmt: skip
         return turn_submit(session=session, text=text, params=params, new_session=True)
+
+
+def api_turn_texts_forget(turn_id: int) -> bool:
+    """Wipe the texts of an ended turn of a key that stores nothing, once its view has the reply it answers with:
+    the request's messages (the session's ``context_messages``, the turn's ``user_text`` and last message), the
+    passed fields (a completion's ``suffix``, a schema, the tools), the reply, its thoughts, tool calls and logprobs,
+    and its live text in Redis. Kept: the rows, status, token counts, timings and stats, the key and the client (the
+    board, usage and quotas still count it). A turn still waiting or running is left to ``api_texts_forget_ended``.
+    True when it wiped the turn."""
+    return bool(_forget(Turn.objects.filter(pk=turn_id)))
+
+
+def api_texts_forget_ended(*, older_than_s: float) -> list[int]:
+    """The periodic pass: the turns of keys that store nothing, ended at least ``older_than_s`` ago, whose texts
+    their view did not wipe (its client went away before the end, or the web server stopped). The wait leaves a
+    slow client's stream time to read the ended row."""
+    cutoff = timezone.now() - timedelta(seconds=older_than_s)
+    return _forget(Turn.objects.filter(finished_at__lte=cutoff))
+
+
+def _forget(turns: Any) -> list[int]:
+    kept = ~Q(user_text="") | ~Q(reply_text="") | ~Q(thinking_text="") | Q(params__has_any_keys=list(SECRET_PARAMS))
+    kept |= Q(stats__has_any_keys=list(SECRET_STATS)) | ~Q(session__context_messages=[])
+    with transaction.atomic():
+        found = list(
+            turns.filter(kept, session__hidden=True)
+            .exclude(status__in=Turn.ACTIVE)
+            .select_for_update(of=("self",), skip_locked=True)
+            .only("pk", "session_id", "params", "stats")[:FORGET_BATCH]
+        )
+        for turn in found:
+            turn.params = {k: v for k, v in (turn.params or {}).items() if k not in SECRET_PARAMS}
+            turn.params["forgotten"] = True
+            turn.stats = {k: v for k, v in (turn.stats or {}).items() if k not in SECRET_STATS}
+            turn.user_text = turn.reply_text = turn.thinking_text = ""
+        Turn.objects.bulk_update(found, ["params", "stats", "user_text", "reply_text", "thinking_text"])
+        ChatSession.objects.filter(pk__in={turn.session_id for turn in found}).update(context_messages=[])
+        ids = [turn.pk for turn in found]
+        transaction.on_commit(lambda: _forget_live(ids), robust=True)
+    return ids
+
+
+def _forget_live(turn_ids: list[int]) -> None:
+    if turn_ids:
+        live.sync_client().delete(*[live.live_key(pk) for pk in turn_ids])

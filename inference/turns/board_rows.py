@@ -44,6 +44,7 @@ def board_row(turn: Turn, *, position: int | None, progress: Mapping[str, Any] |
         "user": turn.session.owner.get_username(),
         "user_id": turn.session.owner_id,
         "via_api": turn.session.api_key_id is not None,  # a request of the OpenAI-compatible API
+        "api_client": (turn.params or {}).get("client"),  # its key's name and user agent
         # The rig that runs or ran it; a placed chat's turn that waits for one may go to any rig serving its model.
         "rig": turn.rig.name if turn.rig is not None else "any rig" if placed else turn.session.rig.name,
         "rig_id": turn.rig_id if turn.rig_id is not None or placed else turn.session.rig_id,

@@ -47,7 +47,13 @@ PRESET_NAME_MAX_CHARS = 60
 ALLOWED = (*NUMBER_RULES, "system", "stop", "think")
 # A turn's own: the start of the reply, which the backend continues (continue a reply cut short). llama-server
 # streams it back first, so the turn's reply holds the whole text; Ollama sends only what follows it.
-TURN_ONLY = ("prefill",)
+# An API request's turn also keeps what the client sent beyond RigDash's own fields (``passthrough``: tools,
+# response_format, samplers..., forwarded to the backend unchanged) and its last message when that is more than a
+# user's text (``message``: a tool's result, an assistant's start, content parts; ``Turn.prompt_message``). Both
+# come from the strict JSON parser (rigdash/strictjson.py) and the body's size limit.
+# ``client``: an API request's key name and user agent, for the board. ``raw_prompt``: a raw completion
+# (/v1/completions): the turn's text is the prompt, sent with no chat template.
+TURN_ONLY = ("prefill", "passthrough", "message", "client", "raw_prompt")
 PREFILL_MAX_CHARS = 100_000
 LABELS = {
     "temperature": "temperature",
@@ -122,11 +128,22 @@ def params_validate(raw: Any, *, turn: bool = False) -> dict[str, Any]:
             raise _bad(f"unknown parameter {name!r}; allowed: {sorted(allowed)}")
         if name == "prefill":
             clean[name] = _prefill(value)
+        elif name == "client":
+            if not isinstance(value, dict) or not all(isinstance(v, str) and len(v) <= 200 for v in value.values()):
+                raise _bad("client must be an object of short strings")
+            clean[name] = value
+        elif name in ("passthrough", "message"):
+            if not isinstance(value, dict) or (name == "message" and not isinstance(value.get("role"), str)):
+                raise _bad(f"{name} must be an object" + (" with a role" if name == "message" else ""))
+            clean[name] = value
         elif name == "system":
             clean[name] = _system(value)
         elif name == "think":
             if not isinstance(value, bool) and value not in THINK_LEVELS:
                 raise _bad(f"think must be true, false or an effort level ({', '.join(THINK_LEVELS)})")
+        elif name == "raw_prompt":
+            if not isinstance(value, bool):
+                raise _bad("raw_prompt must be true or false")
             clean[name] = value
         elif name == "stop":
             if value != []:
@@ -160,7 +177,7 @@ def turn_params(*, session: ChatSession, raw: Any) -> dict[str, Any]:
     return {**params_validate(session.settings or {}), **params_validate(raw, turn=True)}
 
 
-def chat_request(model: str, messages: list[dict[str, str]], max_tokens: int, params: Mapping[str, Any]) -> ChatRequest:
+def chat_request(model: str, messages: list[dict[str, Any]], max_tokens: int, params: Mapping[str, Any]) -> ChatRequest:
     """The backend request for a turn: its system prompt first, then the conversation, with its sampling."""
     if params.get("system"):
         messages = [{"role": "system", "content": params["system"]}, *messages]
@@ -179,6 +196,8 @@ def chat_request(model: str, messages: list[dict[str, str]], max_tokens: int, pa
         stop=tuple(params.get("stop") or ()),
         think=params.get("think"),
         num_ctx=params.get("num_ctx"),
+        extra=params.get("passthrough") or {},
+        prompt=messages[-1]["content"] if params.get("raw_prompt") else None,
     )
 
 

@@ -83,5 +83,6 @@ def session_search(user: AbstractBaseUser | AnonymousUser, query: str) -> list[S
             text = reply_text if query.lower() in reply_text.lower() else user_text
             snippets[session_id] = snippet(text, query)
     ids = set(snippets) | set(_title_matches(user.pk, query))
-    sessions = ChatSession.objects.filter(owner_id=user.pk, pk__in=ids).select_related("rig")[:RESULT_LIMIT]
+    sessions = ChatSession.objects.filter(owner_id=user.pk, pk__in=ids, hidden=False).select_related("rig")
+    sessions = sessions[:RESULT_LIMIT]
     return [SearchHit(session=session, snippet=snippets.get(session.pk, "")) for session in sessions]

@@ -25,7 +25,8 @@ def rig_list_enabled() -> QuerySet[Rig]:
 
 
 def session_list_for(user: AbstractBaseUser | AnonymousUser) -> QuerySet[ChatSession]:
-    return ChatSession.objects.filter(owner_id=user.pk).select_related("rig")
+    """The user's chats; not the requests of a key that stores nothing (``ChatSession.hidden``)."""
+    return ChatSession.objects.filter(owner_id=user.pk, hidden=False).select_related("rig")
 
 
 CHAT_PAGE = 100
@@ -151,7 +152,7 @@ def session_history(session: ChatSession) -> list[dict[str, Any]]:
     return [turn_snapshot(turn) for turn in turns]
 
 
-def turns_with_history(turn_ids: Sequence[int]) -> tuple[list[Turn], dict[int, list[dict[str, str]]]]:
+def turns_with_history(turn_ids: Sequence[int]) -> tuple[list[Turn], dict[int, list[dict[str, Any]]]]:
     """The turns (with their sessions and rigs), and each one's conversation up to and including its user
     message, oldest first, by turn id: one query, which reads every turn of their sessions."""
     rows = (
@@ -168,13 +169,13 @@ def turns_with_history(turn_ids: Sequence[int]) -> tuple[list[Turn], dict[int, l
         (row for session_turns in by_session.values() for row in session_turns.values() if row.pk in wanted),
         key=lambda t: t.pk,
     )
-    history: dict[int, list[dict[str, str]]] = {}
+    history: dict[int, list[dict[str, Any]]] = {}
     for turn in turns:
-        messages: list[dict[str, str]] = list(turn.session.context_messages)  # an API request's earlier messages
+        messages: list[dict[str, Any]] = list(turn.session.context_messages)  # an API request's earlier messages
         for previous in by_session[turn.session_id].values():
             if previous.pk != turn.pk and previous.created_at <= turn.created_at:
                 messages.extend(previous.as_history_messages())
-        messages.append({"role": "user", "content": turn.user_text})
+        messages.append(turn.prompt_message())
         history[turn.pk] = messages
     return turns, history
 

@@ -31,7 +31,7 @@ def turn_submit(*, session: ChatSession, text: Any, params: Any = None, new_sess
     caller's whole transaction back, session included): four round trips fewer."""
     with transaction.atomic(savepoint=not new_session):
         busy: set[int]
-        conversations: dict[int, list[dict[str, str]]]
+        conversations: dict[int, list[dict[str, Any]]]
         if new_session:
             busy, conversations = set(), {session.pk: []}
         else:
@@ -116,12 +116,12 @@ def _turns_submit_atomic(requests: Sequence[SubmitRequest], results: list[Submit
         _turns_stored(turns, conversations=conversations, limits=limits)
 
 
-def _sessions_read(session_ids: set[int]) -> tuple[set[int], dict[int, list[dict[str, str]]]]:
+def _sessions_read(session_ids: set[int]) -> tuple[set[int], dict[int, list[dict[str, Any]]]]:
     """The sessions with a turn waiting or running, and each session's conversation so far, in one query. A
     session takes one turn at a time, so a new turn's conversation is what was said before it, and the worker
     would read the same (``turns_with_history``): it goes in the turn's start ticket."""
     busy: set[int] = set()
-    conversations: dict[int, list[dict[str, str]]] = {session_id: [] for session_id in session_ids}
+    conversations: dict[int, list[dict[str, Any]]] = {session_id: [] for session_id in session_ids}
     rows = Turn.objects.filter(session_id__in=session_ids).order_by("created_at", "id")
     for session_id, status, user_text, reply_text in rows.values_list(
         "session_id", "status", "user_text", "reply_text"
@@ -180,7 +180,7 @@ def _turns_insert(turns: list[Turn]) -> None:
 def _turns_stored(
     turns: Sequence[Turn],
     *,
-    conversations: Mapping[int, list[dict[str, str]]] | None = None,
+    conversations: Mapping[int, list[dict[str, Any]]] | None = None,
     limits: Mapping[int, Limits] | None = None,
 ) -> None:
     """Inside the submit's transaction: hand the turns to their rigs' fair queues, in the same commit. After it:
@@ -209,11 +209,12 @@ def _first_rig(turn: Turn) -> Rig | None:
     if turn.session.placement != placement.PLACED:
         return turn.session.rig
     rigs = placement.rigs_serving(turn.session.model_name)
-    return placement.choose(rigs, excluded=[rig.pk for rig in rigs if dispatch.cannot_take_turns(rig)])
+    excluded = [rig.pk for rig in rigs if dispatch.cannot_take_turns(rig)]
+    return placement.choose(rigs, excluded=excluded, model=turn.session.model_name)
 
 
 def _start_tickets(
-    turns: Sequence[Turn], conversations: Mapping[int, list[dict[str, str]]], limits: Mapping[int, Limits]
+    turns: Sequence[Turn], conversations: Mapping[int, list[dict[str, Any]]], limits: Mapping[int, Limits]
 ) -> dict[int, StartTicket]:
     """Start tickets (inference/queue/tickets.py) for turns just stored, where this transaction read their conversation
     and their owner's limits, and the owner has no daily allowance (its reservation needs the owner's row lock
@@ -228,7 +229,7 @@ def _start_tickets(
             turn_id=turn.pk,
             rig_id=turn.session.rig_id,
             model=turn.session.model_name,
-            messages=[*conversations[turn.session_id], {"role": "user", "content": turn.user_text}],
+            messages=[*conversations[turn.session_id], turn.prompt_message()],
             params=turn.params,
             max_tokens=quotas.reply_cap(turn, mine),
             context_limit=mine.max_context_tokens,

@@ -21,8 +21,11 @@ from rigdash.access import is_staff
 def _page(request: HttpRequest, form: ApiKeyForm, *, new_key: apikeys.NewKey | None = None, status: int = 200,
           error: str = "") -> HttpResponse:  # fmt: skip
     now = timezone.now()
-    keys = [(key, key.state(now)) for key in apikeys.api_key_list_for(request.user)]  # type: ignore[arg-type]
-    context: dict[str, Any] = {"form": form, "keys": keys, "new_key": new_key, "error": error}
+    mine = list(apikeys.api_key_list_for(request.user))  # type: ignore[arg-type]
+    usage = apikeys.api_key_usage(mine)
+    keys = [(key, key.state(now), usage.get(key.pk)) for key in mine]
+    context: dict[str, Any] = {"form": form, "keys": keys, "new_key": new_key, "error": error,
+                               "usage_days": apikeys.USAGE_DAYS}  # fmt: skip
     if is_staff(request.user):
         others = apikeys.api_key_list_all().exclude(owner_id=request.user.pk).filter(revoked_at__isnull=True)
         context["all_keys"] = [(key, key.state(now)) for key in others[:500]]
@@ -43,6 +46,7 @@ def api_keys_page(request: HttpRequest) -> HttpResponse:
             owner=request.user,  # type: ignore[arg-type]
             name=form.cleaned_data["name"],
             expires_in_days=form.cleaned_data["expires_in_days"],
+            storage=form.cleaned_data["storage"],
         )
     except InvalidInput as exc:
         return _page(request, form, status=400, error=exc.message)

@@ -92,6 +92,14 @@ def api_rig_models_delete(request: HttpRequest, rig: Rig) -> HttpResponse:
 
 @admin_api
 @require_POST
+def api_rig_models_load(request: HttpRequest, rig: Rig) -> HttpResponse:
+    return JsonResponse(
+        {"loaded": model_admin.model_load(actor=request.user, rig=rig, model=_model_from_body(request))}
+    )
+
+
+@admin_api
+@require_POST
 def api_rig_models_unload(request: HttpRequest, rig: Rig) -> HttpResponse:
     return JsonResponse(
         {"unloaded": model_admin.model_unload(actor=request.user, rig=rig, model=_model_from_body(request))}

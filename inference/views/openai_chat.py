@@ -8,33 +8,51 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import math
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
 from django.utils import timezone
 
+from inference.backends.openai.stream import tool_calls_merged
 from inference.board import apikeys
 from inference.errors import InvalidInput, QueueUnavailable, QuotaExceeded
 from inference.models import ApiKey, Turn
-from inference.turns.api import api_turn_submit
+from inference.turns.api import api_turn_submit, api_turn_texts_forget
 from inference.turns.lifecycle import turn_cancel
 from inference.views.openai import BadRequest, chat_request_parse, model_catalogue, model_resolve
 from inference.views.openai import openai_error as error
-from inference.views.turn_listener import TurnListener, on_db_thread, reply_pieces
+from inference.views.openai_request import ChatCompletionRequest
+from inference.views.turn_listener import Extras, TurnListener, on_db_thread, reply_pieces
 
 ENDED_STATUSES: dict[str, int] = {"failed": 502, "interrupted": 502, "cancelled": 409}
+# Finish reasons passed to the client as the backend said them; any other is "stop".
+FINISH_REASONS = frozenset({"length", "tool_calls", "content_filter", "function_call"})
+USER_AGENT_CHARS = 200
 
 
-def _usage(turn: Turn) -> dict[str, int]:
+def usage_of(turn: Turn) -> dict[str, int]:
     prompt, completion = turn.prompt_tokens or 0, turn.output_tokens or 0
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
 
-def _finish_reason(turn: Turn) -> str:
-    return "length" if turn.finish_reason == "length" else "stop"
+def finish_reason_of(turn: Turn) -> str:
+    return turn.finish_reason if turn.finish_reason in FINISH_REASONS else "stop"
+
+
+def ended_error(turn: Turn) -> HttpResponse | None:
+    """The error answer of a turn that did not finish: the backend's own status and words where it refused the
+    request (a field it does not take), else 502 (failed, interrupted) or 409 (cancelled)."""
+    if turn.status not in ENDED_STATUSES:
+        return None
+    refused = (turn.stats or {}).get("backend_refused")
+    if isinstance(refused, dict) and isinstance(refused.get("status"), int):
+        return error(refused["status"], str(refused.get("message") or turn.error), code="backend_refused")
+    return error(ENDED_STATUSES[turn.status], turn.error or f"The reply was {turn.status}.", code=turn.status,
+                 kind="server_error")  # fmt: skip
 
 
 def _submit(request: HttpRequest) -> tuple[Turn, str, bool, bool] | HttpResponse:
@@ -43,14 +61,21 @@ def _submit(request: HttpRequest) -> tuple[Turn, str, bool, bool] | HttpResponse
         parsed = chat_request_parse(request.body)
     except BadRequest as exc:
         return error(exc.status, exc.message, param=exc.param, code=exc.error_code)
+    return turn_submit_for(request, parsed)
+
+
+def turn_submit_for(request: HttpRequest, parsed: ChatCompletionRequest) -> tuple[Turn, str, bool, bool] | HttpResponse:
+    """Submit a parsed request as a turn of the key's owner: its model resolved, the quotas' refusals answered."""
     entry = model_resolve(parsed.model, model_catalogue())
     if entry is None:
         return error(404, f"The model '{parsed.model}' does not exist", code="model_not_found", param="model")
     key = request.api_key  # type: ignore[attr-defined]
     assert isinstance(key, ApiKey)
+    client = request.headers.get("User-Agent", "")[:USER_AGENT_CHARS]
     try:
         turn = api_turn_submit(key=key, rig=entry.rig, model=entry.model, history=parsed.history,
-                               text=parsed.user_text, params=parsed.params, placed=entry.placed)  # fmt: skip
+                               text=parsed.user_text, params=parsed.params, placed=entry.placed,
+                               client=client)  # fmt: skip
     except QuotaExceeded as exc:
         response = error(429, exc.message, code="rate_limit_exceeded", kind=getattr(exc, "kind", "requests"))
         if exc.resets_at is not None:
@@ -75,9 +100,9 @@ async def _cancel_if_running(turn_id: int) -> None:
     await on_db_thread(cancel)()
 
 
-async def _wait_for_end(turn: Turn) -> Turn:
+async def wait_for_end(turn: Turn) -> Turn:
     """The turn's ended row, told by its end event (``TurnListener``); a client that goes away cancels the turn."""
-    listener = TurnListener(session_id=turn.session_id, turn_id=turn.pk)
+    listener = listener_for(turn)
     ended: Turn | None = None
     try:
         await listener.join()
@@ -87,13 +112,34 @@ async def _wait_for_end(turn: Turn) -> Turn:
         assert ended is not None
         return ended
     finally:
-        await asyncio.shield(_finish(listener, ended is None))
+        await asyncio.shield(listener_finish(listener, ended is None))
 
 
-async def _finish(listener: TurnListener, cancel: bool) -> None:
+def listener_for(turn: Turn) -> TurnListener:
+    """The listener of a just-submitted turn (its session is the one the submit made, held on the turn)."""
+    return TurnListener(session_id=turn.session_id, turn_id=turn.pk, forget=turn.session.hidden)
+
+
+async def listener_finish(listener: TurnListener, cancel: bool) -> None:
+    """The view is done with the turn: it leaves the group, cancels a turn whose client went away before its end,
+    and, for a key that stores nothing, wipes the ended turn's texts, which the view has read by now (the answer is
+    built, or the last event sent). A turn not ended yet is wiped by the periodic pass (``api_texts_forget_ended``)."""
     await listener.leave()
     if cancel:
         await _cancel_if_running(listener.turn_id)
+    if listener.forget:
+        await on_db_thread(api_turn_texts_forget)(listener.turn_id)
+
+
+def _message(turn: Turn) -> dict[str, Any]:
+    """The reply as OpenAI's assistant message: its text, a reasoning model's thoughts, the tool calls it made."""
+    calls = (turn.stats or {}).get("tool_calls")
+    message: dict[str, Any] = {"role": "assistant", "content": turn.reply_text or (None if calls else "")}
+    if turn.thinking_text:
+        message["reasoning_content"] = turn.thinking_text
+    if calls:
+        message["tool_calls"] = calls
+    return message
 
 
 async def chat_completions(request: HttpRequest) -> HttpResponse | StreamingHttpResponse:
@@ -102,48 +148,85 @@ async def chat_completions(request: HttpRequest) -> HttpResponse | StreamingHttp
     layer (``TurnListener``)."""
     if request.method != "POST":
         return error(405, "Use POST.", code="method_not_allowed")
-    submitted = await on_db_thread(_authenticated_submit)(request)
+    submitted = await on_db_thread(authenticated_submit)(request)
     if isinstance(submitted, HttpResponse):
         return submitted
     turn, model_id, stream, include_usage = submitted
     if stream:
-        response = StreamingHttpResponse(_stream(turn, model_id, include_usage), content_type="text/event-stream")
-        response["Cache-Control"] = "no-cache"
-        return response
-    turn = await _wait_for_end(turn)
-    if turn.status in ENDED_STATUSES:
-        return error(ENDED_STATUSES[turn.status], turn.error or f"The reply was {turn.status}.", code=turn.status,
-                     kind="server_error")  # fmt: skip
+        return await stream_response(turn, functools.partial(_stream, turn, model_id, include_usage))
+    turn = await wait_for_end(turn)
+    if (refused := ended_error(turn)) is not None:
+        return refused
+    logprobs = (turn.stats or {}).get("logprobs")
     return JsonResponse({
         "id": f"chatcmpl-rd{turn.pk}", "object": "chat.completion", "created": int(turn.created_at.timestamp()),
         "model": model_id,
-        "choices": [{"index": 0, "message": {"role": "assistant", "content": turn.reply_text},
-                     "finish_reason": _finish_reason(turn)}],
-        "usage": _usage(turn),
+        "choices": [{"index": 0, "message": _message(turn), "finish_reason": finish_reason_of(turn),
+                     "logprobs": {"content": logprobs} if logprobs else None}],
+        "usage": usage_of(turn),
     })  # fmt: skip
 
 
 chat_completions.csrf_exempt = True  # type: ignore[attr-defined]  # API keys only, never a session cookie
 
 
-def _authenticated_submit(request: HttpRequest) -> tuple[Turn, str, bool, bool] | HttpResponse:
+Submitted = tuple[Turn, str, bool, bool] | HttpResponse  # the turn, model id, stream, include_usage; or a refusal
+
+
+def authenticated_submit(request: HttpRequest, submit: Callable[[HttpRequest], Submitted] | None = None) -> Submitted:
+    """The key check, then ``submit`` (a chat completion's, by default): one hop to a database thread."""
     try:
         request.api_key = apikeys.api_key_authenticate(request.headers.get("Authorization", ""))  # type: ignore[attr-defined]
     except apikeys.KeyRejected as exc:
         response = error(401, exc.message, code="invalid_api_key")
         response["WWW-Authenticate"] = 'Bearer realm="rigdash-api"'
         return response
-    return _submit(request)
+    return (submit or _submit)(request)
 
 
-def _sse(payload: dict[str, Any] | str) -> bytes:
+def sse(payload: dict[str, Any] | str) -> bytes:
     data = payload if isinstance(payload, str) else json.dumps(payload, ensure_ascii=False, separators=(",", ":"))
     return f"data: {data}\n\n".encode()
 
 
-async def _stream(turn: Turn, model_id: str, include_usage: bool) -> AsyncIterator[bytes]:
-    """The turn's text as ``chat.completion.chunk`` events, as the channel layer brings it. Closing the iterator
-    before the end (the client went away) cancels the turn."""
+Piece = str | Extras | Turn
+
+
+Body = Callable[[TurnListener, AsyncIterator[Piece], Piece], AsyncIterator[bytes]]
+
+
+async def stream_response(
+    turn: Turn,
+    body: Body,
+    *,
+    refuse: Callable[[Turn], HttpResponse | None] = ended_error,
+    content_type: str = "text/event-stream",
+) -> HttpResponse | StreamingHttpResponse:
+    """Wait for the reply's first piece before answering, so that a request the backend refused (or a turn that
+    failed before its first token) gets its status and words as an error, not a 200 stream that ends in one."""
+    listener = listener_for(turn)
+    pieces: AsyncIterator[Piece] | None = None
+    try:
+        await listener.join()
+        pieces = reply_pieces(listener)
+        first = await anext(pieces)
+    except BaseException:  # the client went away (the view is cancelled) or the layer failed
+        await asyncio.shield(listener_finish(listener, True))
+        raise
+    if isinstance(first, Turn) and (refused := refuse(first)) is not None:
+        await listener_finish(listener, False)
+        return refused
+    response = StreamingHttpResponse(body(listener, pieces, first), content_type=content_type)
+    response["Cache-Control"] = "no-cache"
+    return response
+
+
+async def _stream(
+    turn: Turn, model_id: str, include_usage: bool, listener: TurnListener, pieces: AsyncIterator[Piece], first: Piece
+) -> AsyncIterator[bytes]:
+    """The turn's reply as ``chat.completion.chunk`` events, as the channel layer brings it: text, tool-call deltas
+    and logprobs as the backend streamed them. Closing the iterator before the end (the client went away) cancels
+    the turn."""
     base = {"id": f"chatcmpl-rd{turn.pk}", "object": "chat.completion.chunk",
             "created": int(turn.created_at.timestamp()), "model": model_id}  # fmt: skip
     # A text chunk's JSON around its text, serialised once here rather than once per chunk.
@@ -151,27 +234,59 @@ async def _stream(turn: Turn, model_id: str, include_usage: bool) -> AsyncIterat
     head += ',"choices":[{"index":0,"delta":{"content":'
     tail = '},"finish_reason":null}]}\n\n'
 
-    def chunk(delta: dict[str, str], finish: str | None = None) -> bytes:
-        return _sse({**base, "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]})
+    def chunk(delta: dict[str, Any], finish: str | None = None, logprobs: Any = None) -> bytes:
+        choice: dict[str, Any] = {"index": 0, "delta": delta, "finish_reason": finish}
+        if logprobs:
+            choice["logprobs"] = {"content": logprobs}
+        return sse({**base, "choices": [choice]})
 
-    listener = TurnListener(session_id=turn.session_id, turn_id=turn.pk)
     ended: Turn | None = None
+    calls_sent: list[dict[str, Any]] = []
     try:
-        await listener.join()
         yield chunk({"role": "assistant", "content": ""})
-        async for piece in reply_pieces(listener):
+        async for piece in chained(first, pieces):
             if isinstance(piece, Turn):
                 ended = piece
-            else:
+            elif isinstance(piece, str):
                 yield (head + json.dumps(piece, ensure_ascii=False) + tail).encode()
+            else:
+                calls = piece.get("tool_calls") or []
+                calls_sent.extend(calls)
+                yield chunk({"tool_calls": calls} if calls else {}, logprobs=piece.get("logprobs"))
         assert ended is not None
         if ended.status in ENDED_STATUSES:
-            yield _sse({"error": {"message": ended.error or f"The reply was {ended.status}.",
+            yield sse({"error": {"message": ended.error or f"The reply was {ended.status}.",
                                   "type": "server_error", "param": None, "code": ended.status}})  # fmt: skip
         else:
-            yield chunk({}, _finish_reason(ended))
+            if missed := tool_call_rest(calls_sent, (ended.stats or {}).get("tool_calls") or []):
+                yield chunk({"tool_calls": missed})
+            yield chunk({}, finish_reason_of(ended))
             if include_usage:
-                yield _sse({**base, "choices": [], "usage": _usage(ended)})
-        yield _sse("[DONE]")
+                yield sse({**base, "choices": [], "usage": usage_of(ended)})
+        yield sse("[DONE]")
     finally:
-        await asyncio.shield(_finish(listener, ended is None))
+        await asyncio.shield(listener_finish(listener, ended is None))
+
+
+async def chained(first: Piece, rest: AsyncIterator[Piece]) -> AsyncIterator[Piece]:
+    yield first
+    if not isinstance(first, Turn):
+        async for piece in rest:
+            yield piece
+
+
+def tool_call_rest(sent: list[dict[str, Any]], stored: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The deltas that complete the tool calls ``sent`` to the ``stored`` ones (batches the listener missed and
+    resynced as text only): a call not begun whole, and the rest of a call's arguments."""
+    begun = {call_index: call for call_index, call in enumerate(tool_calls_merged(sent))}
+    rest: list[dict[str, Any]] = []
+    for index, call in enumerate(stored):
+        function = call.get("function") or {}
+        had = begun.get(index)
+        if had is None:
+            rest.append({"index": index, **call})
+            continue
+        arguments, said = function.get("arguments") or "", had["function"]["arguments"]
+        if arguments.startswith(said) and len(arguments) > len(said):
+            rest.append({"index": index, "function": {"arguments": arguments[len(said) :]}})
+    return rest

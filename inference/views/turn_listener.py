@@ -55,9 +55,10 @@ def on_db_thread(func: Callable[P, R]) -> Callable[P, Coroutine[Any, Any, R]]:
 class TurnListener:
     """The events of one turn, from the moment ``join`` returns until ``leave``."""
 
-    def __init__(self, *, session_id: int, turn_id: int) -> None:
+    def __init__(self, *, session_id: int, turn_id: int, forget: bool = False) -> None:
         self.group = events.session_group(session_id)
         self.turn_id = turn_id
+        self.forget = forget  # a key that stores nothing: the view wipes the turn's texts once it has them
         self.layer: Any = get_channel_layer()
         self.inbox: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
         self.channel = ""
@@ -125,8 +126,13 @@ ended_turn = on_db_thread(_ended_turn)  # the turn's row once it has ended; None
 _snapshot = sync_to_async(state.snapshot, thread_sensitive=False)
 
 
-async def reply_pieces(listener: TurnListener) -> AsyncIterator[str | Turn]:
-    """The turn's reply text as it comes, each piece once and in order, then its ended row (the last item)."""
+Extras = dict[str, Any]  # an API client's tool-call deltas and logprobs of one batch: {"tool_calls", "logprobs"}
+
+
+async def reply_pieces(listener: TurnListener) -> AsyncIterator[str | Extras | Turn]:
+    """The turn's reply text as it comes, each piece once and in order, then its ended row (the last item). A batch
+    with tool-call deltas or logprobs (an API client's request) gives them after its text, as a dict; a batch missed
+    is resynced from the live list, which holds text only: the view makes up missed tool calls from the ended row."""
     seq, sent = 0, ""
     while True:
         event = await listener.next_event(CHECK_S)
@@ -140,9 +146,13 @@ async def reply_pieces(listener: TurnListener) -> AsyncIterator[str | Turn]:
             return
         if event["seq_to"] <= seq:
             continue  # held already (it came after a resync that included it)
+        extras: Extras | None = None
         if event["seq_from"] == seq + 1:
-            text = json.loads(event["frame"])["text"]
+            frame = json.loads(event["frame"])
+            text = frame["text"]
             seq = event["seq_to"]
+            if "tool_calls" in frame or "logprobs" in frame:
+                extras = {"tool_calls": frame.get("tool_calls"), "logprobs": frame.get("logprobs")}
         else:  # a batch was missed: the live list holds every batch so far
             current = await _snapshot(listener.turn_id)
             if not current.text.startswith(sent):
@@ -154,3 +164,5 @@ async def reply_pieces(listener: TurnListener) -> AsyncIterator[str | Turn]:
         sent += text
         if text:
             yield text
+        if extras is not None:
+            yield extras

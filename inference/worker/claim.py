@@ -27,7 +27,7 @@ class ClaimedTurn:
     """A turn this worker claimed, with what its backend request needs."""
 
     turn: Turn  # with its session and rig
-    messages: list[dict[str, str]]  # its conversation up to and including its user message
+    messages: list[dict[str, Any]]  # its conversation up to and including its user message
     budget: TurnBudget | InvalidInput  # its reserved token cap, or why it cannot run (a quota that leaves it none)
 
 

@@ -45,13 +45,13 @@ PROMPT_STATE_DELAY_S = 0.05
 FINISH_RETRY_S = (0.5, 2.0, 5.0)  # a turn's end the database refused is stored again after each of these, then left
 
 
-def _chat_request(model: str, messages: list[dict[str, str]], max_tokens: int, params: dict[str, Any]) -> ChatRequest:
+def _chat_request(model: str, messages: list[dict[str, Any]], max_tokens: int, params: dict[str, Any]) -> ChatRequest:
     return turn_params.chat_request(model, messages, max_tokens, params)
 
 
 async def run_claimed_turn(
     turn: Turn,
-    messages: list[dict[str, str]],
+    messages: list[dict[str, Any]],
     budget: TurnBudget | InvalidInput,
     opened: OpenedStream | None = None,
 ) -> None:
@@ -128,12 +128,13 @@ async def _store_end(turn: Turn, outcome: lifecycle.TurnOutcome) -> bool:
 
 
 # Where each rig's requests go, as this process last read it from the database: a ticketed turn's request goes
-# there before its claim reads the rig again (a ticket never says where to connect). Kind and base URL by rig id.
-_rigs_seen: dict[int, tuple[str, str]] = {}
+# there before its claim reads the rig again (a ticket never says where to connect). Kind, base URL and the
+# backend's key by rig id.
+_rigs_seen: dict[int, tuple[str, str, str]] = {}
 
 
 async def run_ticketed_turn(
-    ticket: StartTicket, seen: tuple[str, str], claim: Claim, sent: concurrent.futures.Future[None]
+    ticket: StartTicket, seen: tuple[str, str, str], claim: Claim, sent: concurrent.futures.Future[None]
 ) -> None:
     """Send a ticketed turn's backend request, then wait for its claim (on the claim thread). ``sent`` is set once
     the request is written, or could not be. Not claimed (cancelled, or another delivery's): the request is closed
@@ -144,10 +145,11 @@ async def run_ticketed_turn(
         if not sent.done():
             sent.set_result(None)
 
-    kind, base_url = seen
+    kind, base_url, api_key = seen
     request = _chat_request(ticket.model, ticket.messages, ticket.max_tokens, ticket.params)
     try:
-        opened = open_stream(Rig(pk=ticket.rig_id, kind=kind, base_url=base_url), request, on_sent=mark_sent)
+        rig = Rig(pk=ticket.rig_id, kind=kind, base_url=base_url, api_key=api_key)
+        opened = open_stream(rig, request, on_sent=mark_sent)
     except BaseException:
         mark_sent()
         raise
@@ -164,8 +166,8 @@ async def run_ticketed_turn(
         await run_claimed_turn(claimed.turn, claimed.messages, claimed.budget, opened=opened if keep else None)
 
 
-def _where(rig: Rig) -> tuple[str, str]:
-    return rig.kind, rig.base_url
+def _where(rig: Rig) -> tuple[str, str, str]:
+    return rig.kind, rig.base_url, rig.api_key
 
 
 def turn_run(turn_id: int) -> str:

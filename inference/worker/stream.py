@@ -32,7 +32,8 @@ from redis.exceptions import RedisError
 
 from inference import events
 from inference.backends import backend_for, capabilities
-from inference.backends.base import BackendError, ChatRequest, StreamChunk, user_message
+from inference.backends.base import BackendError, BackendRefused, ChatRequest, StreamChunk, user_message
+from inference.backends.openai.stream import tool_calls_merged
 from inference.db import gated
 from inference.errors import QuotaExceeded
 from inference.live import progress as live_progress
@@ -90,6 +91,12 @@ class TurnStream:
     # chunk brought none): thinking is its own part of the turn, in the same batches and seqs as the answer.
     thoughts: list[str] = field(default_factory=list)
     pending_thoughts: list[str] = field(default_factory=list)
+    # An API client's tool-call deltas and logprobs (OpenAI's shapes), in the batch that carries them and, whole,
+    # in the turn's stats at its end; none for a chat page's turn.
+    tool_call_deltas: list[dict[str, Any]] = field(default_factory=list)
+    pending_tool_calls: list[dict[str, Any]] = field(default_factory=list)
+    logprobs: list[Any] = field(default_factory=list)
+    pending_logprobs: list[Any] = field(default_factory=list)
     pending_since: float | None = None
     last_sent: float = float("-inf")  # when the last batch with text was published
     last_due: float = float("-inf")  # when it was due (a flush tick, or its first token's arrival when at once)
@@ -154,6 +161,7 @@ class TurnStream:
         """Append the pending batch to the live list, read the cancel flag (at most every CANCEL_CHECK_S, in the
         same round trip), then publish the batch."""
         taken = len(self.pending)  # tokens the reader accepts while this batch is on its way wait for the next one
+        calls_taken, logprobs_taken = len(self.pending_tool_calls), len(self.pending_logprobs)
         due = self.flush_due()
         text, thinking = "".join(self.pending), "".join(self.pending_thoughts[:taken])
         seq_from, seq_to = self.seq_sent + 1, self.meter.events
@@ -166,8 +174,9 @@ class TurnStream:
         if taken:
             stats = self.live_stats()
             message = events.token_batch_message(
-                turn_id=self.turn.pk, seq_from=seq_from, seq_to=seq_to, text=text, stats=stats, thinking=thinking
-            )
+                turn_id=self.turn.pk, seq_from=seq_from, seq_to=seq_to, text=text, stats=stats, thinking=thinking,
+                tool_calls=self.pending_tool_calls[:calls_taken], logprobs=self.pending_logprobs[:logprobs_taken],
+            )  # fmt: skip
             publication = events.pubsub_publication(events.session_group(self.turn.session_id), message)
         rebuilding = bool(taken) and self.live.broken
         pushed_at = 0  # where the RPUSH reply is among the round trip's replies
@@ -210,6 +219,8 @@ class TurnStream:
                 await self.live.rebuild(self.link, seq_to, stats, parts=self.parts, thoughts=self.thoughts)
             del self.pending[:taken]
             del self.pending_thoughts[:taken]
+            del self.pending_tool_calls[:calls_taken]
+            del self.pending_logprobs[:logprobs_taken]
             self.seq_sent = seq_to
             self.last_sent = time.perf_counter()
             # A batch at a tick went out up to a slack's time before it; one that went at once, or late, went now.
@@ -300,8 +311,10 @@ class TurnStream:
             if self.progress is not None:
                 self.progress.backend_prompt(in_context)
             quotas.context_check(prompt_tokens=in_context, limit=self.context_quota, estimated=False)
-        if not chunk.text and not chunk.thinking:
+        if not chunk.carries:
             return
+        if chunk.tool_calls is not None or chunk.logprobs is not None:
+            self._accept_extras(chunk)
         self.meter.token(now, thought=bool(chunk.thinking), answer=bool(chunk.text))
         self.parts.append(chunk.text)
         self.pending.append(chunk.text)
@@ -310,8 +323,17 @@ class TurnStream:
         if self.pending_since is None:
             self.pending_since = now
 
+    def _accept_extras(self, chunk: StreamChunk) -> None:
+        if chunk.tool_calls:
+            self.tool_call_deltas.extend(chunk.tool_calls)
+            self.pending_tool_calls.extend(chunk.tool_calls)
+        content = (chunk.logprobs or {}).get("content")
+        if isinstance(content, list):
+            self.logprobs.extend(content)
+            self.pending_logprobs.extend(content)
 
-async def _start_progress(state: TurnStream, messages: list[dict[str, str]]) -> None:
+
+async def _start_progress(state: TurnStream, messages: list[dict[str, Any]]) -> None:
     """The board's progress for this turn, and the slot's context window for the live stats."""
     try:
         progress = await live_progress.progress_start(state.turn, messages, state.redis)
@@ -327,7 +349,8 @@ LOADED_CHECK_S = 1.0
 
 
 async def _check_loading(state: TurnStream, rig: Rig, model: str) -> None:
-    """Whether the server has to load the model first (a server that loads on demand: Ollama). Asked as the request
+    """Whether the server has to load the model first (a server that loads on demand: Ollama, llama-server in router
+    or sleep mode; ``Backend.needs_load``). Asked as the request
     goes out: /api/ps answers at once with the loaded models, but waits while a runner is still loading (server/
     sched.go ``loadedModels`` takes each runner's lock, which a load holds), so a model listed in time is loaded, and
     one not listed, or no answer within LOADED_CHECK_S, means a load is under way. Then the page shows "loading the
@@ -338,9 +361,8 @@ async def _check_loading(state: TurnStream, rig: Rig, model: str) -> None:
     backend = backend_for(rig, timeout_s=LOADED_CHECK_S)
     try:
         async with asyncio.timeout(LOADED_CHECK_S):
-            loaded = await backend.loaded_models()
-        if any(_same_model(entry.name, model) for entry in loaded):
-            return
+            if not await backend.needs_load(model):
+                return
     except (TimeoutError, BackendError):
         pass
     if state.meter.events:  # the first token came meanwhile: it was loaded after all
@@ -348,15 +370,6 @@ async def _check_loading(state: TurnStream, rig: Rig, model: str) -> None:
     state.loading = True
     if state.prompt_state is not None:
         await state.prompt_state.loading()
-
-
-def _same_model(a: str, b: str) -> bool:
-    """Ollama's names: ``smollm2`` is ``smollm2:latest``."""
-
-    def full(name: str) -> str:
-        return name if ":" in name.rsplit("/", 1)[-1] else f"{name}:latest"
-
-    return full(a) == full(b)
 
 
 async def _decoding(state: TurnStream) -> None:
@@ -402,6 +415,7 @@ async def stream_turn(
     loading = asyncio.create_task(_check_loading(state, turn.session.rig, request.model))
     final: StreamChunk | None = None
     status, error, finish_reason, detail = Turn.Status.DONE, "", "", ""
+    refused: dict[str, Any] = {}
     try:
         with state.pace.streaming_turn():
             opened.bind(state)
@@ -418,6 +432,8 @@ async def stream_turn(
     except BackendError as exc:  # the owner reads a plain reason; the detail is in the stats, for staff
         status, finish_reason, detail = Turn.Status.FAILED, exc.code, str(exc)
         error = user_message(turn.session.rig.name, exc)
+        if isinstance(exc, BackendRefused):  # an API client gets the server's status and words back
+            refused = {"status": exc.status, "message": exc.words}
     finally:
         await opened.close()  # the backend stops decoding this reply
         loading.cancel()
@@ -434,14 +450,28 @@ async def stream_turn(
         thinking_text=state.thinking,
         finish_reason=finish_reason,
         stats={
-            **state.meter.final_stats(final.stats if final else None),
+            **_load_split(state, state.meter.final_stats(final.stats if final else None)),
             "context_tokens": state.context_tokens,
             "context_limit": state.context_window,
             **_history_cut(state, request),
+            **({"tool_calls": tool_calls_merged(state.tool_call_deltas)} if state.tool_call_deltas else {}),
+            **({"logprobs": state.logprobs} if state.logprobs else {}),
             **({"error_detail": detail} if detail else {}),
+            **({"backend_refused": refused} if refused else {}),
         },
         error=error,
     )
+
+
+def _load_split(state: TurnStream, stats: dict[str, Any]) -> dict[str, Any]:
+    """A reply whose server loaded the model first without timing the load (llama-server in router or sleep mode;
+    Ollama times its own): the wait before the prompt was read is the time to first token less the server's prompt
+    time, shown apart from the time to first token as Ollama's load is."""
+    ttft, prompt_ms = stats.get("ttft_ms"), stats.get("prompt_ms")
+    if not state.loading or stats.get("load_ms") is not None or ttft is None or prompt_ms is None:
+        return stats
+    load_ms = round(max(ttft - prompt_ms, 0.0), 2)
+    return {**stats, "load_ms": load_ms, "ttft_after_load_ms": round(ttft - load_ms, 2), "load_timed_by": "RigDash"}
 
 
 def _history_cut(state: TurnStream, request: ChatRequest) -> dict[str, Any]:

@@ -118,6 +118,13 @@
     return { data: d, el: tr, cells, stop };
   }
 
+  // An API request's key name and client (its user agent, shortened to its first word).
+  function apiClient(client) {
+    if (!client) return "";
+    const agent = (client.agent || "").split(" ")[0];
+    return `: ${client.key}${agent ? `, ${agent}` : ""}`;
+  }
+
   function render(d) {
     let entry = rows.get(d.id);
     const fresh = !entry;
@@ -132,7 +139,7 @@
     entry.el.dataset.status = d.status;
     entry.el.dataset.user = d.user;
     setText(c.id, d.id);
-    setText(c.user, d.via_api ? `${d.user} (via API)` : d.user);
+    setText(c.user, d.via_api ? `${d.user} (via API${apiClient(d.api_client)})` : d.user);
     setText(c.rig, d.rig);
     setText(c.model, d.model);
     setText(c.state, stateText(d));

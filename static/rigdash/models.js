@@ -1,5 +1,5 @@
 /* A rig's model-management page (staff only): installed and loaded models, pull with a live progress
- * bar, delete, unload.
+ * bar, delete, load, unload.
  *
  * Actions are POSTs to the page's JSON API; a pull runs in a worker and reports progress over the
  * websocket /ws/rigs/<id>/models/ (frames pull.progress, pull.end, models.changed). After anything
@@ -79,10 +79,12 @@
       cell(row, bytes(m.size_bytes));
       cell(row, (m.details || {}).family);
       cell(row, (m.details || {}).quantization_level);
+      const loaded = overview.loaded.some((l) => l.name === m.name);
+      actionCell(row, "load", "Load", m.name, capabilities.load && !loaded);
       actionCell(row, "delete", "Delete", m.name, capabilities.delete);
       installedBody.appendChild(row);
     }
-    if (!overview.models.length) emptyRow(installedBody, 5, "No models.");
+    if (!overview.models.length) emptyRow(installedBody, 6, "No models.");
     if (loadedBody) {
       loadedBody.replaceChildren();
       for (const m of overview.loaded) {

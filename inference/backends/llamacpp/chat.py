@@ -37,8 +37,10 @@ from inference.backends.base import (
     OnSent,
     ReadGate,
     StreamChunk,
+    refusal_or,
 )
-from inference.backends.openai.stream import stream_chat_events
+from inference.backends.openai.embeddings import embeddings_post
+from inference.backends.openai.stream import EventReader, passthrough_merged, stream_chat_events, tool_call_deltas
 
 LOAD_WAIT_S = 300.0  # a router's model load: the weights read from disk
 
@@ -104,23 +106,27 @@ def _error_body(status: int | None, body: bytes) -> BackendError:
     except ValueError:
         return _error(status, body[:300].decode("utf-8", "replace"))
     error = payload.get("error") if isinstance(payload, dict) else None
-    return failures.classify_object("llama-server", error if error is not None else payload, status=status)
+    found = failures.classify_object("llama-server", error if error is not None else payload, status=status)
+    words = str(error.get("message") or error) if isinstance(error, dict) else str(error or payload)
+    return refusal_or(found, "llama-server", status, words[:300])
 
 
 def _error(status: int | None, message: str) -> BackendError:
     """llama-server's error by what it says (a 503 ``Loading model`` is retryable; out of memory is not)."""
-    return failures.classify("llama-server", message, status=status)
+    return refusal_or(failures.classify("llama-server", message, status=status), "llama-server", status, message)
 
 
 class LlamaCppBackend(Backend):
     kind = "llamacpp"
     label = "llama.cpp server"
     calls_read_gate = True
-    capabilities = Capabilities(reasoning_levels=True)
+    capabilities = Capabilities(reasoning_levels=True, loads_on_demand=True)  # router and sleep modes
 
     def _client(self, *, read_timeout: float | None) -> httpx.AsyncClient:
         timeout = httpx.Timeout(self.timeout_s, read=read_timeout)
-        return httpx.AsyncClient(base_url=self.base_url, timeout=timeout, trust_env=False, verify=tls_context())
+        return httpx.AsyncClient(
+            base_url=self.base_url, timeout=timeout, trust_env=False, verify=tls_context(), headers=self.headers
+        )
 
     async def _get_json(self, path: str) -> Any:
         try:
@@ -204,6 +210,15 @@ class LlamaCppBackend(Backend):
             )
         return loaded
 
+    async def needs_load(self, model: str) -> bool:
+        """Router mode: the model's status is not ``loaded`` (a request for it loads it); one model: the server
+        sleeps (``--sleep-idle-seconds``: the request wakes it, which loads the model again)."""
+        props = await self.props()
+        if props.get("role") == "router":
+            status = next((m.details.get("status") for m in await self.list_models() if m.name == model), None)
+            return status not in (None, "loaded")
+        return bool(props.get("is_sleeping"))
+
     async def _router_call(self, path: str, model: str) -> None:
         if (await self.props()).get("role") != "router":
             raise BackendNotSupported("this llama-server serves one model: start it with --models-dir to swap models")
@@ -268,11 +283,14 @@ class LlamaCppBackend(Backend):
     def _payload(self, request: ChatRequest) -> dict[str, Any]:
         payload: dict[str, Any] = {
             "model": request.model,
-            "messages": request.messages,
             "stream": True,
             "timings_per_token": True,
             "max_tokens": request.max_tokens,
         }
+        if request.prompt is None:
+            payload["messages"] = request.messages
+        else:
+            payload["prompt"] = request.prompt
         # llama-server's own sampling names (tools/server/README.md, "POST /completion" options).
         for name in ("temperature", "top_p", "seed", "top_k", "min_p", "repeat_penalty"):
             value = getattr(request, name)
@@ -289,24 +307,79 @@ class LlamaCppBackend(Backend):
                 payload["reasoning_effort"] = request.think
         if request.stop:
             payload["stop"] = list(request.stop)
-        return payload
+        return passthrough_merged(payload, request.extra)
+
+    async def embeddings(self, body: dict[str, Any]) -> dict[str, Any]:
+        return await embeddings_post(
+            server="llama-server", base_url=self.base_url, body=body, timeout_s=self.timeout_s, headers=self.headers,
+            tls=tls_context(),
+        )  # fmt: skip
 
     def stream_chat(
         self, request: ChatRequest, *, read_gate: ReadGate | None = None, on_sent: OnSent | None = None
     ) -> AsyncIterator[StreamChunk]:
         # The stream is read with the lean client in sse.py (httpx's line iterator was the worker's largest
         # cost per token).
+        payload, path = self._payload(request), "/v1/chat/completions"
+        reader: EventReader = _Events()
+        if request.prompt is not None:
+            payload, path = _infill(payload) if "suffix" in request.extra else (payload, "/v1/completions")
+            reader = _NativeEvents() if path == "/infill" else reader
         return stream_chat_events(
+            headers=self.headers,
             server="llama-server",
             base_url=self.base_url,
-            payload=self._payload(request),
-            reader=_Events(),
+            payload=payload,
+            reader=reader,
+            path=path,
             error=_error_body,
             connect_timeout_s=self.timeout_s,
             tls=tls_context(),
             read_gate=read_gate,
             on_sent=on_sent,
         )
+
+
+def _infill(payload: dict[str, Any]) -> tuple[dict[str, Any], str]:
+    """A completion with a ``suffix`` (code completion, fill-in-the-middle) as llama-server's ``/infill``: its
+    ``/v1/completions`` ignores a suffix. A model without FIM tokens is refused there (501, in its words)."""
+    body = {name: value for name, value in payload.items() if name not in ("prompt", "suffix", "max_tokens")}
+    body.update(input_prefix=payload["prompt"], input_suffix=payload["suffix"], n_predict=payload["max_tokens"])
+    return body, "/infill"
+
+
+class _NativeEvents:
+    """llama-server's own completion events (``/infill``, ``/completion``): ``content``, ``stop`` at the end with
+    ``stop_type`` and the timings."""
+
+    def __init__(self) -> None:
+        self.finished = False
+
+    def event(self, data: str, *, last_in_read: bool) -> StreamChunk:
+        try:
+            event = orjson.loads(data)
+        except orjson.JSONDecodeError as exc:
+            raise BackendBadEvent(f"not JSON ({exc}): {data[:200]!r}") from exc
+        if not isinstance(event, dict) or not isinstance(event.get("content", ""), str):
+            raise BackendBadEvent(f"fields of unexpected types: {data[:200]!r}")
+        if "error" in event:
+            raise _error(None, str(event["error"])[:300])
+        times = event.get("timings") if isinstance(event.get("timings"), dict) else None
+        if times is not None and not _timings_ok(times):
+            raise BackendBadEvent(f"fields of unexpected types: {data[:200]!r}")
+        finish = None
+        if event.get("stop") is True:
+            self.finished = True
+            finish = "length" if event.get("stop_type") == "limit" else "stop"
+        return StreamChunk(
+            text=event.get("content") or "",
+            finish_reason=finish,
+            stats=stats_from_timings(times) if times else None,
+            context_tokens=context_tokens(times) if times else None,
+        )
+
+    def done(self) -> None:
+        return None
 
 
 class _Events:
@@ -347,6 +420,8 @@ def _chunk(data: str, *, timings: bool = True) -> StreamChunk:
     choice = choices[0] if isinstance(choices, list) else None
     delta = choice.get("delta") or {} if isinstance(choice, dict) else None
     text = delta.get("content") or "" if isinstance(delta, dict) else None
+    if text == "" and isinstance(choice, dict) and "text" in choice:  # a raw completion's event (/v1/completions)
+        text = choice["text"] or ""
     thinking = delta.get("reasoning_content") or "" if isinstance(delta, dict) else None
     finish = choice.get("finish_reason") if isinstance(choice, dict) else None
     times = event.get("timings")
@@ -357,8 +432,11 @@ def _chunk(data: str, *, timings: bool = True) -> StreamChunk:
         or not (times is None or isinstance(times, dict))
     ):
         raise BackendBadEvent(f"fields of unexpected types: {data[:200]!r}")
+    calls = tool_call_deltas(delta, data)  # an API client's tools: None for every chat-page token
+    logprobs = choice.get("logprobs") if isinstance(choice, dict) else None
+    logprobs = logprobs if isinstance(logprobs, dict) else None
     if times is None or not (timings or finish):
-        return StreamChunk(text=text, thinking=thinking, finish_reason=finish)
+        return StreamChunk(text=text, thinking=thinking, finish_reason=finish, tool_calls=calls, logprobs=logprobs)
     if not _timings_ok(times):
         raise BackendBadEvent(f"fields of unexpected types: {data[:200]!r}")
     # With timings_per_token every chunk carries the running timings; the first one already holds prompt_n
@@ -369,6 +447,8 @@ def _chunk(data: str, *, timings: bool = True) -> StreamChunk:
         finish_reason=finish,
         stats=stats_from_timings(times) if times else None,
         context_tokens=context_tokens(times) if times else None,
+        tool_calls=calls,
+        logprobs=logprobs,
     )
 
 

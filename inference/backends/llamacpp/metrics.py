@@ -100,6 +100,7 @@ async def collect(
     props_cache: dict[str, Any] | None = None,
     metrics_cache: dict[str, float] | None = None,
     model: str | None = None,
+    headers: dict[str, str] | None = None,
 ) -> LlamaCppReading:
     """Read /props (each tick where the server may sleep, see ``props_reread``), then /slots and /metrics unless
     the server sleeps (reading them would wake it: they go through its task queue), /metrics only without
@@ -114,7 +115,7 @@ async def collect(
     async def get(path: str) -> bytes:
         path = with_model(path, model)
         try:
-            status, body = await sse.get(base_url, path, timeout_s=timeout_s, tls=tls_context())
+            status, body = await sse.get(base_url, path, timeout_s=timeout_s, tls=tls_context(), headers=headers)
         except (OSError, TimeoutError, sse.ProtocolError) as exc:
             raise Unavailable(f"llama-server unreachable: {exc!r}") from exc
         if status != 200:

@@ -11,7 +11,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from inference.backends.base import BackendError, ModelArchitecture
+from inference.backends.base import BackendError, ModelArchitecture, auth_headers
 from inference.backends.kvcache import KV_CACHE_TYPE_BYTES, kv_allocated_bytes, kv_bytes, kv_bytes_per_token
 from inference.backends.llamacpp import flags as server_flags
 from inference.backends.llamacpp import metrics as llama_metrics
@@ -67,7 +67,7 @@ class LlamaCppMonitor(BackendMonitor):
         return self.main.props
 
     def backend(self, timeout_s: float) -> LlamaCppBackend:
-        return LlamaCppBackend(self.context.rig.base_url, timeout_s=timeout_s)
+        return LlamaCppBackend(self.context.rig.base_url, timeout_s=timeout_s, api_key=self.context.rig.api_key)
 
     async def _collect(self, instance: _Instance, now: float, model: str | None) -> llama_metrics.LlamaCppReading:
         fresh_metrics = now - instance.metrics_at >= METRICS_EVERY_S
@@ -76,6 +76,7 @@ class LlamaCppMonitor(BackendMonitor):
             props_cache=instance.props,
             metrics_cache=None if fresh_metrics else instance.metrics,
             model=model,
+            headers=auth_headers(self.context.rig.api_key),
         )
         instance.props = reading.props
         if fresh_metrics and not reading.sleeping:
@@ -112,6 +113,14 @@ class LlamaCppMonitor(BackendMonitor):
         detail["slots"] = self.main.slots
         self._slot_series([self.main], series)
         detail["model"] = self.props.get("model_alias") or self.props.get("model_path", "")
+
+    def loaded_models(self, detail: dict[str, Any]) -> list[str] | None:
+        """Router mode: the models whose status is ``loaded``; one model: that model, unless the server sleeps."""
+        if "models" in detail:
+            return [m["name"] for m in detail["models"] if m.get("status") == "loaded"]
+        if detail.get("sleeping") or not detail.get("sources", {}).get("backend", {}).get("ok"):
+            return []
+        return [name for name in (self.props.get("model_alias"), self.props.get("model_path")) if name]
 
     async def _read_router(self, now: float, series: dict[str, float], detail: dict[str, Any]) -> None:
         """Router mode: every model the router has, each loaded one's slots and counters (``?model=``). A model

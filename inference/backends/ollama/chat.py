@@ -25,7 +25,9 @@ from inference.backends.base import (
     Backend,
     BackendBadEvent,
     BackendError,
+    BackendNotSupported,
     BackendProtocolError,
+    BackendRefused,
     BackendStats,
     BackendUnavailable,
     Capabilities,
@@ -40,6 +42,7 @@ from inference.backends.base import (
     ReadGate,
     StreamChunk,
 )
+from inference.backends.ollama.openai_fields import ollama_fields, ollama_message
 
 T = TypeVar("T")
 NS_PER_MS = 1_000_000
@@ -123,6 +126,26 @@ def _chat_part(line: bytes) -> ollama.ChatResponse:
     return ollama.ChatResponse(**part)
 
 
+def _with_openai_fields(body: dict[str, Any], request: ChatRequest) -> None:
+    """An OpenAI client's request in Ollama's terms (inference/backends/ollama/openai_fields.py); the turn's own
+    options (its token cap) win."""
+    options, fields = ollama_fields(request.extra)
+    body["options"] = {**options, **body.get("options", {})}
+    body.update(fields)
+    body["messages"] = [ollama_message(m) for m in request.messages]
+
+
+def _tool_call_deltas(calls: Any) -> list[dict[str, Any]] | None:
+    """Ollama's whole tool calls (arguments an object) as OpenAI's stream deltas (arguments a JSON string)."""
+    if not calls:
+        return None
+    return [
+        {"index": index, "id": f"call_{index}", "type": "function",
+         "function": {"name": call.function.name, "arguments": json.dumps(dict(call.function.arguments or {}))}}
+        for index, call in enumerate(calls)
+    ]  # fmt: skip
+
+
 class OllamaBackend(Backend):
     kind = "ollama"
     label = "Ollama"
@@ -135,7 +158,7 @@ class OllamaBackend(Backend):
     def _client(self, *, read_timeout: float | None) -> ollama.AsyncClient:
         timeout = httpx.Timeout(self.timeout_s, read=read_timeout)
         extra: dict[str, Any] = {} if self.transport is None else {"transport": self.transport}
-        return ollama.AsyncClient(host=self.base_url, timeout=timeout, trust_env=False, **extra)
+        return ollama.AsyncClient(host=self.base_url, timeout=timeout, trust_env=False, headers=self.headers, **extra)
 
     async def _call(self, what: str, call: Callable[[ollama.AsyncClient], Awaitable[T]]) -> T:
         """Run ``call(client)`` with a fresh client, translating its errors."""
@@ -149,7 +172,9 @@ class OllamaBackend(Backend):
     async def health(self) -> Health:
         # The client has no call for /api/version, so this one request goes through httpx directly.
         try:
-            async with httpx.AsyncClient(base_url=self.base_url, timeout=self.timeout_s, trust_env=False) as http:
+            async with httpx.AsyncClient(
+                base_url=self.base_url, timeout=self.timeout_s, trust_env=False, headers=self.headers
+            ) as http:
                 response = await http.get("/api/version")
                 response.raise_for_status()
                 version = str(response.json().get("version", ""))
@@ -195,13 +220,20 @@ class OllamaBackend(Backend):
             keep_alive=request.keep_alive,
             think=request.think,  # unset: the server's default (a thinking model thinks)
         ).model_dump(exclude_none=True)
+        if request.prompt is not None:
+            raise BackendNotSupported("a raw completion (/v1/completions) is not wired to Ollama's /api/generate yet")
+        if request.extra or any(set(m) - {"role", "content"} or not isinstance(m.get("content"), str)
+                                for m in request.messages):  # fmt: skip
+            _with_openai_fields(body, request)  # an API client's request
         timeout = httpx.Timeout(self.timeout_s, read=None)
         extra: dict[str, Any] = {} if self.transport is None else {"transport": self.transport}
         if on_sent is not None:
             on_sent()
         try:
             async with (
-                httpx.AsyncClient(base_url=self.base_url, timeout=timeout, trust_env=False, **extra) as http,
+                httpx.AsyncClient(
+                    base_url=self.base_url, timeout=timeout, trust_env=False, headers=self.headers, **extra
+                ) as http,
                 http.stream("POST", "/api/chat", json=body, headers={"Accept": "application/json"}) as response,
             ):
                 if response.is_error:
@@ -222,8 +254,9 @@ class OllamaBackend(Backend):
                             context_tokens=(stats.prompt_tokens or 0) + (stats.output_tokens or 0) or None,
                         )
                         return
-                    if text or thinking:
-                        yield StreamChunk(text=text, thinking=thinking)
+                    calls = _tool_call_deltas(part.message.tool_calls)
+                    if text or thinking or calls:
+                        yield StreamChunk(text=text, thinking=thinking, tool_calls=calls)
         except (ollama.ResponseError, ConnectionError, httpx.HTTPError) as exc:  # an unreadable line: below
             raise _translate(exc, "chat") from exc
         except UNREADABLE_LINE_ERRORS as exc:
@@ -231,6 +264,33 @@ class OllamaBackend(Backend):
         raise BackendUnavailable("Ollama closed the stream before the reply finished (no done:true line)")
 
     # Optional capabilities (base.Backend).
+    async def embeddings(self, body: dict[str, Any]) -> dict[str, Any]:
+        """OpenAI's embeddings request through Ollama's ``/api/embed`` (``input``: a string or a list of them),
+        answered in OpenAI's shape; a field Ollama has no equivalent of is refused by name."""
+        refused = sorted(set(body) - {"model", "input", "encoding_format", "user", "dimensions"})
+        if refused or body.get("encoding_format") not in (None, "float"):
+            raise BackendNotSupported(f"Ollama's /api/embed has no equivalent of {refused or ['encoding_format']}")
+        ask = {name: body[name] for name in ("model", "input", "dimensions") if name in body}
+        try:
+            async with httpx.AsyncClient(
+                base_url=self.base_url, timeout=self.timeout_s, trust_env=False, headers=self.headers
+            ) as http:
+                response = await http.post("/api/embed", json=ask)
+            payload = response.json()
+        except (httpx.HTTPError, ValueError) as exc:
+            raise _translate(exc, "embed") from exc
+        if response.status_code >= 400 or not isinstance(payload, dict):
+            words = payload.get("error") if isinstance(payload, dict) else payload
+            raise BackendRefused("Ollama", response.status_code, str(words)[:500])
+        vectors = payload.get("embeddings") or []
+        count = payload.get("prompt_eval_count") or 0
+        return {
+            "object": "list",
+            "data": [{"object": "embedding", "index": i, "embedding": v} for i, v in enumerate(vectors)],
+            "model": body.get("model"),
+            "usage": {"prompt_tokens": count, "total_tokens": count},
+        }
+
     async def model_architecture(self, model: str) -> ModelArchitecture:
         """From /api/show's model_info (GGUF keys). Ollama blanks a list longer than 5 items (a per-layer
         ``head_count_kv``) unless asked for verbose output: then it asks again, verbose."""
@@ -248,7 +308,9 @@ class OllamaBackend(Backend):
     async def _show_verbose(self, model: str) -> dict[str, Any]:
         # The client's show() has no verbose flag: this one request goes through httpx directly.
         try:
-            async with httpx.AsyncClient(base_url=self.base_url, timeout=self.timeout_s, trust_env=False) as http:
+            async with httpx.AsyncClient(
+                base_url=self.base_url, timeout=self.timeout_s, trust_env=False, headers=self.headers
+            ) as http:
                 response = await http.post("/api/show", json={"model": model, "verbose": True})
         except httpx.HTTPError as exc:
             raise _translate(exc, "show model (verbose)") from exc

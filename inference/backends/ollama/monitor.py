@@ -31,7 +31,7 @@ class OllamaMonitor(BackendMonitor):
         self.file_cache: dict[str, int | None] = {}
 
     def backend(self, timeout_s: float) -> OllamaBackend:
-        return OllamaBackend(self.context.rig.base_url, timeout_s=timeout_s)
+        return OllamaBackend(self.context.rig.base_url, timeout_s=timeout_s, api_key=self.context.rig.api_key)
 
     async def read(self, now: float, series: dict[str, float], detail: dict[str, Any]) -> None:
         backend = self.backend(timeout_s=0.8)
@@ -111,6 +111,12 @@ class OllamaMonitor(BackendMonitor):
             except BackendError:
                 self.file_cache[name] = None
         return self.file_cache[name]
+
+    def loaded_models(self, detail: dict[str, Any]) -> list[str] | None:
+        """What /api/ps listed: the models Ollama holds in memory now."""
+        if not detail.get("sources", {}).get("backend", {}).get("ok"):
+            return None
+        return [m["name"] for m in detail.get("loaded_models", [])]
 
     def kv(self, series: dict[str, float], detail: dict[str, Any]) -> None:
         ok = "kv_bytes_per_token" in series

@@ -31,8 +31,10 @@ from inference.backends.base import (
     OnSent,
     ReadGate,
     StreamChunk,
+    refusal_or,
 )
-from inference.backends.openai.stream import stream_chat_events
+from inference.backends.openai.embeddings import embeddings_post
+from inference.backends.openai.stream import passthrough_merged, stream_chat_events, tool_call_deltas
 
 SERVER = "the OpenAI-compatible server"
 # Where servers put a model's context window in /v1/models: vLLM's max_model_len, LM Studio's and others'
@@ -45,10 +47,13 @@ def error_from(status: int | None, body: bytes) -> BackendError:
     try:
         payload = json.loads(body)
     except ValueError:
-        return failures.classify(SERVER, body[:300].decode("utf-8", "replace"), status=status)
+        message = body[:300].decode("utf-8", "replace")
+        return refusal_or(failures.classify(SERVER, message, status=status), SERVER, status, message)
     error = payload.get("error") if isinstance(payload, dict) else None
     # Inside a stream (status None) an error object's ``code`` is its status (llama-server's /v1 stream).
-    return failures.classify_object(SERVER, error if error is not None else payload, status=status)
+    found = failures.classify_object(SERVER, error if error is not None else payload, status=status)
+    words = str(error.get("message") or error) if isinstance(error, dict) else str(error or payload)
+    return refusal_or(found, SERVER, status, words[:300])
 
 
 def _context_of(entry: dict[str, Any]) -> int | None:
@@ -66,14 +71,16 @@ class OpenAICompatBackend(Backend):
     calls_read_gate = True
     capabilities = Capabilities(reasoning_switch=False)
 
-    def __init__(self, base_url: str, *, timeout_s: float = 10.0) -> None:
+    def __init__(self, base_url: str, *, timeout_s: float = 10.0, api_key: str = "") -> None:
         # A URL given with its /v1 (as these servers' docs write it) names the same server.
         base = base_url.rstrip("/")
-        super().__init__(base[: -len("/v1")] if base.endswith("/v1") else base, timeout_s=timeout_s)
+        super().__init__(base[: -len("/v1")] if base.endswith("/v1") else base, timeout_s=timeout_s, api_key=api_key)
 
     async def _models_payload(self) -> list[dict[str, Any]]:
         try:
-            async with httpx.AsyncClient(base_url=self.base_url, timeout=self.timeout_s, trust_env=False) as client:
+            async with httpx.AsyncClient(
+                base_url=self.base_url, timeout=self.timeout_s, trust_env=False, headers=self.headers
+            ) as client:
                 response = await client.get("/v1/models")
         except httpx.HTTPError as exc:
             raise BackendUnavailable(f"{SERVER} at {self.base_url} is unreachable: {exc!r}") from exc
@@ -108,7 +115,7 @@ class OpenAICompatBackend(Backend):
     def _payload(self, request: ChatRequest) -> dict[str, Any]:
         payload: dict[str, Any] = {
             "model": request.model,
-            "messages": request.messages,
+            **({"messages": request.messages} if request.prompt is None else {"prompt": request.prompt}),
             "stream": True,
             "stream_options": {"include_usage": True},
             "max_tokens": request.max_tokens,
@@ -122,17 +129,24 @@ class OpenAICompatBackend(Backend):
             payload["repetition_penalty"] = request.repeat_penalty
         if request.stop:
             payload["stop"] = list(request.stop)
-        return payload
+        return passthrough_merged(payload, request.extra)
+
+    async def embeddings(self, body: dict[str, Any]) -> dict[str, Any]:
+        return await embeddings_post(
+            server=SERVER, base_url=self.base_url, body=body, timeout_s=self.timeout_s, headers=self.headers, tls=True
+        )
 
     def stream_chat(
         self, request: ChatRequest, *, read_gate: ReadGate | None = None, on_sent: OnSent | None = None
     ) -> AsyncIterator[StreamChunk]:
         return stream_chat_events(
+            headers=self.headers,
             server=SERVER,
             base_url=self.base_url,
             payload=self._payload(request),
             reader=UsageEvents(),
             error=error_from,
+            path="/v1/chat/completions" if request.prompt is None else "/v1/completions",
             connect_timeout_s=self.timeout_s,
             tls=None,
             read_gate=read_gate,
@@ -173,6 +187,8 @@ class UsageEvents:
         delta = choices[0].get("delta") or {}
         finish = choices[0].get("finish_reason")
         text = delta.get("content") or "" if isinstance(delta, dict) else None
+        if text == "" and isinstance(choices[0].get("text"), str):  # a raw completion's event (/v1/completions)
+            text = choices[0]["text"]
         thinking = (delta.get("reasoning_content") or delta.get("reasoning") or "") if isinstance(delta, dict) else None
         if (
             not isinstance(text, str)
@@ -182,13 +198,18 @@ class UsageEvents:
             raise BackendBadEvent(f"fields of unexpected types: {data[:200]!r}")
         if finish:
             self.finish_reason = finish
-        if not (text or thinking):
+        calls = tool_call_deltas(delta, data)
+        logprobs = choices[0].get("logprobs")
+        chunk = StreamChunk(
+            text=text, thinking=thinking, tool_calls=calls, logprobs=logprobs if isinstance(logprobs, dict) else None
+        )
+        if not chunk.carries:
             return None
         now = time.monotonic()
         self.first_text_at = self.first_text_at or now
         self.last_text_at = now
         self.text_chunks += 1
-        return StreamChunk(text=text, thinking=thinking)
+        return chunk
 
     def done(self) -> StreamChunk | None:
         if self.finish_reason is None:

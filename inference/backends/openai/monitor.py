@@ -20,7 +20,9 @@ class OpenAICompatMonitor(BackendMonitor):
 
     async def read(self, now: float, series: dict[str, float], detail: dict[str, Any]) -> None:
         try:
-            models = await OpenAICompatBackend(self.context.rig.base_url, timeout_s=0.8).list_models()
+            models = await OpenAICompatBackend(
+                self.context.rig.base_url, timeout_s=0.8, api_key=self.context.rig.api_key
+            ).list_models()
         except BackendError as exc:
             detail["sources"]["backend"] = {"ok": False, "error": str(exc)}
             return

@@ -9,11 +9,53 @@ server stop decoding the reply.
 from __future__ import annotations
 
 import ssl
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any, Protocol
 
 from inference.backends import sse
 from inference.backends.base import BackendBadEvent, BackendError, BackendUnavailable, OnSent, ReadGate, StreamChunk
+
+# Keys of the chat body the backend itself sets: a client's field of the same name is not passed (RigDash streams
+# every reply and reads its own usage and timings; the model and messages are the turn's).
+OWN_KEYS = frozenset({"model", "messages", "stream", "stream_options", "timings_per_token", "max_tokens"})
+
+
+def passthrough_merged(payload: dict[str, Any], extra: Mapping[str, Any]) -> dict[str, Any]:
+    """``payload`` with an API client's other fields added unchanged (``tools``, ``response_format``, ...);
+    the backend's own keys (``OWN_KEYS``, and what ``payload`` sets from the turn's settings) win."""
+    for name, value in extra.items():
+        if name not in OWN_KEYS and name not in payload:
+            payload[name] = value
+    return payload
+
+
+def tool_call_deltas(delta: Any, data: str) -> list[dict[str, Any]] | None:
+    """``delta.tool_calls`` as the server sent it (a list of objects), or None; anything else is a bad event. A
+    call the model malformed (arguments that are not JSON) is passed on as it came: the client reads it."""
+    calls = delta.get("tool_calls") if isinstance(delta, dict) else None
+    if calls is None:
+        return None
+    if not isinstance(calls, list) or not all(isinstance(call, dict) for call in calls):
+        raise BackendBadEvent(f"fields of unexpected types: {data[:200]!r}")
+    return calls or None
+
+
+def tool_calls_merged(deltas: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A reply's tool calls from their stream deltas: by ``index``, the first ``id``, ``type`` and function
+    ``name`` said, the ``arguments`` pieces joined (OpenAI's chat-streaming accumulation)."""
+    calls: dict[int, dict[str, Any]] = {}
+    for delta in deltas:
+        index = delta.get("index", len(calls))
+        index = index if isinstance(index, int) else len(calls)
+        call = calls.setdefault(index, {"id": None, "type": "function", "function": {"name": None, "arguments": ""}})
+        call["id"] = call["id"] or delta.get("id")
+        call["type"] = delta.get("type") or call["type"]
+        function = delta.get("function")
+        if isinstance(function, dict):
+            call["function"]["name"] = call["function"]["name"] or function.get("name")
+            if isinstance(function.get("arguments"), str):
+                call["function"]["arguments"] += function["arguments"]
+    return [calls[index] for index in sorted(calls)]
 
 
 class EventReader(Protocol):
@@ -43,14 +85,17 @@ async def stream_chat_events(
     tls: ssl.SSLContext | None,
     read_gate: ReadGate | None = None,
     on_sent: OnSent | None = None,
+    path: str = "/v1/chat/completions",
+    headers: Mapping[str, str] | None = None,
 ) -> AsyncIterator[StreamChunk]:
-    """POST ``payload`` to ``/v1/chat/completions`` and yield the reader's chunks. ``error`` builds the failure from a
+    """POST ``payload`` to ``path`` (``/v1/chat/completions``; ``/v1/completions`` for a raw completion, whose events
+    carry ``choices[0].text``) and yield the reader's chunks. ``error`` builds the failure from a
     refusal's status and body. After a read that brought text, ``read_gate`` is awaited with reads paused (the
     worker publishes meanwhile; tokens gather in the socket). No read timeout: the worker enforces first-token and
     stall timeouts."""
     try:
         response = await sse.post_json_stream(
-            base_url, "/v1/chat/completions", payload, connect_timeout_s=connect_timeout_s, tls=tls, on_sent=on_sent
+            base_url, path, payload, connect_timeout_s=connect_timeout_s, tls=tls, on_sent=on_sent, headers=headers
         )
     except (OSError, TimeoutError, sse.ProtocolError) as exc:
         raise BackendUnavailable(f"{server} at {base_url} is unreachable: {exc!r}") from exc
@@ -71,7 +116,7 @@ async def stream_chat_events(
                     break
                 chunk = reader.event(data, last_in_read=index >= last)
                 if chunk is not None:
-                    text_seen = text_seen or bool(chunk.text or chunk.thinking)
+                    text_seen = text_seen or chunk.carries
                     yield chunk
             if done:
                 break

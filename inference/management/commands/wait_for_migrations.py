@@ -1,5 +1,6 @@
 """Wait until the database answers with every migration applied and Redis answers, then run the command given after
-``--``. Redis refusing the password (REDIS_PASSWORD) stops it at once with that reason: waiting would not help.
+``--``. Redis refusing the password (REDIS_PASSWORD), and a TLS certificate of Redis or PostgreSQL that RigDash does
+not trust, stop it at once with that reason: waiting would not help.
 
 docker-compose.yml starts the worker, the beat and the sampler through it: they query tables at their first step,
 and on a fresh database the one-shot ``migrate`` service may not have created them yet (or a service was started
@@ -25,14 +26,32 @@ from django.db.migrations.executor import MigrationExecutor
 from rigdash import redischeck
 
 
+class DatabaseRefused(Exception):
+    """TLS to PostgreSQL cannot work as configured (DATABASE_URL's sslmode, sslrootcert): waiting will not help."""
+
+
+# libpq's words for a TLS setup that no retry mends -> what to change (docs/deploy.md, "TLS to Redis and PostgreSQL")
+TLS_REFUSALS = (
+    ("certificate verify failed", "sslrootcert must name the CA that signed PostgreSQL's ssl_cert_file"),
+    ("does not match host name", "connect by a name its certificate holds (DATABASE_URL's host), or reissue it"),
+    ("root certificate file", "sslrootcert must name a readable CA file"),
+    ("server does not support SSL", "PostgreSQL has ssl = off: turn it on, or leave sslmode out of DATABASE_URL"),
+)
+
+
 def pending(database: str = "default") -> str:
-    """What is missing: '' when the database answers and has every migration applied."""
+    """What is missing: '' when the database answers and has every migration applied. ``DatabaseRefused`` when its
+    TLS settings cannot work."""
     connection = connections[database]
     try:
         connection.ensure_connection()
         executor = MigrationExecutor(connection)
         plan = executor.migration_plan(executor.loader.graph.leaf_nodes())
     except DatabaseError as exc:
+        text = " ".join(str(exc).split())
+        for words, advice in TLS_REFUSALS:
+            if words in text:
+                raise DatabaseRefused(f"PostgreSQL's TLS: {advice} ({text})") from None
         return f"database not ready: {str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__}"
     finally:
         connection.close()
@@ -70,7 +89,7 @@ class Command(BaseCommand):
     def _wait(self, database: str, timeout_s: float, interval_s: float) -> None:
         start = time.monotonic()
         said = ""
-        while missing := pending(database) or self._redis():
+        while missing := self._database(database) or self._redis():
             waited = time.monotonic() - start
             if timeout_s and waited > timeout_s:
                 raise CommandError(f"gave up after {waited:.0f} s: {missing}")
@@ -79,6 +98,12 @@ class Command(BaseCommand):
                 said = missing
             time.sleep(interval_s)
         self.stdout.write("migrations applied")
+
+    def _database(self, database: str) -> str:
+        try:
+            return pending(database)
+        except DatabaseRefused as exc:
+            raise CommandError(str(exc)) from None
 
     def _redis(self) -> str:
         try:

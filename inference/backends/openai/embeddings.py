@@ -1,0 +1,45 @@
+"""OpenAI's ``POST /v1/embeddings`` on a server that speaks it (llama-server started with ``--embeddings``, vLLM,
+LM Studio...): the body goes as the client sent it, the model named as the server knows it.
+
+https://platform.openai.com/docs/api-reference/embeddings. Whether a server serves embeddings is learnt by asking:
+a refusal (llama-server's 501 "Start it with ``--embeddings``") is a BackendRefused with its status and words.
+"""
+
+from __future__ import annotations
+
+import ssl
+from typing import Any
+
+import httpx
+
+from inference.backends.base import BackendProtocolError, BackendRefused, BackendUnavailable
+
+
+async def embeddings_post(
+    *,
+    server: str,
+    base_url: str,
+    body: dict[str, Any],
+    timeout_s: float,
+    tls: ssl.SSLContext | bool = True,
+    headers: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    """The server's answer to ``body`` (OpenAI's list of embeddings); BackendRefused for any refusal."""
+    try:
+        async with httpx.AsyncClient(
+            base_url=base_url, timeout=timeout_s, trust_env=False, verify=tls, headers=headers
+        ) as client:
+            response = await client.post("/v1/embeddings", json=body)
+    except httpx.HTTPError as exc:
+        raise BackendUnavailable(f"{server} at {base_url} is unreachable: {exc!r}") from exc
+    try:
+        payload = response.json()
+    except ValueError:
+        payload = None
+    if response.status_code >= 400:
+        error = payload.get("error") if isinstance(payload, dict) else None
+        words = error.get("message") if isinstance(error, dict) else error
+        raise BackendRefused(server, response.status_code, str(words or response.text[:300])[:500])
+    if not isinstance(payload, dict) or not isinstance(payload.get("data"), list):
+        raise BackendProtocolError(f"{server} sent something that is not a list of embeddings: {response.text[:200]!r}")
+    return payload

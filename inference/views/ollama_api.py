@@ -1,0 +1,352 @@
+"""Ollama's API at ``/api/`` for Ollama clients, with a RigDash key as the bearer token: chat and generate are turns
+(the same submit as ``/v1/``: quotas, fair queue, board, usage, cancel), answered whole or as Ollama's NDJSON
+stream; tags, show, ps and version describe the catalogue; embed goes to the rig serving the model.
+
+https://github.com/ollama/ollama/blob/main/docs/api.md. A request is translated into the OpenAI request RigDash
+passes to any rig (inference/views/openai_request.py): ``options`` become OpenAI's and llama.cpp's sampler names
+(``num_predict`` the token cap), ``format`` becomes ``response_format``, images become content parts, a tool call's
+arguments a JSON string. What has no equivalent is refused by name (400, Ollama's ``{"error"}``).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from collections.abc import AsyncIterator, Callable
+from datetime import UTC, datetime
+from typing import Any
+
+from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
+
+from inference.backends import backend_for
+from inference.backends.base import BackendError, BackendRefused, user_message
+from inference.board import apikeys
+from inference.models import Turn
+from inference.views.openai import CatalogueEntry, model_catalogue, model_resolve
+from inference.views.openai_chat import (
+    ENDED_STATUSES,
+    Piece,
+    Submitted,
+    chained,
+    ended_error,
+    listener_finish,
+    stream_response,
+    turn_submit_for,
+    wait_for_end,
+)
+from inference.views.openai_request import (
+    BadRequest,
+    ChatCompletionRequest,
+    body_read,
+    chat_request_parse,
+    completion_request_parse,
+)
+from inference.views.turn_listener import TurnListener, on_db_thread
+
+VERSION = "0.6.0"  # the Ollama API version whose shapes these answers follow (ollama-python 0.6)
+# Ollama's option -> the OpenAI request's field; any other option goes on under its own name (llama-server takes
+# llama.cpp's: mirostat, typical_p, repeat_last_n, ...; num_ctx changes nothing there: its context is set at start).
+OPTIONS = {"num_predict": "max_tokens"}
+NO_EQUIVALENT = ("context", "template", "images_only")
+
+
+def _error(status: int, message: str) -> JsonResponse:
+    return JsonResponse({"error": message}, status=status)
+
+
+def _ollama_shape(response: HttpResponse) -> HttpResponse:
+    """An OpenAI-shaped error answer as Ollama's ``{"error": "..."}``, same status."""
+    try:
+        error = json.loads(response.content).get("error")
+    except (ValueError, AttributeError):
+        return response
+    message = error.get("message") if isinstance(error, dict) else error
+    return _error(response.status_code, str(message))
+
+
+def _authenticated(request: HttpRequest) -> HttpResponse | None:
+    try:
+        request.api_key = apikeys.api_key_authenticate(request.headers.get("Authorization", ""))  # type: ignore[attr-defined]
+    except apikeys.KeyRejected as exc:
+        response = _error(401, exc.message)
+        response["WWW-Authenticate"] = 'Bearer realm="rigdash-api"'
+        return response
+    return None
+
+
+def _key_view(view: Callable[[HttpRequest, dict[str, Any]], Any]) -> Callable[[HttpRequest], Any]:
+    """A database-thread view: the key, then the body (POST) read strictly; errors in Ollama's shape."""
+
+    def wrapped(request: HttpRequest) -> Any:
+        if (refused := _authenticated(request)) is not None:
+            return refused
+        try:
+            body = body_read(request.body) if request.method == "POST" else {}
+        except BadRequest as exc:
+            return _error(exc.status, exc.message)
+        return view(request, body)
+
+    return wrapped
+
+
+# Translation ------------------------------------------------------------------------------------------------
+
+
+def _message(message: Any) -> dict[str, Any]:
+    """An Ollama message as OpenAI's: images as content parts, tool calls' arguments as JSON strings."""
+    if not isinstance(message, dict):
+        raise BadRequest("each message must be an object")
+    out = {k: v for k, v in message.items() if k not in ("images", "tool_calls", "tool_name", "thinking")}
+    if images := message.get("images"):
+        text = [{"type": "text", "text": message.get("content") or ""}]
+        out["content"] = text + [{"type": "image_url", "image_url": {"url": f"data:image/png;base64,{image}"}}
+                                 for image in images]  # fmt: skip
+    if calls := message.get("tool_calls"):
+        out["tool_calls"] = [
+            {"id": f"call_{index}", "type": "function",
+             "function": {"name": (call.get("function") or {}).get("name"),
+                          "arguments": json.dumps((call.get("function") or {}).get("arguments") or {})}}
+            for index, call in enumerate(calls) if isinstance(call, dict)
+        ]  # fmt: skip
+    if message.get("tool_name"):
+        out["name"] = message["tool_name"]
+    return out
+
+
+def _fields(body: dict[str, Any]) -> dict[str, Any]:
+    """Ollama's request fields beyond the messages or prompt, in the OpenAI request's names."""
+    if refused := [name for name in NO_EQUIVALENT if body.get(name) is not None]:
+        raise BadRequest(f"RigDash has no equivalent of the field {refused[0]!r}")
+    options = body.get("options") or {}
+    if not isinstance(options, dict):
+        raise BadRequest("options must be an object")
+    fields: dict[str, Any] = {OPTIONS.get(str(name), str(name)): value for name, value in options.items()}
+    fmt = body.get("format")
+    if fmt == "json":
+        fields["response_format"] = {"type": "json_object"}
+    elif isinstance(fmt, dict):
+        fields["response_format"] = {"type": "json_schema", "json_schema": {"name": "format", "schema": fmt}}
+    elif fmt not in (None, ""):
+        raise BadRequest(f"format must be 'json' or a JSON schema, not {fmt!r}")
+    if body.get("tools"):
+        fields["tools"] = body["tools"]
+    fields["stream"] = body.get("stream", True) is not False  # Ollama streams unless told not to
+    return fields
+
+
+def _openai_body(model: Any, fields: dict[str, Any], **rest: Any) -> bytes:
+    return json.dumps({"model": model, **fields, **rest}).encode()
+
+
+def _think(parsed: ChatCompletionRequest, body: dict[str, Any]) -> ChatCompletionRequest:
+    if isinstance(body.get("think"), bool):
+        parsed.params["think"] = body["think"]
+    return parsed
+
+
+def _chat_submit(request: HttpRequest, body: dict[str, Any]) -> Submitted:
+    try:
+        messages = [_message(m) for m in body.get("messages") or []]
+        parsed = chat_request_parse(_openai_body(body.get("model"), _fields(body), messages=messages))
+    except BadRequest as exc:
+        return _error(exc.status, exc.message)
+    submitted = turn_submit_for(request, _think(parsed, body))
+    return _ollama_shape(submitted) if isinstance(submitted, HttpResponse) else submitted
+
+
+def _generate_submit(request: HttpRequest, body: dict[str, Any]) -> Submitted:
+    """``raw`` or a ``suffix``: a raw completion; otherwise the prompt as a user message (the model's template)."""
+    try:
+        fields = _fields(body)
+        if body.get("raw") or body.get("suffix"):
+            if body.get("suffix"):
+                fields["suffix"] = body["suffix"]
+            parsed = completion_request_parse(_openai_body(body.get("model"), fields, prompt=body.get("prompt")))
+        else:
+            system = [{"role": "system", "content": body["system"]}] if body.get("system") else []
+            messages = [*system, {"role": "user", "content": body.get("prompt")}]
+            parsed = chat_request_parse(_openai_body(body.get("model"), fields, messages=messages))
+    except BadRequest as exc:
+        return _error(exc.status, exc.message)
+    submitted = turn_submit_for(request, _think(parsed, body))
+    return _ollama_shape(submitted) if isinstance(submitted, HttpResponse) else submitted
+
+
+# Answers ----------------------------------------------------------------------------------------------------
+
+
+def _now() -> str:
+    return datetime.now(UTC).isoformat().replace("+00:00", "Z")
+
+
+def _final(turn: Turn, model_id: str) -> dict[str, Any]:
+    stats = turn.stats or {}
+    ns = 1_000_000
+    return {"model": model_id, "created_at": _now(), "done": True,
+            "done_reason": "length" if turn.finish_reason == "length" else "stop",
+            "total_duration": int((stats.get("e2e_ms") or 0) * ns), "prompt_eval_count": turn.prompt_tokens or 0,
+            "prompt_eval_duration": int((stats.get("prompt_ms") or 0) * ns), "eval_count": turn.output_tokens or 0,
+            "eval_duration": int(((stats.get("e2e_ms") or 0) - (stats.get("ttft_ms") or 0)) * ns)}  # fmt: skip
+
+
+def _tool_calls(turn: Turn) -> list[dict[str, Any]]:
+    """The turn's tool calls in Ollama's shape (arguments an object; a malformed one kept as its text)."""
+    calls = []
+    for call in (turn.stats or {}).get("tool_calls") or []:
+        function = call.get("function") or {}
+        try:
+            arguments = json.loads(function.get("arguments") or "{}")
+        except ValueError:
+            arguments = function.get("arguments")
+        calls.append({"function": {"name": function.get("name"), "arguments": arguments}})
+    return calls
+
+
+def _ended_error(turn: Turn) -> HttpResponse | None:
+    refused = ended_error(turn)
+    return None if refused is None else _ollama_shape(refused)
+
+
+async def _answer(
+    request: HttpRequest, submit: Callable[..., Submitted], chat: bool
+) -> HttpResponse | StreamingHttpResponse:
+    if request.method != "POST":
+        return _error(405, "Use POST.")
+    submitted = await on_db_thread(_key_view(submit))(request)
+    if isinstance(submitted, HttpResponse):
+        return submitted
+    turn, model_id, stream, _ = submitted
+    if stream:
+        body = functools.partial(_ndjson, turn, model_id, chat)
+        return await stream_response(turn, body, refuse=_ended_error, content_type="application/x-ndjson")
+    turn = await wait_for_end(turn)
+    if (refused := _ended_error(turn)) is not None:
+        return refused
+    if not chat:
+        return JsonResponse({**_final(turn, model_id), "response": turn.reply_text})
+    message: dict[str, Any] = {"role": "assistant", "content": turn.reply_text}
+    if turn.thinking_text:
+        message["thinking"] = turn.thinking_text
+    if calls := _tool_calls(turn):
+        message["tool_calls"] = calls
+    return JsonResponse({**_final(turn, model_id), "message": message})
+
+
+async def _ndjson(
+    turn: Turn, model_id: str, chat: bool, listener: TurnListener, pieces: AsyncIterator[Piece], first: Piece
+) -> AsyncIterator[bytes]:
+    """Ollama's stream: a line per batch of text, then the tool calls (Ollama sends them whole), then ``done``."""
+
+    def line(payload: dict[str, Any]) -> bytes:
+        return json.dumps(payload, ensure_ascii=False).encode() + b"\n"
+
+    def text_line(text: str, **more: Any) -> bytes:
+        part: dict[str, Any] = (
+            {"message": {"role": "assistant", "content": text, **more}} if chat else {"response": text}
+        )
+        return line({"model": model_id, "created_at": _now(), **part, "done": False})
+
+    ended: Turn | None = None
+    try:
+        async for piece in chained(first, pieces):
+            if isinstance(piece, Turn):
+                ended = piece
+            elif isinstance(piece, str):
+                yield text_line(piece)
+        assert ended is not None
+        if ended.status in ENDED_STATUSES:
+            yield line({"error": ended.error or f"The reply was {ended.status}."})
+            return
+        if chat and (calls := _tool_calls(ended)):
+            yield text_line("", tool_calls=calls)
+        final = _final(ended, model_id)
+        yield line({**final, "message": {"role": "assistant", "content": ""}} if chat else {**final, "response": ""})
+    finally:
+        await listener_finish(listener, ended is None)
+
+
+async def chat(request: HttpRequest) -> HttpResponse | StreamingHttpResponse:
+    return await _answer(request, _chat_submit, chat=True)
+
+
+async def generate(request: HttpRequest) -> HttpResponse | StreamingHttpResponse:
+    return await _answer(request, _generate_submit, chat=False)
+
+
+# The catalogue and embeddings -------------------------------------------------------------------------------
+
+
+def _model_entry(entry: CatalogueEntry) -> dict[str, Any]:
+    return {"name": entry.id, "model": entry.id, "modified_at": entry.rig.created_at.isoformat(), "size": 0,
+            "digest": "", "details": {"format": "gguf", "family": "", "parameter_size": "",
+                                      "quantization_level": ""}}  # fmt: skip
+
+
+def _tags(request: HttpRequest, body: dict[str, Any]) -> HttpResponse:
+    return JsonResponse({"models": [_model_entry(entry) for entry in model_catalogue()]})
+
+
+def _ps(request: HttpRequest, body: dict[str, Any]) -> HttpResponse:
+    """Every model the enabled rigs serve now: a llama.cpp rig holds its model for as long as it runs."""
+    models = [{**_model_entry(entry), "size_vram": 0, "expires_at": "0001-01-01T00:00:00Z",
+               "context_length": entry.context_length} for entry in model_catalogue()]  # fmt: skip
+    return JsonResponse({"models": models})
+
+
+def _show(request: HttpRequest, body: dict[str, Any]) -> HttpResponse:
+    entry = model_resolve(str(body.get("model") or body.get("name") or ""), model_catalogue())
+    if entry is None:
+        return _error(404, f"model '{body.get('model')}' not found")
+    info = {"general.context_length": entry.context_length} if entry.context_length else {}
+    return JsonResponse({**_model_entry(entry), "modelfile": "", "parameters": "", "template": "",
+                         "model_info": info, "capabilities": ["completion", "tools"]})  # fmt: skip
+
+
+def _embed_resolve(request: HttpRequest, body: dict[str, Any]) -> Any:
+    entry = model_resolve(str(body.get("model") or ""), model_catalogue())
+    if entry is None:
+        return _error(404, f"model '{body.get('model')}' not found")
+    if not isinstance(body.get("input"), str | list) or not body.get("input"):
+        return _error(400, "input must be a string or a non-empty list of strings")
+    return entry, body
+
+
+async def embed(request: HttpRequest) -> HttpResponse:
+    if request.method != "POST":
+        return _error(405, "Use POST.")
+    resolved = await on_db_thread(_key_view(_embed_resolve))(request)
+    if isinstance(resolved, HttpResponse):
+        return resolved
+    entry, body = resolved
+    ask = {"model": entry.model, "input": body["input"]}
+    try:
+        answer = await backend_for(entry.rig, timeout_s=60).embeddings(ask)
+    except BackendRefused as exc:
+        return _error(exc.status, exc.words)
+    except BackendError as exc:
+        return _error(502, user_message(entry.rig.name, exc))
+    vectors = [item.get("embedding") for item in answer.get("data") or [] if isinstance(item, dict)]
+    tokens = (answer.get("usage") or {}).get("prompt_tokens") or 0
+    return JsonResponse({"model": entry.id, "embeddings": vectors, "prompt_eval_count": tokens})
+
+
+def _sync(view: Callable[[HttpRequest, dict[str, Any]], HttpResponse], method: str) -> Callable[..., Any]:
+    async def wrapped(request: HttpRequest) -> HttpResponse:
+        if request.method != method:
+            return _error(405, f"Use {method}.")
+        response: HttpResponse = await on_db_thread(_key_view(view))(request)
+        return response
+
+    wrapped.csrf_exempt = True  # type: ignore[attr-defined]
+    return wrapped
+
+
+async def version(request: HttpRequest) -> HttpResponse:
+    return JsonResponse({"version": VERSION})
+
+
+tags = _sync(_tags, "GET")
+ps = _sync(_ps, "GET")
+show = _sync(_show, "POST")
+for _view in (chat, generate, embed):
+    _view.csrf_exempt = True  # type: ignore[attr-defined]  # API keys only, never a session cookie

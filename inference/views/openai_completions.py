@@ -1,0 +1,100 @@
+"""``POST /v1/completions``: a raw completion (a prompt with no chat template; with ``suffix``, code completion) as
+one turn, answered whole or streamed as OpenAI's ``text_completion`` events, as chat completions are
+(inference/views/openai_chat.py).
+
+https://platform.openai.com/docs/api-reference/completions. On llama-server, a request with ``suffix`` goes to its
+``/infill`` (its ``/v1/completions`` ignores a suffix); a model without fill-in-the-middle tokens is refused there
+with 501 and its words, which the client gets.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import AsyncIterator
+from typing import Any
+
+from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
+
+from inference.models import Turn
+from inference.views.openai import openai_error as error
+from inference.views.openai_chat import (
+    ENDED_STATUSES,
+    Piece,
+    Submitted,
+    authenticated_submit,
+    chained,
+    ended_error,
+    finish_reason_of,
+    listener_finish,
+    sse,
+    stream_response,
+    turn_submit_for,
+    usage_of,
+    wait_for_end,
+)
+from inference.views.openai_request import BadRequest, completion_request_parse
+from inference.views.turn_listener import TurnListener, on_db_thread
+
+
+def _submit(request: HttpRequest) -> Submitted:
+    try:
+        parsed = completion_request_parse(request.body)
+    except BadRequest as exc:
+        return error(exc.status, exc.message, param=exc.param, code=exc.error_code)
+    return turn_submit_for(request, parsed)
+
+
+async def completions(request: HttpRequest) -> HttpResponse | StreamingHttpResponse:
+    if request.method != "POST":
+        return error(405, "Use POST.", code="method_not_allowed")
+    submitted = await on_db_thread(authenticated_submit)(request, _submit)
+    if isinstance(submitted, HttpResponse):
+        return submitted
+    turn, model_id, stream, include_usage = submitted
+    if stream:
+        return await stream_response(turn, functools.partial(_stream, turn, model_id, include_usage))
+    turn = await wait_for_end(turn)
+    if (refused := ended_error(turn)) is not None:
+        return refused
+    return JsonResponse({
+        **_base(turn, model_id),
+        "choices": [{"text": turn.reply_text, "index": 0, "logprobs": None, "finish_reason": finish_reason_of(turn)}],
+        "usage": usage_of(turn),
+    })  # fmt: skip
+
+
+completions.csrf_exempt = True  # type: ignore[attr-defined]  # API keys only, never a session cookie
+
+
+def _base(turn: Turn, model_id: str) -> dict[str, Any]:
+    return {"id": f"cmpl-rd{turn.pk}", "object": "text_completion", "created": int(turn.created_at.timestamp()),
+            "model": model_id}  # fmt: skip
+
+
+async def _stream(
+    turn: Turn, model_id: str, include_usage: bool, listener: TurnListener, pieces: AsyncIterator[Piece], first: Piece
+) -> AsyncIterator[bytes]:
+    """The completion's text as ``text_completion`` events; closing the iterator early cancels the turn."""
+    base = _base(turn, model_id)
+
+    def chunk(text: str, finish: str | None = None) -> bytes:
+        return sse({**base, "choices": [{"text": text, "index": 0, "logprobs": None, "finish_reason": finish}]})
+
+    ended: Turn | None = None
+    try:
+        async for piece in chained(first, pieces):
+            if isinstance(piece, Turn):
+                ended = piece
+            elif isinstance(piece, str):
+                yield chunk(piece)
+        assert ended is not None
+        if ended.status in ENDED_STATUSES:
+            yield sse({"error": {"message": ended.error or f"The reply was {ended.status}.", "type": "server_error",
+                                 "param": None, "code": ended.status}})  # fmt: skip
+        else:
+            yield chunk("", finish_reason_of(ended))
+            if include_usage:
+                yield sse({**base, "choices": [], "usage": usage_of(ended)})
+        yield sse("[DONE]")
+    finally:
+        await listener_finish(listener, ended is None)

@@ -1,0 +1,157 @@
+"""A key's expiry cancels its requests (the beat's pass, once), and a key's choice of what is stored of its requests:
+chats in the chat list (the default), or nothing once the response is delivered (docs/openai.md, "Keys" and
+"What is stored")."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+import openai
+import pytest
+from django.conf import settings
+from django.test import Client
+from django.utils import timezone
+
+from inference.board import apikeys
+from inference.models import ApiKey, ChatSession, Rig, Turn
+from inference.turns import api, search, selectors
+from inference.turns.board_rows import board_row_for
+from tests import test_openai_gateway as gateway
+from tests.conftest import wait_until
+from tests.test_openai_gateway import FAKE_MODEL, TOOLS, _client, _ollama
+
+fake_rig = gateway.fake_rig  # its fixture
+
+pytestmark = pytest.mark.django_db(transaction=True)
+HISTORY = [{"role": "system", "content": "You are a weather bot."}, {"role": "user", "content": "Secret: tulip."}]
+
+
+@pytest.fixture
+def idle_rig(db: Any) -> Rig:
+    """A rig whose queue no worker consumes: a turn submitted to it stays waiting."""
+    return Rig.objects.create(name="idle-rig", kind=Rig.Kind.OPENAI, base_url="http://127.0.0.1:9", queue="wt-idle")
+
+
+def _submit(key: ApiKey, rig: Rig, text: str = "hi") -> Turn:
+    return api.api_turn_submit(key=key, rig=rig, model="m", history=[], text=text, params={}, client="test/1")
+
+
+def test_an_expired_keys_waiting_requests_are_cancelled_once(idle_rig, owner):
+    expiring = apikeys.api_key_create(owner=owner, name="ci", expires_in_days=1).key
+    lasting = apikeys.api_key_create(owner=owner, name="laptop", expires_in_days=30).key
+    waiting, other = _submit(expiring, idle_rig), _submit(lasting, idle_rig)
+    assert apikeys.api_keys_expired_cancel() == []  # nothing expired yet
+
+    later = timezone.now() + timedelta(days=2)
+    assert apikeys.api_keys_expired_cancel(now=later) == [expiring.pk]
+    waiting.refresh_from_db()
+    other.refresh_from_db()
+    assert waiting.status == Turn.Status.CANCELLED and other.status == Turn.Status.QUEUED
+    expiring.refresh_from_db()
+    assert expiring.expiry_applied_at == later and expiring.state(later) == "expired"
+    assert apikeys.api_keys_expired_cancel(now=later + timedelta(minutes=1)) == []  # once
+    # The beat runs the pass.
+    schedule = {entry["task"] for entry in settings.CELERY_BEAT_SCHEDULE.values()}
+    assert {"inference.api_keys_expire", "inference.api_texts_forget"} <= schedule
+
+
+@pytest.mark.llama
+def test_a_key_expiring_mid_reply_ends_the_clients_stream(web_url, celery_worker, rig, model_name, owner):
+    key = apikeys.api_key_create(owner=owner, name="agent", expires_in_days=1)
+    client = _client(web_url, key.secret)
+    story = [{"role": "user", "content": "Write a long story about a lighthouse keeper."}]
+    stream = client.chat.completions.create(model=model_name, max_tokens=700, messages=story, stream=True)
+    seen = 0
+    for chunk in stream:
+        seen += bool(chunk.choices and chunk.choices[0].delta.content)
+        if seen >= 3:
+            break
+    ApiKey.objects.filter(pk=key.key.pk).update(expires_at=timezone.now())
+    assert apikeys.api_keys_expired_cancel() == [key.key.pk]
+    with pytest.raises(openai.APIError, match="cancelled"):  # the stream's error event, then its end
+        for _chunk in stream:
+            pass
+    assert Turn.objects.get().status == Turn.Status.CANCELLED
+    with pytest.raises(openai.AuthenticationError, match="expired"):
+        client.chat.completions.create(model=model_name, messages=story)
+
+
+def _page_sessions(user: Any) -> list[int]:
+    return [session.pk for session in selectors.session_page_for(user).sessions]
+
+
+@pytest.mark.llama
+def test_a_key_that_stores_nothing_answers_whole_and_keeps_only_counts(web_url, celery_worker, fake_rig, owner):
+    key = apikeys.api_key_create(owner=owner, name="private", storage=ApiKey.Storage.NOTHING)
+    client = _client(web_url, key.secret)
+    asked = [*HISTORY, {"role": "user", "content": "What is the weather in Oslo?"}]
+    whole = client.chat.completions.create(model=FAKE_MODEL, messages=asked)
+    streamed = client.chat.completions.create(model=FAKE_MODEL, messages=asked, stream=True)
+    text = "".join(c.choices[0].delta.content or "" for c in streamed if c.choices)
+    called = client.chat.completions.create(model=FAKE_MODEL, messages=asked, tools=TOOLS)
+    ollama = _ollama(web_url, key.secret).chat(model=FAKE_MODEL, messages=asked)
+    # Each response has its whole text: the texts go only once the view has them.
+    assert whole.choices[0].message.content == text == ollama.message.content == "It is 12 C in Oslo."
+    assert called.choices[0].message.tool_calls[0].function.arguments == '{"city": "Oslo"}'
+
+    wait_until(
+        lambda: Turn.objects.filter(params__forgotten=True).count() == 4,
+        timeout_s=10,
+        what="the streamed turn's texts wiped",
+    )  # its view wipes them after the stream's last event
+    turns = list(Turn.objects.select_related("session").order_by("pk"))
+    assert len(turns) == 4 and all(t.status == Turn.Status.DONE for t in turns)
+    for turn in turns:
+        assert turn.user_text == turn.reply_text == turn.thinking_text == "" and turn.params["forgotten"] is True
+        assert "message" not in turn.params and "passthrough" not in turn.params and "tool_calls" not in turn.stats
+        assert turn.session.hidden and turn.session.context_messages == [] and "Oslo" not in turn.session.title
+        assert (turn.output_tokens or 0) > 0  # the counts stay
+        row = board_row_for(turn.pk)  # the board row stays, naming the key and the client
+        assert row["via_api"] and row["api_client"]["key"] == "private"
+    assert apikeys.api_key_usage([key.key])[key.key.pk].turns == 4
+    # Not in the chat list, its page or the search.
+    assert _page_sessions(owner) == [] and search.session_search(owner, "Oslo") == []
+    page = Client()
+    page.force_login(owner)
+    assert page.get(f"/sessions/{turns[0].session_id}/").status_code == 404
+    assert '<td data-testid="key-storage">nothing</td>' in page.get("/keys/").content.decode()
+
+
+@pytest.mark.llama
+def test_a_key_that_stores_chats_keeps_them_in_the_chat_list(web_url, celery_worker, fake_rig, owner):
+    key = apikeys.api_key_create(owner=owner, name="editor")  # the default: chats
+    assert key.key.storage == ApiKey.Storage.CHATS
+    asked = [*HISTORY, {"role": "user", "content": "What is the weather in Oslo?"}]
+    answer = _client(web_url, key.secret).chat.completions.create(model=FAKE_MODEL, messages=asked)
+    assert answer.choices[0].message.content == "It is 12 C in Oslo."
+    turn = Turn.objects.select_related("session").get()
+    assert turn.user_text == "What is the weather in Oslo?" and turn.reply_text == "It is 12 C in Oslo."
+    assert turn.session.context_messages == HISTORY and not turn.session.hidden
+    assert _page_sessions(owner) == [turn.session_id]
+    assert [hit.session.pk for hit in search.session_search(owner, "Oslo")] == [turn.session_id]
+    assert api.api_texts_forget_ended(older_than_s=0) == []  # the pass leaves a storing key's turns alone
+
+
+def test_the_pass_wipes_what_a_view_left_once_the_turn_has_ended(idle_rig, owner):
+    """A client that went away before the end: its view wiped nothing; the periodic pass does, after its wait."""
+    key = apikeys.api_key_create(owner=owner, name="gone", storage=ApiKey.Storage.NOTHING).key
+    turn = api.api_turn_submit(key=key, rig=idle_rig, model="m", history=HISTORY, text="Secret: rose.",
+                               params={"passthrough": {"suffix": "secret"}}, client="test/1")  # fmt: skip
+    assert not api.api_turn_texts_forget(turn.pk)  # still waiting: left alone
+    Turn.objects.filter(pk=turn.pk).update(status=Turn.Status.CANCELLED, reply_text="Once upon",
+                                           finished_at=timezone.now() - timedelta(minutes=20))  # fmt: skip
+    assert api.api_texts_forget_ended(older_than_s=3600) == []  # ended too recently
+    assert api.api_texts_forget_ended(older_than_s=900) == [turn.pk]
+    turn.refresh_from_db()
+    assert turn.user_text == turn.reply_text == "" and "passthrough" not in turn.params
+    assert ChatSession.objects.get(pk=turn.session_id).context_messages == []
+    assert api.api_texts_forget_ended(older_than_s=900) == []  # once
+    assert apikeys.api_key_create(owner=owner, name="x", storage="nothing").key.storage == "nothing"
+    with pytest.raises(Exception, match="stored"):
+        apikeys.api_key_create(owner=owner, name="y", storage="maybe")
+    # The keys page's form takes the choice.
+    page = Client()
+    page.force_login(owner)
+    assert page.post("/keys/", {"name": "z", "storage": "nothing"}).status_code == 201
+    assert ApiKey.objects.get(name="z").storage == ApiKey.Storage.NOTHING
