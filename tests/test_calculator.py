@@ -215,13 +215,15 @@ def _smollm2_model():
 
 def test_prediction_marks_where_the_cache_starts_to_spill():
     """SmolLM2 in q8_0 (142.9 MB) with 1 GiB of fast memory: 4 sessions at f16 take 92,160 bytes a token together,
-    so contexts up to (1 GiB - weights) / 92,160 = 10,100.04 -> 10,100 fit, and 10,101 spills; at 4,096 tokens
-    (94.4 MB a session) 9 sessions fit and the 10th spills."""
+    so up to (1 GiB - weights) / 92,160 = 10,100.04 -> 10,100 cells a session fit; llama.cpp pads each session's
+    share to 256 cells, so 9,984 tokens (39 x 256) fit and 9,985 (10,240 cells) spill; at 4,096 tokens (94.4 MB a
+    session) 9 sessions fit and the 10th spills."""
     model = _smollm2_model()
     hw = calc.Hardware(fast=calc.Tier(1 * GIB, 100e9), slow=calc.Tier(16 * GIB, 10e9), flops=1e12, power_w=100)
     work = calc.Workload(context_tokens=4096, sessions=4, prompt_tokens=512)
     p = calc.predict(model, hw, work, price_per_kwh=0.2)
-    assert p.spill_context == math.floor((GIB - model.weight_bytes) / (4 * 23_040)) + 1 == 10_101
+    cells = math.floor((GIB - model.weight_bytes) / (4 * 23_040))
+    assert p.spill_context == cells // 256 * 256 + 1 == 9_985
     assert p.spill_sessions == math.floor((GIB - model.weight_bytes) / (4096 * 23_040)) + 1 == 10
     assert p.placement.fits and p.placement.spilled_bytes == 0
     assert p.at_full_context.total_tps == pytest.approx(4 * 100e9 / (model.weight_bytes + 4 * 4096 * 23_040))

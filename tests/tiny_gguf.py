@@ -289,3 +289,93 @@ def gpt_oss(layers: int = 4, heads: int = 4, kv_heads: int = 2, head: int = 32, 
             f"blk.{i}.ffn_up_exps.bias": (FF, experts),
         }
     return meta, tensors
+
+
+def llama4(layers: int = 5, heads: int = 4, kv_heads: int = 2, **keys: Any) -> tuple[dict, dict]:
+    """src/models/llama4.cpp, dense (``interleave_moe_layer_step`` 0, though it must state experts): chunked
+    attention, three layers of four, in chunks of 8192 whatever the GGUF says (its ``sliding_window`` 0: none)."""
+    meta = _base("llama4", layers, **{
+        "attention.head_count": heads, "attention.head_count_kv": kv_heads, "expert_count": 2,
+        "expert_used_count": 1, "expert_feed_forward_length": FF, "interleave_moe_layer_step": 0, **keys,
+    })  # fmt: skip
+    head = EMBD // heads
+    tensors = _top()
+    for i in range(layers):
+        tensors |= _attention(i, heads, kv_heads, head, head) | _ffn(i)
+    return meta, tensors
+
+
+def glm4moe(layers: int = 4, nextn: int = 1, heads: int = 4, kv_heads: int = 2) -> tuple[dict, dict]:
+    """src/models/glm4-moe.cpp, every layer dense (``leading_dense_block_count``): ``block_count`` includes the
+    ``nextn_predict_layers`` NextN/MTP layers at its end, whose tensors a trunk-only conversion leaves out (the
+    loader then marks them not required). ``post_attention_norm`` is the pre-FFN norm; no ``ffn_norm``."""
+    meta = _base("glm4moe", layers + nextn, **{
+        "attention.head_count": heads, "attention.head_count_kv": kv_heads, "expert_count": 2,
+        "expert_used_count": 1, "expert_feed_forward_length": FF, "expert_shared_count": 0,
+        "leading_dense_block_count": layers + nextn, "nextn_predict_layers": nextn,
+    })  # fmt: skip
+    head = EMBD // heads
+    tensors = _top()
+    for i in range(layers):
+        tensors |= _attention(i, heads, kv_heads, head, head) | {f"blk.{i}.post_attention_norm.weight": (EMBD,)}
+        tensors |= {name: shape for name, shape in _ffn(i).items() if "ffn_norm" not in name}
+    return meta, tensors
+
+
+def _post_norm_block(i: int, heads: int, kv_heads: int, head: int) -> dict[str, tuple[int, ...]]:
+    """exaone4's block: no pre-norms, post-norms after attention and feed-forward, Q/K norms."""
+    block = {k: v for k, v in _attention(i, heads, kv_heads, head, head).items() if "attn_norm" not in k}
+    block |= {k: v for k, v in _ffn(i).items() if "ffn_norm" not in k}
+    return block | {
+        f"blk.{i}.post_attention_norm.weight": (EMBD,), f"blk.{i}.post_ffw_norm.weight": (EMBD,),
+        f"blk.{i}.attn_q_norm.weight": (head,), f"blk.{i}.attn_k_norm.weight": (head,),
+    }  # fmt: skip
+
+
+def exaone4(layers: int = 64, heads: int = 4, kv_heads: int = 1, **keys: Any) -> tuple[dict, dict]:
+    """src/models/exaone4.cpp: with 64 layers (the 32B) three of four slide over 4096 tokens unless the GGUF states
+    another window; with any other count none slide."""
+    meta = _base("exaone4", layers, **{"attention.head_count": heads, "attention.head_count_kv": kv_heads, **keys})
+    head = EMBD // heads
+    tensors = _top()
+    for i in range(layers):
+        tensors |= _post_norm_block(i, heads, kv_heads, head)
+    return meta, tensors
+
+
+def cohere2(layers: int = 5, heads: int = 4, kv_heads: int = 2, window: int = 128) -> tuple[dict, dict]:
+    """src/models/cohere2.cpp: three of four layers slide (``sliding_window`` required); one norm per block, the
+    output tied to the embeddings."""
+    meta = _base("cohere2", layers, **{"attention.head_count": heads, "attention.head_count_kv": kv_heads,
+                                       "attention.sliding_window": window, "attention.layer_norm_epsilon": 1e-5,
+                                       "logit_scale": 1.0})  # fmt: skip
+    head = EMBD // heads
+    tensors = _top()
+    for i in range(layers):
+        tensors |= _attention(i, heads, kv_heads, head, head)
+        tensors |= {k: v for k, v in _ffn(i).items() if "ffn_norm" not in k}
+    return meta, tensors
+
+
+def lfm2(kv_heads: list[int] | None = None, heads: int = 4, l_cache: int = 3, **keys: Any) -> tuple[dict, dict]:
+    """src/models/lfm2.cpp: short-convolution layers where the per-layer ``head_count_kv`` is 0, attention (with
+    Q/K norms) elsewhere, all dense; the output norm is named ``token_embd_norm``. With a ``sliding_window`` every
+    attention layer slides."""
+    kv_heads = kv_heads or [0, 2, 0, 2, 0]
+    meta = _base("lfm2", len(kv_heads), **{"attention.head_count": heads, "attention.head_count_kv": kv_heads,
+                                           "shortconv.l_cache": l_cache, **keys})  # fmt: skip
+    head = EMBD // heads
+    tensors: dict[str, tuple[int, ...]] = {"token_embd.weight": (EMBD, VOCAB), "token_embd_norm.weight": (EMBD,)}
+    for i, n in enumerate(kv_heads):
+        tensors |= _ffn(i)
+        if n:
+            tensors |= _attention(i, heads, n, head, head)
+            tensors |= {f"blk.{i}.attn_q_norm.weight": (head,), f"blk.{i}.attn_k_norm.weight": (head,)}
+        else:
+            tensors |= {
+                f"blk.{i}.attn_norm.weight": (EMBD,),
+                f"blk.{i}.shortconv.conv.weight": (l_cache, EMBD),
+                f"blk.{i}.shortconv.in_proj.weight": (EMBD, 3 * EMBD),
+                f"blk.{i}.shortconv.out_proj.weight": (EMBD, EMBD),
+            }
+    return meta, tensors

@@ -82,8 +82,16 @@ def _pad(cells: int) -> int:
     return -(-cells // KV_PAD) * KV_PAD
 
 
-def kv_cells(tokens: int, *, parallel: int = 1, window: int = 0, ubatch: int = UBATCH, unified: bool = False) -> int:
-    """Cells llama.cpp gives each stream in one layer.
+def kv_cells(
+    tokens: int,
+    *,
+    parallel: int = 1,
+    window: int = 0,
+    ubatch: int = UBATCH,
+    unified: bool = False,
+    swa_full: bool = False,
+) -> int:
+    """Cells llama.cpp gives each stream in one layer (``llama_kv_cache_iswa``, src/llama-kv-cache-iswa.cpp).
 
     Per sequence (``unified`` False: ``-c tokens*parallel -np parallel``, one stream per sequence, llama-server's
     default when the slot count is given): the context padded to 256, each sequence's share padded to 256; a
@@ -92,7 +100,12 @@ def kv_cells(tokens: int, *, parallel: int = 1, window: int = 0, ubatch: int = U
     Unified (``-kvu``, and llama-server's default without ``-np``: 4 slots over one cache): one stream of ``tokens``
     cells (the whole ``-c``, which every slot reports as its n_ctx) padded to 256, shared by the ``parallel``
     sequences; a sliding-window layer holds the window of every sequence plus one micro-batch
-    (``llama_kv_cache_iswa``: ``n_swa * n_seq_max + n_ubatch``), no more than the pool, padded to 256."""
+    (``llama_kv_cache_iswa``: ``n_swa * n_seq_max + n_ubatch``), no more than the pool, padded to 256.
+
+    llama4's chunked layers are sized the same way, their chunk as the window. ``swa_full`` (llama-server's
+    ``--swa-full``): sliding-window layers hold as many cells as full-attention ones."""
+    if swa_full:
+        window = 0
     if unified:
         pool = _pad(tokens)
         if not window:
@@ -114,6 +127,7 @@ def kv_allocated_bytes(
     parallel: int = 1,
     ubatch: int = UBATCH,
     unified: bool = False,
+    swa_full: bool = False,
 ) -> float:
     """Bytes the backend allocates for ``parallel`` sequences (see ``kv_cells``): ``tokens`` of context per sequence,
     or with ``unified`` one pool of ``tokens`` cells they share; recurrent states included, one per sequence."""
@@ -121,6 +135,9 @@ def kv_allocated_bytes(
     streams = 1 if unified else parallel
     total = 0.0
     for layer in _layers(arch):
-        cells = kv_cells(tokens, parallel=parallel, window=layer.window, ubatch=ubatch, unified=unified) * streams
+        cells = kv_cells(
+            tokens, parallel=parallel, window=layer.window, ubatch=ubatch, unified=unified, swa_full=swa_full
+        )
+        cells *= streams
         total += cells * layer.kv_heads * (layer.key_dim + layer.value_dim) * element + layer.state_bytes * parallel
     return total

@@ -11,7 +11,7 @@ from typing import Any
 from django import forms
 from django.http import QueryDict
 
-from inference.backends.base import ModelArchitecture
+from inference.backends.base import LayerKV, ModelArchitecture
 from monitoring.calculator import model as calc
 from monitoring.calculator import presets
 from monitoring.calculator.selectors import RigFacts
@@ -59,6 +59,10 @@ class CalculatorForm(forms.Form):
     kv_heads = _int(1, 1024, label="KV heads")
     embd = _int(1, 131_072, label="embedding length")
     head_dim = _int(1, 4096, required=False, label="head dim (blank: embedding / heads)")
+    sliding_layers = _int(0, 1000, required=False, label="of the layers, sliding-window (blank: none)")
+    window = _int(1, 10_000_000, required=False, label="sliding window (tokens)")
+    recurrent_layers = _int(0, 1000, required=False, label="of the layers, recurrent: no KV (blank: none)")
+    state_mib = _float(0, 100_000, required=False, label="recurrent state per layer and session (MiB)")
     params_b = _float(1e-4, 100_000, label="parameters (billions)")
     quant = forms.ChoiceField(choices=[(q, q) for q in calc.WEIGHT_BITS_PER_WEIGHT], label="weight quantisation")
     weight_gib = _float(1e-4, 1_000_000, required=False, label="weight file size (GiB; blank: from the quantisation)")
@@ -88,6 +92,11 @@ class CalculatorForm(forms.Form):
         heads, kv_heads, embd = data.get("heads"), data.get("kv_heads"), data.get("embd")
         if heads and kv_heads and (kv_heads > heads or heads % kv_heads):
             self.add_error("kv_heads", "KV heads must divide the attention heads")
+        layers, sliding, recurrent = data.get("layers"), data.get("sliding_layers") or 0, data.get("recurrent_layers")
+        if layers and sliding + (recurrent or 0) > layers:
+            self.add_error("sliding_layers", "sliding-window and recurrent layers are more than the layers")
+        if sliding and not data.get("window"):
+            self.add_error("window", "sliding-window layers need their window")
         if heads and embd and not data.get("head_dim") and embd % heads:
             self.add_error("head_dim", "the embedding length does not divide into the heads: give the head dim")
         if data.get("prompt") is not None and data.get("context") and data["prompt"] > data["context"]:
@@ -144,6 +153,13 @@ def inputs(form: CalculatorForm) -> tuple[calc.ModelSpec, calc.Hardware, calc.Wo
     """The calculator's inputs from a valid form."""
     d = form.cleaned_data
     head_dim = d["head_dim"] or d["embd"] // d["heads"]
+    sliding, recurrent = d.get("sliding_layers") or 0, d.get("recurrent_layers") or 0
+    state = round((d.get("state_mib") or 0) * 2**20)
+    layers = (
+        (LayerKV(d["kv_heads"], head_dim, head_dim),) * (d["layers"] - sliding - recurrent)
+        + (LayerKV(d["kv_heads"], head_dim, head_dim, window=d.get("window") or 0),) * sliding
+        + (LayerKV(0, head_dim, head_dim, state_bytes=state),) * recurrent
+    )
     arch = ModelArchitecture(
         arch="custom",
         block_count=d["layers"],
@@ -152,6 +168,7 @@ def inputs(form: CalculatorForm) -> tuple[calc.ModelSpec, calc.Hardware, calc.Wo
         embedding_length=d["embd"],
         key_length=head_dim,
         value_length=head_dim,
+        layers=layers,
     )
     params = d["params_b"] * 1e9
     weights = d["weight_gib"] * GIB if d["weight_gib"] else calc.weight_bytes(params=params, quant=d["quant"])

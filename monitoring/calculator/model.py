@@ -7,12 +7,18 @@ tier (system RAM), layer by layer as llama.cpp's ``-ngl`` splits it: that share 
 slow tier's bandwidth (the spilled layers run where they lie) or over the link (the fast tier's processor reads them).
 Prefill is compute-bound: 2 x parameters x prompt tokens FLOPs. Every figure is a bound: no kernel reaches its
 hardware's peak. Formulas and their limits: docs/calculator.md.
+
+The KV cache is sized layer by layer as llama.cpp allocates it (``KVSizer``, inference/backends/kvcache.py): a
+full-attention layer holds the whole context, a sliding-window (or llama4 chunked) layer its window plus a batch,
+a recurrent layer a fixed state per session. It is not linear in the context, so the longest context that fits is
+found by bisection.
 """
 
 from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -87,10 +93,46 @@ def kv_bytes_per_token(arch: ModelArchitecture, kv_type: str) -> float:
 
 
 def kv_bytes(*, per_token: float, context_tokens: int, sessions: int) -> float:
-    """The KV cache of ``sessions`` sequences of ``context_tokens`` each."""
+    """The KV cache of ``sessions`` sequences of ``context_tokens`` each, every layer attending to all of them."""
     _positive(per_token=per_token, sessions=sessions)
     _not_negative(context_tokens=context_tokens)
     return per_token * context_tokens * sessions
+
+
+@dataclass(frozen=True)
+class KVSizer:
+    """A model's KV cache at a context and a session count.
+
+    With ``arch``: per layer (``monitoring.decode.kv_allocated_bytes``: what llama-server allocates with ``-c
+    context x sessions -np sessions``, cells padded to 256, sliding-window layers at their window plus a batch,
+    recurrent states one per session; ``kv_bytes``: what the tokens in use hold, read each decode step). Without:
+    ``per_token`` x context x sessions (every layer full attention, no padding)."""
+
+    arch: ModelArchitecture | None = None
+    kv_type: str = "f16"
+    per_token: float = 0.0
+
+    def allocated(self, context_tokens: int, sessions: int) -> float:
+        if self.arch is None:
+            return kv_bytes(per_token=self.per_token, context_tokens=context_tokens, sessions=sessions)
+        _positive(sessions=sessions)
+        _not_negative(context_tokens=context_tokens)
+        if context_tokens == 0:
+            return self.held(0, sessions)
+        return decode.kv_allocated_bytes(self.arch, context_tokens, self.kv_type, parallel=sessions)
+
+    def held(self, context_tokens: int, sessions: int) -> float:
+        if self.arch is None:
+            return kv_bytes(per_token=self.per_token, context_tokens=context_tokens, sessions=sessions)
+        _positive(sessions=sessions)
+        _not_negative(context_tokens=context_tokens)
+        return decode.kv_bytes(self.arch, context_tokens, self.kv_type, parallel=sessions)
+
+
+def kv_sizer(arch: ModelArchitecture, kv_type: str) -> KVSizer:
+    """The per-layer sizer of ``arch`` (its geometry checked as ``kv_bytes_per_token`` does)."""
+    kv_bytes_per_token(arch, kv_type)
+    return KVSizer(arch, kv_type)
 
 
 @dataclass(frozen=True)
@@ -201,23 +243,29 @@ class DecodeRate:
 def decode_rate(
     *,
     weight_bytes: float,
-    kv_per_token: float,
     hw: Hardware,
     context_tokens: int,
     sessions: int,
+    kv_per_token: float | None = None,
+    kv: KVSizer | None = None,
     context_in_use: int | None = None,
     params: float | None = None,
 ) -> DecodeRate | None:
     """Tokens/s with ``sessions`` sequences of ``context_tokens`` allocated, each holding ``context_in_use`` tokens
-    now (the whole context when None); None when the footprint does not fit. With ``params`` and the hardware's FLOP/s,
-    a step takes at least its 2 x parameters x sessions FLOPs: many sessions make decode compute-bound."""
+    now (the whole context when None); None when the footprint does not fit. The cache: ``kv`` per layer, else
+    ``kv_per_token`` for every token. With ``params`` and the hardware's FLOP/s, a step takes at least its
+    2 x parameters x sessions FLOPs: many sessions make decode compute-bound."""
     _positive(weight_bytes=weight_bytes)
-    allocated = kv_bytes(per_token=kv_per_token, context_tokens=context_tokens, sessions=sessions)
+    if kv is None:
+        if kv_per_token is None:
+            raise ValueError("decode_rate needs kv or kv_per_token")
+        kv = KVSizer(per_token=kv_per_token)
+    allocated = kv.allocated(context_tokens, sessions)
     placement = place(weight_bytes + allocated, hw)
     if not placement.fits:
         return None
     in_use = context_tokens if context_in_use is None else min(context_in_use, context_tokens)
-    read = weight_bytes + kv_bytes(per_token=kv_per_token, context_tokens=in_use, sessions=sessions)
+    read = weight_bytes + kv.held(in_use, sessions)
     step = decode_step_s(read_bytes=read, placement=placement, hw=hw)
     compute = 2 * params * sessions / hw.flops if params and hw.flops else 0.0
     return DecodeRate(1 / max(step, compute), sessions / max(step, compute), max(step, compute), read, compute > step)
@@ -239,10 +287,46 @@ def max_sessions(*, capacity_bytes: float, weight_bytes: float, kv_per_session_b
 
 
 def max_context(*, capacity_bytes: float, weight_bytes: float, kv_per_token: float, sessions: int) -> int:
-    """The longest context each of ``sessions`` can hold beside the weights in ``capacity_bytes``."""
+    """The longest context each of ``sessions`` can hold beside the weights in ``capacity_bytes`` (linear rule)."""
     return max_sessions(
         capacity_bytes=capacity_bytes, weight_bytes=weight_bytes, kv_per_session_bytes=kv_per_token * sessions
     )
+
+
+CONTEXT_LIMIT = 1 << 30  # the most tokens searched: a cache that stops growing (all recurrent) fits any context
+
+
+def _largest(fits: Callable[[int], bool], limit: int) -> int:
+    """The largest n in 0..``limit`` with ``fits(n)``, ``fits`` monotone (true up to some n, false after): doubling
+    then bisection, about 2 log2(n) calls."""
+    if not fits(1):
+        return 0
+    low, high = 1, 2
+    while high <= limit and fits(high):
+        low, high = high, high * 2
+    if high > limit:
+        if fits(limit):
+            return limit
+        high = limit
+    while high - low > 1:  # fits(low), not fits(high)
+        mid = (low + high) // 2
+        low, high = (mid, high) if fits(mid) else (low, mid)
+    return low
+
+
+def max_sessions_for(*, capacity_bytes: float, weight_bytes: float, kv: KVSizer, context_tokens: int) -> int:
+    """The most sessions of ``context_tokens`` whose cache, as allocated, fits beside the weights."""
+    _positive(weight_bytes=weight_bytes)
+    room = capacity_bytes - weight_bytes
+    return _largest(lambda n: kv.allocated(context_tokens, n) <= room, 1 << 20) if room >= 0 else 0
+
+
+def max_context_for(*, capacity_bytes: float, weight_bytes: float, kv: KVSizer, sessions: int) -> int:
+    """The longest context each of ``sessions`` can have beside the weights (bisection: the cache is not linear in
+    the context); ``CONTEXT_LIMIT`` when it stops growing first."""
+    _positive(weight_bytes=weight_bytes)
+    room = capacity_bytes - weight_bytes
+    return _largest(lambda n: kv.allocated(n, sessions) <= room, CONTEXT_LIMIT) if room >= 0 else 0
 
 
 @dataclass(frozen=True)
@@ -288,8 +372,8 @@ class Workload:
 @dataclass(frozen=True)
 class Prediction:
     weight_bytes: float
-    kv_bytes_per_token: float
-    kv_bytes: float
+    kv_bytes_per_token: float  # what each further token adds: the full-attention layers
+    kv_bytes: float  # allocated, layer by layer, for the context and sessions
     placement: Placement
     at_full_context: DecodeRate | None
     at_prompt: DecodeRate | None  # each session's context holding just the prompt: where a reply starts
@@ -314,12 +398,13 @@ def predict(model: ModelSpec, hw: Hardware, work: Workload, *, price_per_kwh: fl
     if not 0 <= work.prompt_tokens <= work.context_tokens:
         raise ValueError("the prompt must fit in the context")
     per_token = kv_bytes_per_token(model.arch, work.kv_type)
-    kv = kv_bytes(per_token=per_token, context_tokens=work.context_tokens, sessions=work.sessions)
+    sizer = kv_sizer(model.arch, work.kv_type)
+    kv = sizer.allocated(work.context_tokens, work.sessions)
     placement = place(model.weight_bytes + kv, hw)
     rate = functools.partial(
         decode_rate,
         weight_bytes=model.weight_bytes,
-        kv_per_token=per_token,
+        kv=sizer,
         hw=hw,
         context_tokens=work.context_tokens,
         sessions=work.sessions,
@@ -328,18 +413,13 @@ def predict(model: ModelSpec, hw: Hardware, work: Workload, *, price_per_kwh: fl
     full, start = rate(), rate(context_in_use=work.prompt_tokens)
     prefill = prefill_s(params=model.params, prompt_tokens=work.prompt_tokens, flops=hw.flops) if hw.flops else None
     ttft = prefill + start.step_s if prefill is not None and start else None
-    per_session = per_token * work.context_tokens
-    fast_sessions = max_sessions(
-        capacity_bytes=hw.usable_fast_bytes, weight_bytes=model.weight_bytes, kv_per_session_bytes=per_session
+    sessions_in = functools.partial(
+        max_sessions_for, weight_bytes=model.weight_bytes, kv=sizer, context_tokens=work.context_tokens
     )
-    all_sessions = max_sessions(
-        capacity_bytes=hw.total_bytes, weight_bytes=model.weight_bytes, kv_per_session_bytes=per_session
-    )
-    fast_context = max_context(
-        capacity_bytes=hw.usable_fast_bytes,
-        weight_bytes=model.weight_bytes,
-        kv_per_token=per_token,
-        sessions=work.sessions,
+    fast_sessions = sessions_in(capacity_bytes=hw.usable_fast_bytes)
+    all_sessions = sessions_in(capacity_bytes=hw.total_bytes)
+    fast_context = max_context_for(
+        capacity_bytes=hw.usable_fast_bytes, weight_bytes=model.weight_bytes, kv=sizer, sessions=work.sessions
     )
     energy = None
     if full and hw.power_w:
@@ -396,12 +476,12 @@ def curve(
     sessions: list[int] | None = None,
 ) -> list[DecodeRate | None]:
     """Decode rates at full context along one axis (contexts, or session counts), the rest as in ``work``."""
-    per_token = kv_bytes_per_token(model.arch, work.kv_type)
+    sizer = kv_sizer(model.arch, work.kv_type)
     pairs = [(c, work.sessions) for c in contexts] if contexts else [(work.context_tokens, s) for s in sessions or []]
     return [
         decode_rate(
             weight_bytes=model.weight_bytes,
-            kv_per_token=per_token,
+            kv=sizer,
             hw=hw,
             context_tokens=c,
             sessions=s,

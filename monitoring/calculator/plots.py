@@ -81,10 +81,10 @@ def context_figure(
     measured_name: str = MEASURED_NAME,
 ) -> dict[str, Any]:
     no_fit = (
-        calc.max_context(
+        calc.max_context_for(
             capacity_bytes=hw.total_bytes,
             weight_bytes=model.weight_bytes,
-            kv_per_token=prediction.kv_bytes_per_token,
+            kv=calc.kv_sizer(model.arch, work.kv_type),
             sessions=work.sessions,
         )
         + 1

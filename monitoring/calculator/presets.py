@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from inference.backends.base import ModelArchitecture
+from inference.backends.kv_layers import layers_from_metadata
 
 
 @dataclass(frozen=True)
@@ -21,12 +22,19 @@ class ModelPreset:
 
     def fields(self) -> dict[str, Any]:
         head_dim = self.arch.key_length or self.arch.embedding_length // self.arch.head_count
+        layers = self.arch.layers
+        windows = {layer.window for layer in layers if layer.kv_heads and layer.window}
+        states = {layer.state_bytes for layer in layers if not layer.kv_heads and layer.state_bytes}
         return {
             "layers": self.arch.block_count,
             "heads": self.arch.head_count,
             "kv_heads": self.arch.head_count_kv,
             "embd": self.arch.embedding_length,
             "head_dim": head_dim,
+            "sliding_layers": sum(1 for layer in layers if layer.kv_heads and layer.window) or None,
+            "window": max(windows, default=None),
+            "recurrent_layers": sum(1 for layer in layers if not layer.kv_heads) or None,
+            "state_mib": round(max(states) / 2**20, 6) if states else None,
             "params_b": self.params / 1e9,
             "weight_gib": None,
         }
@@ -93,7 +101,39 @@ def _arch(
     )
 
 
+def _from_gguf_keys(arch: str, ctx: int, **keys: Any) -> ModelArchitecture:
+    """A model's geometry as its GGUF states it, each layer's cache by llama.cpp's rules (kv_layers.py)."""
+    meta = {"general.architecture": arch, **{f"{arch}.{key}": value for key, value in keys.items()}}
+    layers = layers_from_metadata(meta)
+    return ModelArchitecture(
+        arch=arch,
+        block_count=keys["block_count"],
+        head_count=keys["attention.head_count"],
+        head_count_kv=keys["attention.head_count_kv"],
+        embedding_length=keys["embedding_length"],
+        context_length=ctx,
+        key_length=keys.get("attention.key_length"),
+        value_length=keys.get("attention.value_length"),
+        layers=layers,
+    )
+
+
 HF = "config.json and parameter count on Hugging Face, "
+# google/gemma-3-27b-it config.json (text_config): 62 layers, 32 heads, 16 KV heads of 128, hidden 5376, sliding
+# window 1024 in five layers of six (llama.cpp src/models/gemma3.cpp: load_swa_pattern(ml, 6)).
+GEMMA3_27B = _from_gguf_keys("gemma3", 131072, **{
+    "block_count": 62, "embedding_length": 5376, "attention.head_count": 32, "attention.head_count_kv": 16,
+    "attention.key_length": 128, "attention.value_length": 128, "attention.sliding_window": 1024,
+})  # fmt: skip
+# Qwen/Qwen3-Next-80B-A3B-Instruct config.json: 48 layers, one of four full attention (16 heads, 2 KV heads of 256),
+# the others Gated DeltaNet (conv kernel 4, 16 key heads of 128, 32 value heads of 128), as convert_hf_to_gguf.py
+# writes them: ssm.state_size 128, ssm.group_count 16, ssm.time_step_rank 32, ssm.inner_size 32 x 128.
+QWEN3_NEXT_80B = _from_gguf_keys("qwen3next", 262144, **{
+    "block_count": 48, "embedding_length": 2048, "attention.head_count": 16, "attention.head_count_kv": 2,
+    "attention.key_length": 256, "attention.value_length": 256, "full_attention_interval": 4,
+    "ssm.conv_kernel": 4, "ssm.state_size": 128, "ssm.group_count": 16, "ssm.time_step_rank": 32,
+    "ssm.inner_size": 4096,
+})  # fmt: skip
 MODELS: dict[str, ModelPreset] = {
     "smollm2-135m": ModelPreset(
         "SmolLM2-135M-Instruct",
@@ -110,6 +150,19 @@ MODELS: dict[str, ModelPreset] = {
     "qwen2.5-7b": ModelPreset("Qwen2.5 7B", _arch(28, 28, 4, 3584, 32768, 128), 7_615_616_512, HF + "Qwen/Qwen2.5-7B"),
     "llama-3.1-70b": ModelPreset(
         "Llama 3.1 70B", _arch(80, 64, 8, 8192, 131072), 70_553_706_496, HF + "meta-llama/Llama-3.1-70B"
+    ),
+    "gemma-3-27b": ModelPreset(
+        "Gemma 3 27B (sliding window)",
+        GEMMA3_27B,
+        27_400_000_000,
+        HF + "google/gemma-3-27b-it (27.4 B with its vision encoder); 52 of 62 layers slide over 1,024 tokens",
+    ),
+    "qwen3-next-80b": ModelPreset(
+        "Qwen3-Next 80B-A3B (hybrid)",
+        QWEN3_NEXT_80B,
+        80_000_000_000,
+        HF + "Qwen/Qwen3-Next-80B-A3B-Instruct (80 B, 3 B active: the calculator reads every weight each step); "
+        "12 of 48 layers attend, 36 Gated DeltaNet layers keep a 2.1 MiB state a session",
     ),
 }
 

@@ -47,6 +47,33 @@ class RigFacts:
         }
 
 
+def _layer_kinds(arch: dict[str, Any]) -> dict[str, Any]:
+    """The calculator's layer kinds from a rig's architecture: Ollama's per-layer list (kv heads, key, value,
+    window, state), or llama-server's counts (inference/backends/llamacpp/monitor.py ``arch_summary``). Layers with
+    no cache at all (NextN, shared-KV) are left out of ``layers``."""
+    per_layer = arch.get("layers")
+    if per_layer:
+        rows = [(int(r[0]), int(r[3]) if len(r) > 3 else 0, int(r[4]) if len(r) > 4 else 0) for r in per_layer]
+        sliding = [w for heads, w, _ in rows if heads and w]
+        states = [state for heads, _, state in rows if state and not heads]
+        cached = sum(1 for heads, _, state in rows if heads or state)
+        window, recurrent, state = max(sliding, default=0), len(states), max(states, default=0)
+    elif "sliding_layers" in arch:
+        sliding = [0] * int(arch["sliding_layers"])
+        window, recurrent = int(arch.get("window") or 0), int(arch.get("recurrent_layers") or 0)
+        state = int(arch.get("state_bytes") or 0)
+        cached = int(arch.get("attention_layers") or arch["block_count"]) + recurrent
+    else:
+        return {}
+    return {
+        "layers": cached or arch["block_count"],
+        "sliding_layers": len(sliding) or None,
+        "window": window or None,
+        "recurrent_layers": recurrent or None,
+        "state_mib": round(state / 2**20, 6) if recurrent else None,
+    }
+
+
 def _model_fields(detail: dict[str, Any], series: dict[str, Any]) -> tuple[dict[str, Any], str]:
     kv = detail.get("kv") or {}
     arch = kv.get("arch")
@@ -63,6 +90,7 @@ def _model_fields(detail: dict[str, Any], series: dict[str, Any]) -> tuple[dict[
         "embd": arch["embedding_length"],
         "head_dim": head_dim,
     }
+    fields |= _layer_kinds(arch)
     if kv.get("params"):
         fields["params_b"] = kv["params"] / 1e9
     weight = series.get("weight_bytes") or (

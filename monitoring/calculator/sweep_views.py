@@ -70,13 +70,13 @@ def step_predictions(sweep: Sweep, form: forms.CalculatorForm) -> list[float | N
     """The predicted tokens/s per session of each step as planned (its sessions, its prompt plus half the reply in
     use, the form's context allocated), for the page's measured-over-predicted column; None where it does not fit."""
     model, hw, work, _ = forms.inputs(form)
-    per_token = calc.kv_bytes_per_token(model.arch, work.kv_type)
+    sizer = calc.kv_sizer(model.arch, work.kv_type)
     predicted: list[float | None] = []
     for context, sessions in sweep.steps:
         in_use = context + sweep.max_tokens // 2
         rate = calc.decode_rate(
             weight_bytes=model.weight_bytes,
-            kv_per_token=per_token,
+            kv=sizer,
             hw=hw,
             context_tokens=max(work.context_tokens, in_use),
             sessions=sessions,

@@ -19,7 +19,11 @@ from monitoring.calculator import model as calc
 from rigdash import numbers
 
 GROUPS = [
-    ("Model", "model layers heads kv_heads embd head_dim params_b quant weight_gib kv_type"),
+    (
+        "Model",
+        "model layers heads kv_heads embd head_dim sliding_layers window recurrent_layers state_mib params_b quant "
+        "weight_gib kv_type",
+    ),
     ("Workload", "context sessions prompt"),
     ("Hardware", "hw vram_gib vram_gbs reserved_gib tflops host ram_gib ram_gbs link link_gbs spill"),
     ("Power and price", "watts price"),

@@ -354,4 +354,7 @@ def arch_summary(arch: ModelArchitecture) -> dict[str, Any]:
     summary = {key: value for key, value in vars(arch).items() if key != "layers"}
     summary["attention_layers"] = sum(1 for layer in arch.layers if layer.kv_heads) if arch.layers else arch.block_count
     summary["sliding_layers"] = sum(1 for layer in arch.layers if layer.kv_heads and layer.window)
+    summary["window"] = max((layer.window for layer in arch.layers if layer.kv_heads), default=0)
+    summary["recurrent_layers"] = sum(1 for layer in arch.layers if layer.state_bytes and not layer.kv_heads)
+    summary["state_bytes"] = max((layer.state_bytes for layer in arch.layers), default=0)
     return summary
