@@ -118,7 +118,14 @@ async def rig_loop(
         await asyncio.sleep(phase)
     done = 0
     next_at = time.monotonic()
+    config_at: float | None = None
     while ticks is None or done < ticks:
+        if sampler.rig.agent_key and (config_at is None or time.monotonic() - config_at >= agents.CONFIG_EVERY_S):
+            config_at = time.monotonic()
+            try:  # the record its database-free agent builds its sampler from (inference/live/agents.py)
+                await database_sync_to_async(services.agent_config_publish)(sampler.rig)
+            except RedisError as exc:
+                log.warning("rig %s: its agent's record was not written: %r", rig_id, exc)
         if wake is not None:
             wake.clear()  # a wake-up from here on is about this sample or later: it is not lost
         sample = await database_sync_to_async(_complete_store_publish)(sampler, rig_id, await read(sampler))
@@ -198,10 +205,12 @@ def _maintenance() -> None:
 
 
 def _rig_configurations() -> dict[int, tuple[Any, ...]]:
-    """Each enabled rig's id and what its sampler is made from (the rig and its profile)."""
+    """Each enabled rig's id and what its sampler and its agent's record are made from (the rig and its profile):
+    a change starts its loop afresh, which signs the record again at once."""
     rows = Rig.objects.filter(enabled=True).values_list(
-        "pk", "kind", "base_url", "agent_key", "profile__kv_cache_type", "profile__bandwidth_gbs",
-        "profile__model_layers", "profile__model_kv_heads", "profile__model_head_dim",
+        "pk", "kind", "base_url", "agent_key", "api_key", "name", "slots", "profile__kv_cache_type",
+        "profile__bandwidth_gbs", "profile__bandwidth_source", "profile__model_layers", "profile__model_kv_heads",
+        "profile__model_head_dim",
     )  # fmt: skip
     return {row[0]: tuple(row[1:]) for row in rows}
 

@@ -11,6 +11,7 @@ from typing import Any
 from django.db import transaction
 from django.utils import timezone
 
+from inference.live import agents
 from inference.models import Rig
 from monitoring import events
 from monitoring.models import RigProfile, RigSample
@@ -39,6 +40,25 @@ def sampler_for(rig: Rig, *, local_host: bool) -> RigSampler:
         local_host=local_host,
         profile_arch=profile.geometry(),
     )
+
+
+def agent_config(rig: Rig) -> dict[str, Any]:
+    """What a database-free agent needs of its rig (monitoring/agent.py ``sampler_from_config``): the rig's row and
+    its profile's settings, the backend key included (``agents.config_publish`` seals it)."""
+    profile = profile_for(rig)
+    return {
+        "rig": rig.pk, "name": rig.name, "kind": rig.kind, "base_url": rig.base_url, "queue": rig.queue,
+        "slots": rig.slots, "api_key": rig.api_key, "kv_cache_type": profile.kv_cache_type,
+        "bandwidth_gbs": profile.bandwidth_gbs, "bandwidth_source": profile.bandwidth_source,
+        "model_layers": profile.model_layers, "model_kv_heads": profile.model_kv_heads,
+        "model_head_dim": profile.model_head_dim,
+    }  # fmt: skip
+
+
+def agent_config_publish(rig: Rig) -> None:
+    """Sign the rig's record for its database-free agent again (the sampler, every ``agents.CONFIG_EVERY_S``)."""
+    if rig.agent_key:
+        agents.config_publish(key=rig.agent_key, rig_id=rig.pk, config=agent_config(rig))
 
 
 def sample_as_dict(sample: Sample) -> dict[str, Any]:

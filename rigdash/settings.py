@@ -26,7 +26,12 @@ from rigdash.sso.config import authentication_backends, oidc_config_from_env
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(env_str("RIGDASH_VAR_DIR", str(BASE_DIR / "var")))
-VAR_DIR.mkdir(parents=True, exist_ok=True)
+# A database-free rig agent (`manage.py rigdash_agent --rig-id ID`, docs/monitoring.md "Rig agents"): it holds its
+# rig's id, its rig's key and a Redis URL, nothing else. No database (any query raises), no secret key of RigDash's
+# (a random one for this process: the agent signs nothing with it), and nothing written under VAR_DIR.
+AGENT_ONLY = env_bool("RIGDASH_AGENT_ONLY", False)
+if not AGENT_ONLY:
+    VAR_DIR.mkdir(parents=True, exist_ok=True)
 
 DEBUG = env_bool("RIGDASH_DEBUG", False)
 
@@ -43,7 +48,7 @@ def _secret_key() -> str:
     return path.read_text().strip()
 
 
-SECRET_KEY = _secret_key()
+SECRET_KEY = secrets.token_urlsafe(50) if AGENT_ONLY else _secret_key()
 ALLOWED_HOSTS = env_list("RIGDASH_ALLOWED_HOSTS", ["127.0.0.1", "localhost", "[::1]"])
 CSRF_TRUSTED_ORIGINS = env_list("RIGDASH_CSRF_TRUSTED_ORIGINS", [])
 
@@ -143,7 +148,9 @@ DATABASES = {
         conn_health_checks=True,
     )
 }
-if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
+if AGENT_ONLY:
+    DATABASES = {"default": {"ENGINE": "django.db.backends.dummy"}}
+elif DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     # WAL lets the web server read while the worker writes; IMMEDIATE takes the write lock at BEGIN so
     # two writers queue on the busy timeout instead of failing with "database is locked".
     DATABASES["default"]["OPTIONS"] = {
@@ -178,7 +185,8 @@ USE_TZ = True
 STATIC_URL = "/static/"
 STATICFILES_DIRS = [BASE_DIR / "static"]
 STATIC_ROOT = VAR_DIR / "staticfiles"
-STATIC_ROOT.mkdir(exist_ok=True)
+if not AGENT_ONLY:
+    STATIC_ROOT.mkdir(exist_ok=True)
 WHITENOISE_USE_FINDERS = True  # serve straight from static/ without collectstatic for a local run
 
 # REDIS_URL, or REDIS_HOST and the other REDIS_* parts (docker-compose.yml), the password percent-encoded

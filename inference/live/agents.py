@@ -6,22 +6,41 @@ HMAC-SHA256 under the rig's ``agent_key``. The central sampler and the queue rea
 its heartbeat is fresh (``RIGDASH_AGENT_TIMEOUT_S``), and what it sends counts only when its signature matches the
 key of the rig it names, so one rig's agent cannot pose as another's. What a host with broker access can do is
 documented in docs/monitoring.md ("Rig agents").
+
+A database-free agent (``rigdash_agent --rig-id ID``) learns its rig from a record the central sampler keeps here per
+rig (``config_publish``): the rig's kind, URL, slots and profile, signed like the samples so that a record written by
+anyone without the rig's key is refused, dated so that an old one replayed is refused too, and the backend's own key
+in it sealed (AES-256-GCM under a key derived from the rig's key), so that Redis and whoever reads it without the
+rig's key never see it. Every key an agent touches is under ``rigdash:agent:<id>:`` (``AGENT_COMMANDS`` are the
+commands it sends), so a Redis ACL user can be limited to its own rig's (``acl_setuser``).
 """
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import hmac
 import json
+import os
 import time
 from dataclasses import dataclass
 from typing import Any
 
+from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from django.conf import settings
 
 from inference.live import state
 
 KEPT_S = 24 * 3600  # a heartbeat outlives any outage it reports ("down since ...")
+CONFIG_EVERY_S = 60.0  # the central sampler signs each rig's record again this often, and an agent reads it again
+CONFIG_MAX_AGE_S = 600.0  # an agent refuses an older record (one replayed from before an admin's change)
+CONFIG_SKEW_S = 60.0  # nor one dated further ahead than clocks drift apart
+# What a database-free agent sends Redis, for its ACL user (docs/monitoring.md): SELECT on connecting (a database
+# other than 0), its health check (PING), the record and the heartbeat's reads (GET), and its writes (SET with EX).
+# redis-py also names itself on connecting (CLIENT SETINFO, Redis 7.2 and later): refused, it carries on, and the
+# refusal is in ACL LOG; ``acl_setuser(..., setinfo=True)`` allows it there.
+AGENT_COMMANDS = ("get", "set", "ping", "select")
 
 
 def beat_key(rig_id: int) -> str:
@@ -30,6 +49,25 @@ def beat_key(rig_id: int) -> str:
 
 def sample_key(rig_id: int) -> str:
     return f"rigdash:agent:{rig_id}:sample"
+
+
+def config_key(rig_id: int) -> str:
+    return f"rigdash:agent:{rig_id}:config"
+
+
+def agent_keys(rig_id: int) -> str:
+    """The key pattern of everything one rig's agent reads and writes."""
+    return f"rigdash:agent:{rig_id}:*"
+
+
+def acl_setuser(rig_id: int, username: str, password: str, *, setinfo: bool = False) -> list[str]:
+    """The ``ACL SETUSER`` arguments of a Redis user that can do what rig ``rig_id``'s database-free agent does and
+    nothing else: its commands, on its own rig's keys, no channel (``setinfo``: Redis 7.2 and later)."""
+    commands = (*AGENT_COMMANDS, "client|setinfo") if setinfo else AGENT_COMMANDS
+    return [
+        username, "reset", "on", f">{password}", f"~{agent_keys(rig_id)}", "resetchannels", "-@all",
+        *(f"+{command}" for command in commands),
+    ]  # fmt: skip
 
 
 def sign(key: str, rig_id: int, body: bytes) -> str:
@@ -65,6 +103,61 @@ def open_envelope(key: str, rig_id: int, raw: bytes | str | None) -> dict[str, A
     payload = json.loads(body)
     if not isinstance(payload, dict):
         raise ValueError("the agent's payload is not an object")
+    return payload
+
+
+def _seal_key(key: str) -> bytes:
+    """The AES-256 key that seals a rig's secrets in its record, derived from the rig's key (never the key itself,
+    which also signs)."""
+    return hmac.new(key.encode(), b"rigdash agent config seal v1", hashlib.sha256).digest()
+
+
+def seal(key: str, rig_id: int, secret: str) -> str:
+    """``secret`` readable only with the rig's key, and only as rig ``rig_id``'s (the rig id is authenticated data)."""
+    nonce = os.urandom(12)
+    sealed = AESGCM(_seal_key(key)).encrypt(nonce, secret.encode(), f"rig {rig_id}".encode())
+    return base64.urlsafe_b64encode(nonce + sealed).decode()
+
+
+def unseal(key: str, rig_id: int, sealed: str) -> str:
+    try:
+        raw = base64.urlsafe_b64decode(sealed.encode())
+        return AESGCM(_seal_key(key)).decrypt(raw[:12], raw[12:], f"rig {rig_id}".encode()).decode()
+    except (ValueError, InvalidTag) as exc:
+        raise ValueError("the record's sealed backend key does not open with this rig's agent key") from exc
+
+
+def config_publish(*, key: str, rig_id: int, config: dict[str, Any], now: float | None = None) -> None:
+    """The central side's record of rig ``rig_id`` for its database-free agent: ``config`` (the backend key under
+    ``api_key``, sealed here), dated and signed with the rig's key."""
+    payload = {k: v for k, v in config.items() if k != "api_key"}
+    secret = str(config.get("api_key") or "")
+    payload["api_key_sealed"] = seal(key, rig_id, secret) if secret else ""
+    payload["ts"] = time.time() if now is None else now
+    state.sync_client().set(config_key(rig_id), envelope(key, rig_id, payload), ex=KEPT_S)
+
+
+def config_read(key: str, rig_id: int, *, now: float | None = None) -> dict[str, Any]:
+    """The rig's record as its agent takes it, the backend key unsealed under ``api_key``; ``ValueError`` saying why
+    when there is none, it is not signed with this rig's key, or it is stale."""
+    raw = state.sync_client().get(config_key(rig_id))
+    payload = open_envelope(key, rig_id, raw)  # type: ignore[arg-type]
+    if payload is None:
+        raise ValueError(
+            f"no record of rig {rig_id} in Redis: RigDash's sampler writes it for every enabled rig with an agent key "
+            "(is the sampler running, the rig enabled, and this the rig's id?)"
+        )
+    now = time.time() if now is None else now
+    ts = payload.get("ts")
+    if not isinstance(ts, int | float) or now - ts > CONFIG_MAX_AGE_S or ts - now > CONFIG_SKEW_S:
+        raise ValueError(
+            f"the record of rig {rig_id} is stale (signed at {ts!r}, more than {CONFIG_MAX_AGE_S:g} s ago or in the "
+            "future): is RigDash's sampler running?"
+        )
+    if payload.get("rig") != rig_id:
+        raise ValueError(f"the record names rig {payload.get('rig')!r}, not {rig_id}")
+    sealed = payload.pop("api_key_sealed", "")
+    payload["api_key"] = unseal(key, rig_id, sealed) if sealed else ""
     return payload
 
 

@@ -1,5 +1,8 @@
 """Run a rig agent beside its backend: ``manage.py rigdash_agent --rig NAME`` with RIGDASH_AGENT_KEY set.
 
+Database-free (``--rig-id ID --no-worker``, RIGDASH_AGENT_ONLY=1): only the rig's id, its key and a Redis URL; the
+rig's settings come from the record RigDash's sampler keeps in Redis (monitoring/agent.py).
+
 It serves the rig's Celery queue (a worker it starts, unless --no-worker) and samples this host for the rig
 (monitoring/agent.py). SIGTERM or Ctrl-C stops both; the worker also ends when the agent is killed outright
 (SIGKILL, the OOM killer: rigdash/parentwatch.py), so no orphan keeps serving the rig's queue.
@@ -26,7 +29,14 @@ class Command(BaseCommand):
     help = "Run the agent of one rig on the rig's host: serve its queue, sample its host, publish through Redis."
 
     def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument("--rig", required=True, help="the rig's name, as in RigDash's rigs")
+        parser.add_argument("--rig", default="", help="the rig's name, as in RigDash's rigs")
+        parser.add_argument(
+            "--rig-id",
+            type=int,
+            default=None,
+            help="the rig's id: the agent runs without RigDash's database, from the record RigDash's sampler keeps "
+            "in Redis (with RIGDASH_AGENT_ONLY=1 it needs no DATABASE_URL and no RIGDASH_SECRET_KEY); sampling only",
+        )
         parser.add_argument("--interval", type=float, default=None, help="seconds between samples (default 1)")
         parser.add_argument("--no-worker", action="store_true", help="sample only; a worker serves the queue already")
         parser.add_argument("--concurrency", type=int, default=8, help="the worker's threads (turns at once)")
@@ -42,6 +52,11 @@ class Command(BaseCommand):
         if not 0.2 <= interval <= 60:
             raise CommandError("--interval must be between 0.2 and 60 seconds")
         key = os.environ.get("RIGDASH_AGENT_KEY", "").strip()  # a pasted key often brings a newline
+        if options["rig_id"] is not None or settings.AGENT_ONLY:
+            self._without_database(options, key, interval)
+            return
+        if not options["rig"]:
+            raise CommandError("give the rig: --rig NAME, or --rig-id ID for an agent without the database")
         if options["key_from_database"]:
             if key:
                 raise CommandError("RIGDASH_AGENT_KEY and --key-from-database both given: use one")
@@ -75,10 +90,35 @@ class Command(BaseCommand):
                 except subprocess.TimeoutExpired:
                     worker.kill()
 
-    async def _run(self, sampler: Any, me: agent.AgentIdentity, interval: float) -> None:
+    def _without_database(self, options: dict[str, Any], key: str, interval: float) -> None:
+        if options["rig_id"] is None:
+            raise CommandError("RIGDASH_AGENT_ONLY=1: give the rig's id (--rig-id ID, on the rig's admin page)")
+        if not options["no_worker"]:
+            raise CommandError(
+                "an agent without the database samples only (--no-worker): a worker runs turns, which need RigDash's "
+                'database, so a host that runs them is a worker host (docs/deploy.md, "A second rig host")'
+            )
+        if options["key_from_database"]:
+            raise CommandError("--key-from-database needs the database: give RIGDASH_AGENT_KEY")
+        try:
+            config = agent.config_for_agent(options["rig_id"], key, name=options["rig"])
+            sampler = agent.sampler_from_config(config, key)
+            me = agent.identity_for(sampler.rig, key)
+        except agent.AgentRefused as exc:
+            raise CommandError(str(exc)) from None
+        follow = agent.ConfigFollower(options["rig_id"], key, config, sampler)
+        self.stdout.write(
+            f"rig agent {me.instance}: rig {sampler.rig.name!r} (id {sampler.rig.pk}), without the database, "
+            f"every {interval:g} s"
+        )
+        asyncio.run(self._run(sampler, me, interval, follow=follow))
+
+    async def _run(
+        self, sampler: Any, me: agent.AgentIdentity, interval: float, *, follow: agent.ConfigFollower | None = None
+    ) -> None:
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
         await sync_to_async(lambda: None)()  # the ORM's thread is made before the first tick
-        await agent.run(sampler, me, interval_s=interval, stop=stop)
+        await agent.run(sampler, me, interval_s=interval, stop=stop, follow=follow)
