@@ -141,6 +141,7 @@ def params_validate(raw: Any, *, turn: bool = False) -> dict[str, Any]:
         elif name == "think":
             if not isinstance(value, bool) and value not in THINK_LEVELS:
                 raise _bad(f"think must be true, false or an effort level ({', '.join(THINK_LEVELS)})")
+            clean[name] = value
         elif name == "raw_prompt":
             if not isinstance(value, bool):
                 raise _bad("raw_prompt must be true or false")

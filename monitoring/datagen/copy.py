@@ -10,7 +10,7 @@ from django.db import connection
 # Columns the generator leaves at their model default: what Django would write for a row created without them.
 DEFAULTS: dict[str, dict[str, Any]] = {
     "inference_turn": {"thinking_text": ""},
-    "inference_chatsession": {"settings": "{}", "placement": "rig"},
+    "inference_chatsession": {"settings": "{}", "placement": "rig", "hidden": False},
 }
 
 
