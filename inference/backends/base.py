@@ -350,6 +350,9 @@ class Backend(ABC):
     # A human name for the kind, as the rig pages show it.
     label: ClassVar[str] = ""
     capabilities: ClassVar[Capabilities] = Capabilities()
+    # ``needs_load`` gets no answer in time while the server loads a model (Ollama's /api/ps waits on a loading
+    # runner): silence then means a load, not a stuck server.
+    silent_while_loading: ClassVar[bool] = False
     # Whether ``stream_chat`` awaits ``read_gate`` after every read that brought text. The worker publishes its
     # batches there (inference/worker/stream.py); a plug-in that cannot (its client reads the stream itself) is read
     # on a task of its own, and the worker calls the gate after whatever that task read together.

@@ -350,12 +350,11 @@ LOADED_CHECK_S = 1.0
 
 async def _check_loading(state: TurnStream, rig: Rig, model: str) -> None:
     """Whether the server has to load the model first (a server that loads on demand: Ollama, llama-server in router
-    or sleep mode; ``Backend.needs_load``). Asked as the request
-    goes out: /api/ps answers at once with the loaded models, but waits while a runner is still loading (server/
-    sched.go ``loadedModels`` takes each runner's lock, which a load holds), so a model listed in time is loaded, and
-    one not listed, or no answer within LOADED_CHECK_S, means a load is under way. Then the page shows "loading the
-    model" and the turn waits RIGDASH_MODEL_LOAD_TIMEOUT_S more for its first token: the server is loading, not
-    stuck (Ollama calls a load stalled only after OLLAMA_LOAD_TIMEOUT, 5 minutes)."""
+    or sleep mode; ``Backend.needs_load``), asked as the request goes out. Then the page shows "loading the model"
+    and the turn waits RIGDASH_MODEL_LOAD_TIMEOUT_S more for its first token: the server is loading, not stuck
+    (Ollama calls a load stalled only after OLLAMA_LOAD_TIMEOUT, 5 minutes). No answer within LOADED_CHECK_S means
+    a load only where the backend says so (``Backend.silent_while_loading``: Ollama's /api/ps waits while a runner
+    loads, server/sched.go ``loadedModels``); a llama-server that does not answer is stuck, and its turn times out."""
     if not capabilities(rig.kind).loads_on_demand:
         return
     backend = backend_for(rig, timeout_s=LOADED_CHECK_S)
@@ -363,8 +362,11 @@ async def _check_loading(state: TurnStream, rig: Rig, model: str) -> None:
         async with asyncio.timeout(LOADED_CHECK_S):
             if not await backend.needs_load(model):
                 return
-    except (TimeoutError, BackendError):
-        pass
+    except TimeoutError:
+        if not backend.silent_while_loading:
+            return
+    except BackendError:
+        return
     if state.meter.events:  # the first token came meanwhile: it was loaded after all
         return
     state.loading = True

@@ -153,6 +153,7 @@ class OllamaBackend(Backend):
         request_settings=frozenset({"num_ctx"}), context_per_request=True, context_per_model=True,
         truncates_to_window=True, reasoning_levels=True, loads_on_demand=True,
     )  # fmt: skip
+    silent_while_loading = True  # /api/ps waits on a loading runner (server/sched.go loadedModels)
     transport: httpx.AsyncBaseTransport | None = None  # the HTTP transport; None: httpx's own
 
     def _client(self, *, read_timeout: float | None) -> ollama.AsyncClient:
