@@ -163,14 +163,19 @@ def test_delete_removes_the_model_and_unknown_is_not_found(ollama):
         asyncio.run(backend.delete_model(MODEL))
 
 
-def test_llamacpp_has_no_model_management():
+def test_llamacpp_pulls_and_deletes_nothing_and_swaps_models_only_in_router_mode():
+    """llama-server has no model store to pull into or delete from; it loads and unloads models only in router mode
+    (--models-dir), which it says in /props: a server that cannot be asked is unreachable, not "not supported"
+    (tests/test_llama_server_matrix.py runs the router)."""
     backend = LlamaCppBackend("http://127.0.0.1:9")
     with pytest.raises(BackendNotSupported):
         backend.pull_model("m")
-    for call in (backend.delete_model("m"), backend.unload_model("m")):
-        with pytest.raises(BackendNotSupported):
-            asyncio.run(call)
+    with pytest.raises(BackendNotSupported):
+        asyncio.run(backend.delete_model("m"))
+    with pytest.raises(BackendUnavailable):
+        asyncio.run(backend.unload_model("m"))
     assert not backend_supports("llamacpp", "pull_model") and backend_supports("ollama", "pull_model")
+    assert backend_supports("llamacpp", "load_model") and backend_supports("llamacpp", "unload_model")
 
 
 def test_an_ollama_rig_gets_the_ollama_backend():

@@ -192,17 +192,17 @@ async def test_get_refuses_an_oversized_body_and_gives_up_on_a_silent_server():
             await sse.get(url, "/slots", timeout_s=0.3)
 
 
-async def test_the_llama_cpp_collector_turns_every_failed_read_into_unavailable():
-    """What the sampler shows as the backend source's error: a refused connection, a non-200 answer, and an
-    answer that is not JSON."""
+async def test_the_llama_cpp_collector_names_each_failed_read():
+    """What the sampler shows: a refused connection is the backend unreachable (Unavailable); a non-200 answer or an
+    answer that is not JSON is that endpoint's own missing panel (``refused``), the server itself being up."""
     from inference.backends.llamacpp import metrics as llamacpp
     from monitoring.collectors import Unavailable
 
     with pytest.raises(Unavailable, match="unreachable"):
         await llamacpp.collect("http://127.0.0.1:9", props_cache={"x": 1}, metrics_cache={})
     async with serve([b"HTTP/1.1 501 Not Implemented\r\nContent-Length: 0\r\n\r\n"]) as (url, _):
-        with pytest.raises(Unavailable, match="/slots answered 501"):
-            await llamacpp.collect(url, props_cache={"x": 1}, metrics_cache={})
+        reading = await llamacpp.collect(url, props_cache={"x": 1}, metrics_cache={})
+        assert "/slots answered 501" in reading.refused["slots"] and reading.slots == []
     async with serve([b"HTTP/1.1 200 OK\r\nContent-Length: 4\r\n\r\n<h1>"]) as (url, _):
-        with pytest.raises(Unavailable, match="not JSON"):
-            await llamacpp.collect(url, props_cache={"x": 1}, metrics_cache={})
+        reading = await llamacpp.collect(url, props_cache={"x": 1}, metrics_cache={})
+        assert "not JSON" in reading.refused["slots"]

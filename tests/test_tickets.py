@@ -63,7 +63,7 @@ def _handed_out(
     turn = _submit(owner, make_session(owner, rig, model_name), text, {"max_tokens": max_tokens})
     [kwargs] = _task_kwargs(rig.queue)
     redis.Redis.from_url(_broker_url()).delete(rig.queue)
-    monkeypatch.setitem(starts._rigs_seen, rig.pk, (rig.kind, rig.base_url))
+    monkeypatch.setitem(starts._rigs_seen, rig.pk, (rig.kind, rig.base_url, rig.api_key))
     return turn, kwargs["tickets"]
 
 
@@ -298,7 +298,7 @@ def test_a_ticketed_request_that_cannot_be_sent_does_not_hold_its_claim(rig, mod
     """Nothing listens where this process last saw the rig: the request fails at once, and the claim goes ahead
     then rather than after ``SENT_WAIT_S`` (the bound for a rig that does not answer at all)."""
     turn, tickets = _handed_out(monkeypatch, rig, owner, model_name, "Count from one to fifty, in words.", 2)
-    monkeypatch.setitem(starts._rigs_seen, rig.pk, (rig.kind, "http://127.0.0.1:9"))
+    monkeypatch.setitem(starts._rigs_seen, rig.pk, (rig.kind, "http://127.0.0.1:9", ""))
     monkeypatch.setattr(starts, "SENT_WAIT_S", 5.0)
     began = time.monotonic()
     assert starts.turns_run([turn.pk], tickets=tickets) == {turn.pk: "ran"}  # sent again where the rig is
@@ -332,11 +332,11 @@ def test_a_ticketed_turn_on_a_rig_that_moved_is_sent_again_where_the_rig_is_now(
     """The process last saw the rig elsewhere (an admin changed its address since): the early request fails or
     goes to the wrong place, and the claim's read of the rig sends it again to the right one."""
     turn, tickets = _handed_out(monkeypatch, rig, owner, model_name, "Count from one to fifty, in words.", 3)
-    monkeypatch.setitem(starts._rigs_seen, rig.pk, (rig.kind, "http://127.0.0.1:9"))  # nothing listens there
+    monkeypatch.setitem(starts._rigs_seen, rig.pk, (rig.kind, "http://127.0.0.1:9", ""))  # nothing listens there
     assert starts.turns_run([turn.pk], tickets=tickets) == {turn.pk: "ran"}
     done = Turn.objects.get(pk=turn.pk)
     assert (done.status, done.output_tokens) == (Turn.Status.DONE, 3), (done.status, done.error)
-    assert starts._rigs_seen[rig.pk] == (rig.kind, rig.base_url)
+    assert starts._rigs_seen[rig.pk] == (rig.kind, rig.base_url, rig.api_key)
 
 
 @pytest.mark.llama
