@@ -8,6 +8,7 @@ from collections import defaultdict
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
@@ -56,9 +57,12 @@ def agent_config(rig: Rig) -> dict[str, Any]:
 
 
 def agent_config_publish(rig: Rig) -> None:
-    """Sign the rig's record for its database-free agent again (the sampler, every ``agents.CONFIG_EVERY_S``)."""
+    """Sign the rig's record for its database-free agent again (the sampler, every ``agents.CONFIG_EVERY_S``), and
+    with RIGDASH_AGENT_ACL_USERS=1 make its agent's Redis user again if Redis forgot it (a restart)."""
     if rig.agent_key:
         agents.config_publish(key=rig.agent_key, rig_id=rig.pk, config=agent_config(rig))
+        if settings.AGENT_ACL_USERS and agents.acl_ensure(rig.pk, rig.agent_key):
+            log.info("rig %s: its agent's Redis user %s (re)made", rig.pk, agents.acl_username(rig.pk))
 
 
 def sample_as_dict(sample: Sample) -> dict[str, Any]:

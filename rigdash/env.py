@@ -112,7 +112,7 @@ def env_secret(name: str) -> str:
 def _url_or_parts(url_name: str, host_name: str, default: str, build: Callable[[str], str]) -> str:
     """``url_name`` when set; else ``build(host)`` when ``host_name`` is set (an IPv6 literal bracketed); else
     ``default``."""
-    url = os.environ.get(url_name, "")
+    url = _secret(url_name)  # or the file NAME_FILE names (a Docker secret; compose's rig agents)
     if url:
         return url
     host = os.environ.get(host_name, "")
@@ -140,8 +140,8 @@ def database_url(default: str) -> str:
 
 
 def redis_url(default: str) -> str:
-    """REDIS_URL; else a Redis URL built from REDIS_HOST, REDIS_PORT, REDIS_DB and REDIS_PASSWORD when REDIS_HOST is
-    set (docker-compose.yml), ``rediss://`` (TLS) with REDIS_TLS=1; else ``default``.
+    """REDIS_URL (or the file REDIS_URL_FILE names); else a Redis URL built from REDIS_HOST, REDIS_PORT, REDIS_DB and
+    REDIS_PASSWORD when REDIS_HOST is set (docker-compose.yml), ``rediss://`` (TLS) with REDIS_TLS=1; else ``default``.
 
     The password is percent-encoded, so one with ``/``, ``#``, ``@``, ``:`` or ``%`` reaches Redis as typed (redis-py
     and kombu decode it). REDIS_PASSWORD_FILE (a Docker secret) is read when REDIS_PASSWORD is unset.

@@ -194,6 +194,9 @@ WHITENOISE_USE_FINDERS = True  # serve straight from static/ without collectstat
 # RIGDASH_REDIS_CA_FILE when set, with a client certificate from RIGDASH_REDIS_CERT_FILE and RIGDASH_REDIS_KEY_FILE
 # (rigdash/redistls.py writes them onto the URL, which every Redis client of RigDash reads).
 REDIS_URL = redistls.with_tls(redis_url("redis://127.0.0.1:6379/0"))
+# The central sampler keeps a Redis ACL user per rig with an agent key (inference/live/agents.py acl_ensure), for
+# database-free agents such as docker-compose.yml's: its Redis user needs ACL rights (the default user has them).
+AGENT_ACL_USERS = env_bool("RIGDASH_AGENT_ACL_USERS", False)
 
 # Pub/sub layer: one PUBLISH per group_send, several times cheaper than the list-based layer's per-member sends.
 # It drops nothing silently by capacity; a consumer that misses a batch detects the seq gap and resyncs.

@@ -21,7 +21,7 @@ SERVICES = COMPOSE["services"]
 GPU = composekit.load(composekit.GPU_FILE)
 RIGDASH_IMAGE = "${RIGDASH_IMAGE:-rigdash:local}"
 RIGDASH = {name for name, service in SERVICES.items() if service.get("image") == RIGDASH_IMAGE}
-ONE_SHOTS = {"migrate", "model-seed"}
+ONE_SHOTS = {"migrate", "model-seed", "agent-embedded-init", "agent-ollama-init"}
 LONG_RUNNING = RIGDASH - ONE_SHOTS
 BACKENDS = {"llamacpp", "ollama"}
 AGENTS = {"agent-embedded": ("llamacpp", "embedded"), "agent-ollama": ("ollama", "ollama")}  # backend, rig
@@ -63,7 +63,7 @@ def test_postgres_password_is_required_and_never_in_a_url():
         composekit.interpolate(COMPOSE, {**EXAMPLE_ENV, "POSTGRES_PASSWORD": ""})
     text = composekit.COMPOSE_FILE.read_text()
     assert "DATABASE_URL" not in text and "postgres://" not in text
-    assert all(SERVICES[name]["env_file"] == ".env" for name in RIGDASH)
+    assert all(SERVICES[name]["env_file"] == ".env" for name in RIGDASH - set(AGENTS))
     assert SERVICES["migrate"]["environment"]["POSTGRES_HOST"] == "postgres"
 
 
@@ -77,7 +77,7 @@ def test_redis_password_is_required_and_every_service_reaches_redis_by_parts():
     assert "grep -qx PONG" in redis["healthcheck"]["test"][1], "a refused password is unhealthy"
     text = composekit.COMPOSE_FILE.read_text()
     assert "redis://" not in text, "no hand-built URL: rigdash/env.py percent-encodes the password"
-    for name in RIGDASH:
+    for name in RIGDASH - set(AGENTS):  # an agent: the URL of its ACL user, from its init (test_an_agent_...)
         assert SERVICES[name]["environment"]["REDIS_HOST"] == "redis", name
         assert "REDIS_URL" not in SERVICES[name]["environment"], name
 
@@ -90,13 +90,20 @@ def test_every_service_restarts_and_the_long_running_ones_wait_for_migrate():
     for name in RIGDASH:
         service = SERVICES[name]
         assert service["init"] is True, f"{name}: tini forwards SIGTERM"
-        if name not in AGENTS:  # an agent is on its backend's network (test_an_agent_runs_in_its_backend_s_...)
+        # an agent is on its backend's network (test_an_agent_runs_in_its_backend_s_...)
+        if name not in AGENTS and not name.endswith("-init"):
             assert "host.docker.internal:host-gateway" in service["extra_hosts"], name
     for name in LONG_RUNNING:
         deps = composekit.depends_on(SERVICES[name])
-        backend = {AGENTS[name][0]: "service_healthy"} if name in AGENTS else {}
+        if name in AGENTS:  # no database: its init, after migrate, holds what it needs
+            assert deps == {"redis": "service_healthy", f"{name}-init": "service_completed_successfully",
+                            AGENTS[name][0]: "service_healthy"}, name  # fmt: skip
+            continue
         assert deps == {"postgres": "service_healthy", "redis": "service_healthy",
-                        "migrate": "service_completed_successfully", **backend}, name  # fmt: skip
+                        "migrate": "service_completed_successfully"}, name  # fmt: skip
+    for name in AGENTS:
+        assert composekit.depends_on(SERVICES[f"{name}-init"]) == {"postgres": "service_healthy",
+            "redis": "service_healthy", "migrate": "service_completed_successfully"}, name  # fmt: skip
     assert composekit.depends_on(SERVICES["migrate"]) == {"postgres": "service_healthy", "redis": "service_healthy"}
     assert composekit.depends_on(SERVICES["llamacpp"]) == {"model-seed": "service_completed_successfully"}
 
@@ -164,15 +171,28 @@ def test_an_agent_runs_in_its_backend_s_namespaces_beside_the_rig_s_one_worker(n
     # Docker refuses these beside a shared network namespace (Compose: networks; the engine: the others).
     assert not {"networks", "ports", "expose", "extra_hosts", "hostname", "dns", "mac_address", "links"} & set(agent)
     # psutil inspects the backend's process (its /proc/PID/fd) as root with CAP_SYS_PTRACE; the backend runs as
-    # another, non-root user, so it cannot inspect the agent (its environment holds RigDash's secrets) in return.
+    # another, non-root user, so it cannot inspect the agent (its rig's key, its Redis user) in return.
     assert agent["user"] == "0" and agent["cap_add"] == ["SYS_PTRACE"]
     if backend == "llamacpp":
         assert SERVICES[backend]["user"] not in ("0", "root") and not SERVICES[backend]["user"].startswith("0:")
     words = composekit.command_words(agent)
-    assert words[:4] == ["python", "manage.py", "wait_for_migrations", "--"]
-    assert words[4:] == ["python", "manage.py", "rigdash_agent", "--rig", rig, "--no-worker", "--key-from-database"]
-    # Its key from the database, not .env's RIGDASH_AGENT_KEY (an empty value here overrides env_file).
-    assert agent["environment"]["RIGDASH_AGENT_KEY"] == ""
+    assert words[:6] == ["python", "manage.py", "rigdash_agent", "--rig-id-file", "/agent/rig_id", "--key-file"]
+    assert words[6:] == ["/agent/key", "--no-worker", "--wait-for-record", "120"]
+    # Least privilege: no .env, no /data, no database, no secret key; its rig's id, key and Redis URL (an ACL user
+    # limited to its rig's keys) from its init, through a volume only the two mount, read-only here.
+    assert agent["environment"] == {"RIGDASH_AGENT_ONLY": "1", "REDIS_URL_FILE": "/agent/redis_url"}
+    assert "env_file" not in agent and not any(":/data" in m for m in agent["volumes"])
+    volume = f"{name}:/agent"
+    assert f"{volume}:ro" in agent["volumes"]
+    holders = [other for other, service in SERVICES.items() if any(
+        str(m).startswith(f"{name}:") for m in service.get("volumes", []))]  # fmt: skip
+    assert sorted(holders) == [name, f"{name}-init"] and name in COMPOSE["volumes"]
+    init = SERVICES[f"{name}-init"]
+    assert init["profiles"] == agent["profiles"] and init["user"] == agent["user"], "the agent's user owns the files"
+    assert composekit.command_words(init) == ["python", "manage.py", "rigdash_agent_init", "--rig", rig, "--dir",
+                                              "/agent"] and volume in init["volumes"]  # fmt: skip
+    # The central sampler makes the agents' Redis users again when Redis forgets them (a restart).
+    assert SERVICES["sampler"]["environment"]["RIGDASH_AGENT_ACL_USERS"] == "1"
     assert composekit.duration_s(agent["stop_grace_period"]) >= 5
     # --no-worker: the rig's queue keeps its one consumer, the worker service (test_one_beat_and_a_worker_per_...).
     assert f"worker-{rig}" in SERVICES and "celery" not in words

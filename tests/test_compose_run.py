@@ -79,7 +79,8 @@ class Services:
         (tmp / "log").mkdir()
 
     def _host_path(self, word: str) -> str:
-        for inside, outside in (("/data", self.tmp / "data"), ("/models", self.tmp / "models")):
+        for inside, outside in (("/data", self.tmp / "data"), ("/models", self.tmp / "models"),
+                                ("/agent", self.tmp / "agent")):  # fmt: skip
             if word == inside or word.startswith(inside + "/"):
                 return str(outside) + word[len(inside) :]
         return word.replace("127.0.0.1:8000", f"127.0.0.1:{self.port}")
@@ -101,10 +102,16 @@ class Services:
         service = self.compose["services"][name]
         dropped = ("DATABASE_URL", "DJANGO_ALLOW_ASYNC_UNSAFE")
         env = {key: value for key, value in os.environ.items() if key not in dropped}
-        env.update(self.env_file)  # env_file: .env
+        agent = "REDIS_URL_FILE" in (service.get("environment") or {})  # a bundled rig agent: no env_file
+        if not agent:
+            env.update(self.env_file)  # env_file: .env
+        else:  # an agent: none of RigDash's secrets, not even from the suite's environment
+            env = {key: value for key, value in env.items() if not key.startswith(("RIGDASH_", "POSTGRES_"))}
         env.update({key: str(value) for key, value in (service.get("environment") or {}).items()})
         env.pop("REDIS_URL", None)  # the suite's; the services build theirs from the REDIS_* parts
-        if name != "redis":
+        if "REDIS_URL_FILE" in env:  # an agent: its ACL user's URL, from its init
+            env["REDIS_URL_FILE"] = self._host_path(env["REDIS_URL_FILE"])
+        elif name != "redis":
             assert env.get("POSTGRES_HOST") == "postgres" and env.get("REDIS_HOST") == "redis", name
         env.update(
             POSTGRES_HOST=server.hostname or "127.0.0.1",
@@ -116,6 +123,10 @@ class Services:
             HOSTNAME=socket.gethostname(),  # Docker sets it; the workers' healthchecks name the worker by it
             PATH=f"{VENV_BIN}:{os.environ['PATH']}",
         )
+        if agent:
+            for key in ("POSTGRES_HOST", "POSTGRES_PORT", "RIGDASH_VAR_DIR"):
+                env.pop(key)
+            assert not {"DATABASE_URL", "RIGDASH_SECRET_KEY", "POSTGRES_PASSWORD", "REDIS_PASSWORD"} & set(env), name
         return env
 
     def start(self, name: str) -> subprocess.Popen[bytes]:
@@ -277,7 +288,8 @@ def test_services_start_in_compose_order_on_a_fresh_database_and_stop_on_sigterm
 
 
 def _check_the_agent(services: Services, embedded: dict[str, Any]) -> None:
-    """agent-embedded issued its rig's key itself, heartbeats, and samples the backend where it runs: its process
+    """agent-embedded-init issued the rig's key and made the agent's Redis user; agent-embedded, without the
+    database, heartbeats, and samples the backend where it runs: its process
     found by the rig's port and its GGUF file's header read at the path llama-server reports."""
     assert embedded["ok"] and embedded["agent"]["up"], embedded
     assert "rig agent" in services.log("agent-embedded")
@@ -285,7 +297,10 @@ def _check_the_agent(services: Services, embedded: dict[str, Any]) -> None:
     with psycopg.connect(host=server.hostname, port=server.port or 5432, user=server.username or "postgres",
                          password=server.password or "", dbname=FRESH_DB) as conn:  # fmt: skip
         row = conn.execute("SELECT id, agent_key FROM inference_rig WHERE name = 'embedded'").fetchone()
-    assert row is not None and len(row[1]) >= 32, "the key was issued at the agent's first start"
+    assert row is not None and len(row[1]) >= 32, "the key was issued by the agent's init"
+    assert (services.tmp / "agent" / "key").read_text().strip() == row[1]
+    assert (services.tmp / "agent" / "key").stat().st_mode & 0o777 == 0o400
+    assert "without the database" in services.log("agent-embedded")
     client = redis.Redis(port=services.redis_port, password=REDIS_PASSWORD)
     deadline = time.monotonic() + 60
     while True:

@@ -25,10 +25,12 @@ import os
 import time
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import quote, urlsplit, urlunsplit
 
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from django.conf import settings
+from redis.exceptions import ResponseError
 
 from inference.live import state
 
@@ -68,6 +70,45 @@ def acl_setuser(rig_id: int, username: str, password: str, *, setinfo: bool = Fa
         username, "reset", "on", f">{password}", f"~{agent_keys(rig_id)}", "resetchannels", "-@all",
         *(f"+{command}" for command in commands),
     ]  # fmt: skip
+
+
+def acl_username(rig_id: int) -> str:
+    """The Redis user of rig ``rig_id``'s database-free agent (``acl_ensure``). Redis's users are the server's, not a
+    database's: the name starts with RIGDASH_CHANNEL_PREFIX, so RigDashes sharing a server do not share users."""
+    prefix: str = settings.CHANNEL_LAYERS["default"]["CONFIG"]["prefix"]  # type: ignore[index]
+    return f"{prefix}-agent-{rig_id}"
+
+
+def acl_password(key: str) -> str:
+    """That user's password, derived from the rig's agent key: whoever holds the key (the central sampler, the
+    agent's setup) computes it, and it tells nothing of the key."""
+    return hmac.new(key.encode(), b"rigdash agent redis password v1", hashlib.sha256).hexdigest()
+
+
+def acl_ensure(rig_id: int, key: str, client: Any = None) -> bool:
+    """Make rig ``rig_id``'s agent user in Redis (``acl_setuser``), unless it is there already with this key's
+    password; True when it was (re)made. Redis forgets its ACL users when it restarts without an aclfile: the
+    central sampler calls this every ``CONFIG_EVERY_S``, so an agent logs in again within a minute."""
+    client = client or state.sync_client()
+    username, password = acl_username(rig_id), acl_password(key)
+    user = client.acl_getuser(username)
+    if user and user.get("enabled") and hashlib.sha256(password.encode()).hexdigest() in user.get("passwords", []):
+        return False
+    try:
+        client.execute_command("ACL", "SETUSER", *acl_setuser(rig_id, username, password, setinfo=True))
+    except ResponseError as exc:  # before Redis 7.2 there is no CLIENT SETINFO
+        if "setinfo" not in str(exc).lower():
+            raise
+        client.execute_command("ACL", "SETUSER", *acl_setuser(rig_id, username, password))
+    return True
+
+
+def acl_url(redis_url: str, rig_id: int, key: str) -> str:
+    """``redis_url`` (the central side's) with the agent's user and password in place of its credentials."""
+    parts = urlsplit(redis_url)
+    host = parts.netloc.rpartition("@")[2]
+    credentials = f"{quote(acl_username(rig_id), safe='')}:{quote(acl_password(key), safe='')}"
+    return urlunsplit(parts._replace(netloc=f"{credentials}@{host}"))
 
 
 def sign(key: str, rig_id: int, body: bytes) -> str:

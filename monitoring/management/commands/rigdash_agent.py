@@ -14,6 +14,8 @@ import asyncio
 import os
 import signal
 import subprocess
+import time
+from pathlib import Path
 from typing import Any
 
 from asgiref.sync import sync_to_async
@@ -37,6 +39,22 @@ class Command(BaseCommand):
             help="the rig's id: the agent runs without RigDash's database, from the record RigDash's sampler keeps "
             "in Redis (with RIGDASH_AGENT_ONLY=1 it needs no DATABASE_URL and no RIGDASH_SECRET_KEY); sampling only",
         )
+        parser.add_argument(
+            "--rig-id-file", type=Path, default=None, help="a file holding the rig's id, instead of --rig-id"
+        )
+        parser.add_argument(
+            "--key-file",
+            type=Path,
+            default=None,
+            help="a file holding the rig's agent key, instead of RIGDASH_AGENT_KEY (rigdash_agent_init writes one)",
+        )
+        parser.add_argument(
+            "--wait-for-record",
+            type=float,
+            default=0.0,
+            help="without the database: wait up to this many seconds for the rig's record in Redis (RigDash's sampler "
+            "writes it at its start) before giving up",
+        )
         parser.add_argument("--interval", type=float, default=None, help="seconds between samples (default 1)")
         parser.add_argument("--no-worker", action="store_true", help="sample only; a worker serves the queue already")
         parser.add_argument("--concurrency", type=int, default=8, help="the worker's threads (turns at once)")
@@ -52,6 +70,17 @@ class Command(BaseCommand):
         if not 0.2 <= interval <= 60:
             raise CommandError("--interval must be between 0.2 and 60 seconds")
         key = os.environ.get("RIGDASH_AGENT_KEY", "").strip()  # a pasted key often brings a newline
+        if options["key_file"] is not None:
+            if key:
+                raise CommandError("RIGDASH_AGENT_KEY and --key-file both given: use one")
+            key = _read(Path(options["key_file"]), "--key-file")
+        if options["rig_id_file"] is not None:
+            if options["rig_id"] is not None:
+                raise CommandError("--rig-id and --rig-id-file both given: use one")
+            text = _read(Path(options["rig_id_file"]), "--rig-id-file")
+            if not text.isdigit():
+                raise CommandError(f"--rig-id-file {options['rig_id_file']}: not a rig id: {text[:20]!r}")
+            options["rig_id"] = int(text)
         if options["rig_id"] is not None or settings.AGENT_ONLY:
             self._without_database(options, key, interval)
             return
@@ -100,8 +129,17 @@ class Command(BaseCommand):
             )
         if options["key_from_database"]:
             raise CommandError("--key-from-database needs the database: give RIGDASH_AGENT_KEY")
+        deadline = time.monotonic() + max(0.0, options["wait_for_record"])
+        while True:
+            try:
+                config = agent.config_for_agent(options["rig_id"], key, name=options["rig"])
+                break
+            except agent.AgentRefused as exc:
+                if not key or time.monotonic() >= deadline:
+                    raise CommandError(str(exc)) from None
+                self.stderr.write(f"rig agent: waiting for the rig's record ({exc})")
+                time.sleep(5)
         try:
-            config = agent.config_for_agent(options["rig_id"], key, name=options["rig"])
             sampler = agent.sampler_from_config(config, key)
             me = agent.identity_for(sampler.rig, key)
         except agent.AgentRefused as exc:
@@ -122,3 +160,10 @@ class Command(BaseCommand):
             loop.add_signal_handler(sig, stop.set)
         await sync_to_async(lambda: None)()  # the ORM's thread is made before the first tick
         await agent.run(sampler, me, interval_s=interval, stop=stop, follow=follow)
+
+
+def _read(path: Path, option: str) -> str:
+    try:
+        return path.read_text(encoding="utf-8").strip()
+    except OSError as exc:
+        raise CommandError(f"{option} {path}: {exc}") from None
