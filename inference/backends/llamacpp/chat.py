@@ -17,7 +17,6 @@ from typing import Any
 from urllib.parse import urlencode
 
 import httpx
-import orjson
 
 from inference.backends import failures
 from inference.backends.base import (
@@ -40,7 +39,13 @@ from inference.backends.base import (
     refusal_or,
 )
 from inference.backends.openai.embeddings import embeddings_post
-from inference.backends.openai.stream import EventReader, passthrough_merged, stream_chat_events, tool_call_deltas
+from inference.backends.openai.stream import (
+    EventReader,
+    event_object,
+    passthrough_merged,
+    stream_chat_events,
+    tool_call_deltas,
+)
 
 LOAD_WAIT_S = 300.0  # a router's model load: the weights read from disk
 
@@ -356,11 +361,8 @@ class _NativeEvents:
         self.finished = False
 
     def event(self, data: str, *, last_in_read: bool) -> StreamChunk:
-        try:
-            event = orjson.loads(data)
-        except orjson.JSONDecodeError as exc:
-            raise BackendBadEvent(f"not JSON ({exc}): {data[:200]!r}") from exc
-        if not isinstance(event, dict) or not isinstance(event.get("content", ""), str):
+        event = event_object(data)
+        if not isinstance(event.get("content", ""), str):
             raise BackendBadEvent(f"fields of unexpected types: {data[:200]!r}")
         if "error" in event:
             raise _error(None, str(event["error"])[:300])
@@ -406,14 +408,7 @@ def _chunk(data: str, *, timings: bool = True) -> StreamChunk:
     another in the same read) they are only checked to be an object and not read: reading, checking and copying
     them was half of the worker's cost per token, and the next event's supersede them. The final event's (with a
     finish reason) are always read."""
-    try:
-        # orjson reads RFC 8259 strictly (no NaN, no lone surrogates, 1,024 levels at most), at a quarter of the
-        # json module's cost per event: this is read once per token.
-        event = orjson.loads(data)
-    except orjson.JSONDecodeError as exc:
-        raise BackendBadEvent(f"not JSON ({exc}): {data[:200]!r}") from exc
-    if not isinstance(event, dict):
-        raise BackendBadEvent(f"not an object: {data[:200]!r}")
+    event = event_object(data)
     if "error" in event:  # after the stream began: its words, and its status as the event's ``code``
         raise failures.classify_object("llama-server", event["error"])
     choices = event.get("choices") or [{}]

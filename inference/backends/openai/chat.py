@@ -14,7 +14,6 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
-import orjson
 
 from inference.backends import failures
 from inference.backends.base import (
@@ -34,7 +33,7 @@ from inference.backends.base import (
     refusal_or,
 )
 from inference.backends.openai.embeddings import embeddings_post
-from inference.backends.openai.stream import passthrough_merged, stream_chat_events, tool_call_deltas
+from inference.backends.openai.stream import event_object, passthrough_merged, stream_chat_events, tool_call_deltas
 
 SERVER = "the OpenAI-compatible server"
 # Where servers put a model's context window in /v1/models: vLLM's max_model_len, LM Studio's and others'
@@ -168,12 +167,7 @@ class UsageEvents:
         self.text_chunks = 0
 
     def event(self, data: str, *, last_in_read: bool) -> StreamChunk | None:
-        try:
-            event = orjson.loads(data)
-        except orjson.JSONDecodeError as exc:
-            raise BackendBadEvent(f"not JSON ({exc}): {data[:200]!r}") from exc
-        if not isinstance(event, dict):
-            raise BackendBadEvent(f"not an object: {data[:200]!r}")
+        event = event_object(data)
         if "error" in event:  # after the stream began: its words, and the status its ``code`` names
             raise error_from(None, data.encode())
         usage = event.get("usage")

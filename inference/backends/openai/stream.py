@@ -12,6 +12,8 @@ import ssl
 from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any, Protocol
 
+import orjson
+
 from inference.backends import sse
 from inference.backends.base import BackendBadEvent, BackendError, BackendUnavailable, OnSent, ReadGate, StreamChunk
 
@@ -56,6 +58,19 @@ def tool_calls_merged(deltas: list[dict[str, Any]]) -> list[dict[str, Any]]:
             if isinstance(function.get("arguments"), str):
                 call["function"]["arguments"] += function["arguments"]
     return [calls[index] for index in sorted(calls)]
+
+
+def event_object(data: str) -> dict[str, Any]:
+    """One event's data as the JSON object every OpenAI-style server sends; BackendBadEvent otherwise. orjson reads
+    RFC 8259 strictly (no NaN, no lone surrogates, 1,024 levels at most), at a quarter of the json module's cost per
+    event: this runs once per token."""
+    try:
+        event = orjson.loads(data)
+    except orjson.JSONDecodeError as exc:
+        raise BackendBadEvent(f"not JSON ({exc}): {data[:200]!r}") from exc
+    if not isinstance(event, dict):
+        raise BackendBadEvent(f"not an object: {data[:200]!r}")
+    return event
 
 
 class EventReader(Protocol):
