@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict
+from typing import Any, TypeVar
 
 from redis.exceptions import RedisError
 
@@ -21,6 +22,7 @@ from inference.live.state import sync_client
 
 log = logging.getLogger(__name__)
 
+T = TypeVar("T")
 REFRESH_S = 20.0
 TTL_S = 60
 
@@ -38,20 +40,7 @@ def served_store(rig_id: int, models: Sequence[ModelInfo]) -> None:
 
 def served_get_many(rig_ids: Sequence[int]) -> dict[int, list[ModelInfo] | None]:
     """Each rig's kept list (one round trip), or None where there is none."""
-    if not rig_ids:
-        return {}
-    try:
-        raws = sync_client().mget([served_key(rig_id) for rig_id in rig_ids])
-    except RedisError as exc:
-        log.warning("could not read the rigs' model lists: %s", exc)
-        return dict.fromkeys(rig_ids)
-    out: dict[int, list[ModelInfo] | None] = {}
-    for rig_id, raw in zip(rig_ids, raws, strict=True):  # type: ignore[arg-type]
-        try:
-            out[rig_id] = [ModelInfo(**entry) for entry in json.loads(raw)] if raw else None
-        except (ValueError, TypeError):
-            out[rig_id] = None
-    return out
+    return _read_many(rig_ids, served_key, "model lists", lambda kept: [ModelInfo(**entry) for entry in kept])
 
 
 def served_get(rig_id: int) -> list[ModelInfo] | None:
@@ -83,18 +72,26 @@ def loaded_store(rig_id: int, names: Sequence[str] | None) -> None:
 
 def loaded_get_many(rig_ids: Sequence[int]) -> dict[int, set[str] | None]:
     """Each rig's loaded models (one round trip), or None where unknown (no sampler, a server that cannot say)."""
+    return _read_many(rig_ids, loaded_key, "loaded models", lambda kept: {str(name) for name in kept})
+
+
+def _read_many(
+    rig_ids: Sequence[int], key: Callable[[int], str], what: str, parse: Callable[[list[Any]], T]
+) -> dict[int, T | None]:
+    """Each rig's kept JSON list under ``key`` (one MGET), read by ``parse``; None where there is none, where it is
+    not a list ``parse`` can read, or for every rig while Redis is away (the caller then does without)."""
     if not rig_ids:
         return {}
     try:
-        raws = sync_client().mget([loaded_key(rig_id) for rig_id in rig_ids])
+        raws = sync_client().mget([key(rig_id) for rig_id in rig_ids])
     except RedisError as exc:
-        log.warning("could not read the rigs' loaded models: %s", exc)
+        log.warning("could not read the rigs' %s: %s", what, exc)
         return dict.fromkeys(rig_ids)
-    out: dict[int, set[str] | None] = {}
+    out: dict[int, T | None] = {}
     for rig_id, raw in zip(rig_ids, raws, strict=True):  # type: ignore[arg-type]
         try:
-            names = json.loads(raw) if raw else None
-            out[rig_id] = {str(name) for name in names} if isinstance(names, list) else None
-        except ValueError:
+            kept = json.loads(raw) if raw else None
+            out[rig_id] = parse(kept) if isinstance(kept, list) else None
+        except (ValueError, TypeError):
             out[rig_id] = None
     return out
