@@ -29,7 +29,7 @@ TIMEOUT_S = 3.0  # macmon samples for its interval (-i, ms) before it prints
 _failed: tuple[float, str] | None = None
 
 # Apple's published unified-memory bandwidth, GB/s, per chip (Apple's newsroom announcements and the Macs' tech-spec
-# pages; the M4 family's 120 / 273 / 410 / 546 cross-checked against the 2024-10-30 M4 Max announcement coverage).
+# pages; the M4 family's figures also checked against coverage of the M4 Max announcement).
 # A chip sold with two bandwidths is keyed by GPU cores: the variant is not in the brand string.
 PUBLISHED_BANDWIDTH_GBS: dict[str, float] = {
     "M1": 68.25,
