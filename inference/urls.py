@@ -23,6 +23,24 @@ from inference.views import (
 
 app_name = "inference"
 
+# The routes a client reaches with an API key, not a session: the OpenAI-compatible API (inference/views/openai.py)
+# and Ollama's (docs/openai.md, "Ollama's API"). The web server serves them without the session middleware
+# (rigdash/apihandler.py), so no view here may read ``request.session`` or a session's user.
+key_urlpatterns = [
+    path("v1/models", openai.models_list, name="openai_models"),
+    path("v1/chat/completions", openai_chat.chat_completions, name="openai_chat_completions"),
+    path("v1/embeddings", openai_embeddings.embeddings, name="openai_embeddings"),
+    path("v1/completions", openai_completions.completions, name="openai_completions"),
+    path("api/chat", ollama_api.chat, name="ollama_chat"),
+    path("api/generate", ollama_api.generate, name="ollama_generate"),
+    path("api/embed", ollama_api.embed, name="ollama_embed"),
+    path("api/tags", ollama_api.tags, name="ollama_tags"),
+    path("api/show", ollama_api.show, name="ollama_show"),
+    path("api/ps", ollama_api.ps, name="ollama_ps"),
+    path("api/version", ollama_api.version, name="ollama_version"),
+    path("v1/models/<path:model_id>", openai.model_detail, name="openai_model"),
+]
+
 urlpatterns = [
     path("", chats.session_list, name="session_list"),
     path("sessions/new", chat.session_create, name="session_create"),
@@ -46,20 +64,7 @@ urlpatterns = [
     # The user's own API keys for the OpenAI-compatible API (staff see and revoke everyone's)
     path("keys/", keys.api_keys_page, name="api_keys"),
     path("keys/<int:key_id>/revoke", keys.api_key_revoke, name="api_key_revoke"),
-    # The OpenAI-compatible API, by API key (inference/views/openai.py)
-    path("v1/models", openai.models_list, name="openai_models"),
-    path("v1/chat/completions", openai_chat.chat_completions, name="openai_chat_completions"),
-    path("v1/embeddings", openai_embeddings.embeddings, name="openai_embeddings"),
-    path("v1/completions", openai_completions.completions, name="openai_completions"),
-    # Ollama's API for Ollama clients (docs/openai.md, "Ollama's API")
-    path("api/chat", ollama_api.chat, name="ollama_chat"),
-    path("api/generate", ollama_api.generate, name="ollama_generate"),
-    path("api/embed", ollama_api.embed, name="ollama_embed"),
-    path("api/tags", ollama_api.tags, name="ollama_tags"),
-    path("api/show", ollama_api.show, name="ollama_show"),
-    path("api/ps", ollama_api.ps, name="ollama_ps"),
-    path("api/version", ollama_api.version, name="ollama_version"),
-    path("v1/models/<path:model_id>", openai.model_detail, name="openai_model"),
+    *key_urlpatterns,
     # Model management (staff only)
     path("rigs/<int:rig_id>/models/", models.rig_models_page, name="rig_models"),
     path("api/rigs/<int:rig_id>/models/state", models.api_rig_models_state, name="api_rig_models_state"),

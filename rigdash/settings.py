@@ -90,6 +90,12 @@ MIDDLEWARE = [
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "axes.middleware.AxesMiddleware",  # last: it answers a locked-out login
 ]
+# The routes reached with an API key (/v1/, Ollama's /api/...) pass through these only (rigdash/apihandler.py): they
+# read no session, user, CSRF token or message, and each middleware more is a thread hop on the reply's first token.
+API_MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "rigdash.middleware.ContentSecurityPolicyMiddleware",
+]
 
 # Login throttling (django-axes, https://django-axes.readthedocs.io/): failed logins are counted in the database per
 # account and, separately, per address; past the limit that account or address is refused until the cool-off ends

@@ -123,8 +123,10 @@ def service_env(django_db_setup: Any, django_db_blocker: Any) -> dict[str, str]:
             # Replies through the worker stop at 768 tokens: the suite's time stays bounded on a busy machine, and a
             # long story still decodes for 5 s (at 256, ~1.8 s, a page could open after the turn had ended).
             "RIGDASH_MAX_REPLY_TOKENS": "768",
-            # No connection outlives its request or task, so the test database can be dropped at the end.
-            "RIGDASH_DB_CONN_MAX_AGE": "0",
+            # No connection outlives its request or task, so the test database can be dropped at the end; a benchmark
+            # measures production's connection reuse with RIGDASH_TEST_DB_CONN_MAX_AGE=60 (the processes stop
+            # before the database is dropped, and their connections with them).
+            "RIGDASH_DB_CONN_MAX_AGE": os.environ.get("RIGDASH_TEST_DB_CONN_MAX_AGE", "0"),
             # The suite's worker consumes only the queues it names: tests add rigs whose queue no worker serves.
             "RIGDASH_WORKERS_FOLLOW_RIGS": "0",
         }

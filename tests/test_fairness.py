@@ -8,7 +8,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
-from django.db import connection
+from django.db import connection, transaction
 from django.db.migrations.executor import MigrationExecutor
 from django.test import Client
 from django.test.utils import CaptureQueriesContext
@@ -146,6 +146,12 @@ def test_the_page_hears_of_a_turn_before_it_is_handed_to_a_worker(rig, model_nam
     monkeypatch.setattr(dispatch, "_send", send)
     submit.turn_submit(session=make_session(owner, rig, model_name), text="hello")
     assert order == ["queued", "send 1"]
+    # A session made in the submit's own transaction (an API request's) has no page yet: its task goes first, and
+    # its announcement after it, off the reply's way to its first token.
+    order.clear()
+    with transaction.atomic():
+        submit.turn_submit(session=make_session(owner, rig, model_name), text="hello", new_session=True)
+    assert order == ["send 1", "queued"]
 
 
 @pytest.mark.django_db(transaction=True)

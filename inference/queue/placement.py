@@ -47,11 +47,11 @@ def choose(rigs: Iterable[Rig], *, excluded: Iterable[int] = (), model: str = ""
     """The rig a new placed turn goes to: one whose server holds ``model`` in memory now (no load to wait for), then
     one that cannot say, then one that would load it; among those the most free slots, then the fewest turns
     waiting or running, then the oldest rig. ``excluded``: rigs that cannot take a turn now (their agent is down).
-    One query and one Redis read."""
+    One query and one Redis read when there is a choice."""
     shut = set(excluded)
     candidates = [rig for rig in rigs if rig.pk not in shut]
-    if not candidates:
-        return None
+    if len(candidates) < 2:  # nothing to choose between (the one rig's dispatch counts its slots)
+        return candidates[0] if candidates else None
     loaded = served.loaded_get_many([rig.pk for rig in candidates]) if model else {}
 
     def load_rank(rig: Rig) -> int:

@@ -39,9 +39,10 @@ def turn_submit(*, session: ChatSession, text: Any, params: Any = None, new_sess
             busy, conversations = _sessions_read({session.pk})
         conversations[session.pk][:0] = session.context_messages
         limits: dict[int, Limits] = {}
-        turn = _turn_prepare(session=session, text=text, params=params, busy=busy, limits=limits)
+        serving: dict[str, list[Rig]] = {}
+        turn = _turn_prepare(session=session, text=text, params=params, busy=busy, limits=limits, serving=serving)
         _turns_insert([turn])
-        _turns_stored([turn], conversations=conversations, limits=limits)
+        _turns_stored([turn], conversations=conversations, limits=limits, serving=serving, new_sessions=new_session)
     return turn
 
 
@@ -88,6 +89,7 @@ def _turns_submit_atomic(requests: Sequence[SubmitRequest], results: list[Submit
         for found in sessions.values():
             conversations[found.pk][:0] = found.context_messages
         limits: dict[int, Limits] = {}
+        serving: dict[str, list[Rig]] = {}
         for request in requests:
             # No savepoint per request: _turn_prepare refuses a turn before it writes anything, so a refusal leaves
             # nothing of its own behind (two round trips saved per submit).
@@ -104,6 +106,7 @@ def _turns_submit_atomic(requests: Sequence[SubmitRequest], results: list[Submit
                         busy=busy,
                         limits=limits,
                         pending=pending,
+                        serving=serving,
                     )
                 )
             except InvalidInput as exc:
@@ -113,7 +116,7 @@ def _turns_submit_atomic(requests: Sequence[SubmitRequest], results: list[Submit
                 results.append(InvalidInput("bad_request", "This message could not be stored."))
         turns = [r for r in results if isinstance(r, Turn)]
         _turns_insert(turns)
-        _turns_stored(turns, conversations=conversations, limits=limits)
+        _turns_stored(turns, conversations=conversations, limits=limits, serving=serving)
 
 
 def _sessions_read(session_ids: set[int]) -> tuple[set[int], dict[int, list[dict[str, Any]]]]:
@@ -133,12 +136,20 @@ def _sessions_read(session_ids: set[int]) -> tuple[set[int], dict[int, list[dict
 
 
 def _turn_prepare(
-    *, session: ChatSession, text: Any, params: Any, busy: set[int], limits: dict[int, Limits], pending: int = 0
+    *,
+    session: ChatSession,
+    text: Any,
+    params: Any,
+    busy: set[int],
+    limits: dict[int, Limits],
+    serving: dict[str, list[Rig]],
+    pending: int = 0,
 ) -> Turn:
     """Check one turn and return it unsaved (``_turns_insert`` stores it); call inside a transaction, with the
     session's row read with ``locking`` (one submit at a time per session). ``busy``: the sessions known to have
     a turn waiting or running (updated here); ``limits``: owners' limits read so far in this transaction (updated
-    here); ``pending``: the owner's turns this transaction accepted before this one (not inserted yet).
+    here); ``serving``: the rigs serving each placed chat's model, as this transaction read them (updated here);
+    ``pending``: the owner's turns this transaction accepted before this one (not inserted yet).
 
     Every check comes before the first write (a new session's title), so a refusal (InvalidInput) leaves nothing
     behind and a burst's other turns commit without a savepoint around each (``turn_submit_many``)."""
@@ -149,7 +160,7 @@ def _turn_prepare(
         raise InvalidInput("message_too_long", f"The message has {len(text)} characters; the limit is {limit}.")
     clean_params = turn_params(session=session, raw=params)  # the chat's settings, then the turn's own
     placed = session.placement == placement.PLACED
-    if placed and not placement.rigs_serving(session.model_name):
+    if placed and not _serving(serving, session.model_name):
         raise InvalidInput("no_rig_serves_model", f"No enabled rig serves {session.model_name} now.")
     if not placed and not session.rig.enabled:
         raise InvalidInput("rig_disabled", f"rig {session.rig.name} is disabled")
@@ -167,6 +178,13 @@ def _turn_prepare(
     return Turn(session=session, rig=None if placed else session.rig, user_text=text, params=clean_params)
 
 
+def _serving(serving: dict[str, list[Rig]], model: str) -> list[Rig]:
+    """The enabled rigs serving ``model``, read once per transaction (``serving`` keeps them by model)."""
+    if model not in serving:
+        serving[model] = placement.rigs_serving(model)
+    return serving[model]
+
+
 def _turns_insert(turns: list[Turn]) -> None:
     """Store checked turns in one INSERT (``python -m bench.store`` measures it). PostgreSQL and SQLite (3.35+)
     return the new ids from a bulk insert; a database that cannot gets one INSERT per turn."""
@@ -182,33 +200,41 @@ def _turns_stored(
     *,
     conversations: Mapping[int, list[dict[str, Any]]] | None = None,
     limits: Mapping[int, Limits] | None = None,
+    serving: dict[str, list[Rig]] | None = None,
+    new_sessions: bool = False,
 ) -> None:
     """Inside the submit's transaction: hand the turns to their rigs' fair queues, in the same commit. After it:
     tell the pages, send the Celery tasks, show the turns on the board, in that order. ``conversations`` (by
-    session) and ``limits`` (by owner), as this transaction read them, make the turns' start tickets."""
+    session), ``limits`` (by owner) and ``serving`` (by model), as this transaction read them, make the turns'
+    start tickets and choose placed turns' rigs. ``new_sessions``: the turns' sessions were made in this
+    transaction, so no page can be watching them yet: the tasks go first."""
     if not turns:
         return
 
     # A page hears of its turn before a worker can start it: a fast backend's first token could otherwise
     # reach the page before the turn itself did (seen in the benchmark's stress level). Callbacks run in the
-    # order they were added, so this goes before the dispatch's tasks.
+    # order they were added, so this goes before the dispatch's tasks, unless no page can have the session open.
     queued = [(turn.session_id, selectors.turn_snapshot(turn, just_stored=True)) for turn in turns]
-    transaction.on_commit(lambda: events.turns_queued_sync(queued), robust=True)  # a view: never stops the tasks
+    if not new_sessions:
+        transaction.on_commit(lambda: events.turns_queued_sync(queued), robust=True)  # a view: never stops the tasks
     # The turns wait in their rig's fair queue; dispatch hands them to Celery while a slot is free.
     tickets = _start_tickets(turns, conversations or {}, limits or {})
-    rigs = {rig.pk: rig for rig in map(_first_rig, turns) if rig is not None}
+    found = serving if serving is not None else {}
+    rigs = {rig.pk: rig for turn in turns if (rig := _first_rig(turn, found)) is not None}
     for rig_id in sorted(rigs):  # always in the same order: two submits never wait on each other's rig locks
         dispatch.rig_dispatch(rig_id=rig_id, rig=rigs[rig_id], tickets=tickets)
+    if new_sessions:
+        transaction.on_commit(lambda: events.turns_queued_sync(queued), robust=True)
     turn_ids = [turn.pk for turn in turns]
     transaction.on_commit(lambda: board_rows.publish_turns(turn_ids), robust=True)
 
 
-def _first_rig(turn: Turn) -> Rig | None:
+def _first_rig(turn: Turn, serving: dict[str, list[Rig]]) -> Rig | None:
     """The rig a new turn is offered to first: its chat's, or for a placed chat the best of the rigs serving its
     model that can take turns now (None: none can; the turn waits for one, and its page says why)."""
     if turn.session.placement != placement.PLACED:
         return turn.session.rig
-    rigs = placement.rigs_serving(turn.session.model_name)
+    rigs = _serving(serving, turn.session.model_name)
     excluded = [rig.pk for rig in rigs if dispatch.cannot_take_turns(rig)]
     return placement.choose(rigs, excluded=excluded, model=turn.session.model_name)
 
