@@ -19,7 +19,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 
 from inference.live import ratewindow
-from inference.models import Rig
+from inference.models import ApiKey, Rig
 from monitoring import selectors
 from monitoring.turn_metrics import Totals, turn_totals
 
@@ -133,8 +133,14 @@ def rig_metrics(rigs: list[dict[str, Any]]) -> Iterator[Metric]:
     yield by_user
 
 
-def turn_metrics(totals: Totals, rig_names: dict[int, str], user_groups: dict[int, str]) -> Iterator[Metric]:
-    """Histograms and counters of finished turns, labelled by rig name, model and (tokens) user group."""
+def turn_metrics(
+    totals: Totals,
+    rig_names: dict[int, str],
+    user_groups: dict[int, str],
+    keys: dict[int, tuple[str, str]] | None = None,
+) -> Iterator[Metric]:
+    """Histograms and counters of finished turns, labelled by rig name, model and (tokens) user group; the requests
+    and tokens of API keys by key (``keys``: id -> (name, owner's username); a key deleted since is left out)."""
     for name, (metric, help_text) in HISTOGRAMS.items():
         histograms = HistogramMetricFamily(metric, help_text, labels=RIG_MODEL)
         for (kind, (rig_id, model)), histogram in sorted(totals.histograms.items()):
@@ -165,6 +171,30 @@ def turn_metrics(totals: Totals, rig_names: dict[int, str], user_groups: dict[in
         for (rig_id, model), count in sorted(counts.items()):
             family.add_metric([rig_names.get(rig_id, str(rig_id)), model], count)
         yield family
+    yield from key_metrics(totals, keys or {})
+
+
+KEY_LABELS = ["key_id", "key", "owner"]
+
+
+def key_metrics(totals: Totals, keys: dict[int, tuple[str, str]]) -> Iterator[Metric]:
+    """Finished requests (turns) and their tokens per API key: ``/v1/`` and Ollama's ``/api/`` clients' use."""
+    requests = CounterMetricFamily(
+        "rigdash_api_key_requests", "Finished API requests by key and final status", labels=[*KEY_LABELS, "status"]
+    )
+    for (key_id, status), count in sorted(totals.key_requests.items()):
+        if key_id in keys:
+            requests.add_metric([str(key_id), *keys[key_id], status], count)
+    yield requests
+    for metric, help_text, counts in (
+        ("rigdash_api_key_prompt_tokens", "Prompt tokens of finished API requests by key", totals.key_prompt_tokens),
+        ("rigdash_api_key_generation_tokens", "Reply tokens of finished API requests by key", totals.key_output_tokens),
+    ):
+        family = CounterMetricFamily(metric, help_text, labels=KEY_LABELS)
+        for key_id, count in sorted(counts.items()):
+            if key_id in keys:
+                family.add_metric([str(key_id), *keys[key_id]], count)
+        yield family
 
 
 def _rig_rows() -> list[dict[str, Any]]:
@@ -188,6 +218,14 @@ def _rig_rows() -> list[dict[str, Any]]:
     return rigs
 
 
+def key_labels(key_ids: set[int]) -> dict[int, tuple[str, str]]:
+    """The name and owner's username of each API key still there (no query when no key made a request)."""
+    if not key_ids:
+        return {}
+    keys = ApiKey.objects.filter(pk__in=key_ids).values_list("id", "name", "owner__username")
+    return {pk: (name, owner) for pk, name, owner in keys}
+
+
 def user_groups() -> dict[int, str]:
     """Each user in a group -> the name of their first group by name (a user counts in one group only)."""
     first: dict[int, str] = {}
@@ -208,7 +246,8 @@ class RigDashCollector:
     def collect(self) -> Iterator[Metric]:
         yield from rig_metrics(_rig_rows())
         rig_names = dict(Rig.objects.values_list("id", "name"))
-        yield from turn_metrics(turn_totals.snapshot(), rig_names, user_groups())
+        totals = turn_totals.snapshot()
+        yield from turn_metrics(totals, rig_names, user_groups(), key_labels({k for k, _ in totals.key_requests}))
         yield rate_limited_metric()
 
 

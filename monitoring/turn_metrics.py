@@ -94,6 +94,10 @@ class Totals:
     output_tokens: Counter[tuple[int, str, int]] = field(default_factory=Counter)
     draft_tokens: Counter[RigModel] = field(default_factory=Counter)
     draft_accepted_tokens: Counter[RigModel] = field(default_factory=Counter)
+    # The requests of API keys (``ChatSession.api_key``), by key id: (key, status), and the tokens by key.
+    key_requests: Counter[tuple[int, str]] = field(default_factory=Counter)
+    key_prompt_tokens: Counter[int] = field(default_factory=Counter)
+    key_output_tokens: Counter[int] = field(default_factory=Counter)
 
     def _observe(self, name: str, key: RigModel, values: Iterable[float]) -> None:
         histogram = self.histograms.get((name, key))
@@ -110,6 +114,10 @@ class Totals:
         self.turns[(*key, row["status"])] += 1
         self.prompt_tokens[user_key] += row["prompt_tokens"] or 0
         self.output_tokens[user_key] += row["output_tokens"] or 0
+        if (key_id := row.get("session__api_key_id")) is not None:
+            self.key_requests[(key_id, row["status"])] += 1
+            self.key_prompt_tokens[key_id] += row["prompt_tokens"] or 0
+            self.key_output_tokens[key_id] += row["output_tokens"] or 0
         if row["started_at"] is not None:
             self._observe("queue", key, [max(0.0, (row["started_at"] - row["created_at"]).total_seconds())])
         stats = row["stats"] if isinstance(row["stats"], Mapping) else {}
@@ -138,12 +146,15 @@ class Totals:
             self.output_tokens + other.output_tokens,
             self.draft_tokens + other.draft_tokens,
             self.draft_accepted_tokens + other.draft_accepted_tokens,
+            self.key_requests + other.key_requests,
+            self.key_prompt_tokens + other.key_prompt_tokens,
+            self.key_output_tokens + other.key_output_tokens,
         )
 
 
 TURN_FIELDS = (
     "id", "status", "created_at", "started_at", "prompt_tokens", "output_tokens", "stats",
-    "rig_id", "session__rig_id", "session__model_name", "session__owner_id",
+    "rig_id", "session__rig_id", "session__model_name", "session__owner_id", "session__api_key_id",
 )  # fmt: skip
 
 

@@ -211,3 +211,34 @@ def test_histogram_buckets_follow_le():
     cumulative = dict(histogram.cumulative())
     assert cumulative["0.001"] == 1 and cumulative["0.0025"] == 2 and cumulative["5.0"] == 2
     assert cumulative["+Inf"] == 3 and histogram.total == pytest.approx(99.0021)
+
+
+def test_api_requests_and_tokens_are_counted_per_key(box, owner, other_user, admin_user):
+    """Each key's finished requests by status, and their tokens; a chat's own turns (no key) and a key deleted
+    since are not in them."""
+    from inference.board import apikeys
+
+    editor = apikeys.api_key_create(owner=owner, name="editor").key
+    agent = apikeys.api_key_create(owner=other_user, name='agent "x"').key
+    gone = apikeys.api_key_create(owner=owner, name="gone").key
+    by_key = {k: ChatSession.objects.create(owner=k.owner, rig=box, model_name="SmolLM2", api_key=k)
+              for k in (editor, agent, gone)}  # fmt: skip
+    _finish(by_key[editor], created_ago_s=300, prompt=10, output=3)  # folded: settled
+    _finish(by_key[editor], prompt=20, output=5)  # read at each scrape
+    _finish(by_key[editor], status="cancelled", prompt=7, output=1)
+    _finish(by_key[agent], prompt=4, output=2)
+    _finish(by_key[gone], prompt=100, output=100)
+    _finish(ChatSession.objects.create(owner=owner, rig=box, model_name="SmolLM2"), prompt=50, output=50)
+    gone.delete()
+    metrics = scrape(admin_user)
+
+    requests = metrics["rigdash_api_key_requests"]
+    assert requests.type == "counter"
+    assert value(requests, "_total", key_id=str(editor.pk), key="editor", owner="owner", status="done") == 2
+    assert value(requests, "_total", key_id=str(editor.pk), status="cancelled") == 1
+    assert value(requests, "_total", key='agent "x"', owner=other_user.username, status="done") == 1
+    assert {s.labels["key"] for s in requests.samples} == {"editor", 'agent "x"'}
+    prompt, generated = metrics["rigdash_api_key_prompt_tokens"], metrics["rigdash_api_key_generation_tokens"]
+    assert value(prompt, "_total", key="editor") == 37 and value(generated, "_total", key="editor") == 9
+    assert value(prompt, "_total", key='agent "x"') == 4 and value(generated, "_total", key='agent "x"') == 2
+    assert scrape(admin_user)["rigdash_api_key_requests"].samples == requests.samples  # nothing counts twice
