@@ -64,6 +64,7 @@ urlpatterns = [
     # The user's own API keys for the OpenAI-compatible API (staff see and revoke everyone's)
     path("keys/", keys.api_keys_page, name="api_keys"),
     path("keys/<int:key_id>/revoke", keys.api_key_revoke, name="api_key_revoke"),
+    path("keys/<int:key_id>/storage", keys.api_key_storage, name="api_key_storage"),
     *key_urlpatterns,
     # Model management (staff only)
     path("rigs/<int:rig_id>/models/", models.rig_models_page, name="rig_models"),

@@ -115,7 +115,7 @@ def test_a_key_that_stores_nothing_answers_whole_and_keeps_only_counts(web_url, 
     page = Client()
     page.force_login(owner)
     assert page.get(f"/sessions/{turns[0].session_id}/").status_code == 404
-    assert '<td data-testid="key-storage">nothing</td>' in page.get("/keys/").content.decode()
+    assert '<option value="nothing" selected>' in page.get("/keys/").content.decode()
 
 
 @pytest.mark.llama
@@ -155,3 +155,35 @@ def test_the_pass_wipes_what_a_view_left_once_the_turn_has_ended(idle_rig, owner
     page.force_login(owner)
     assert page.post("/keys/", {"name": "z", "storage": "nothing"}).status_code == 201
     assert ApiKey.objects.get(name="z").storage == ApiKey.Storage.NOTHING
+
+
+def test_the_owner_changes_what_a_key_stores_for_the_requests_after(idle_rig, owner, other_user, admin_user):
+    """The keys page's choice, changed later: the requests after it follow it, those before keep theirs; only the
+    owner may change it (staff included in 'anyone else'), on an active key, to a known choice."""
+    key = apikeys.api_key_create(owner=owner, name="editor").key
+    before = _submit(key, idle_rig, "kept as a chat")
+    browser = Client()
+    browser.force_login(owner)
+    page = browser.post(f"/keys/{key.pk}/storage", {"storage": "nothing"})
+    assert page.status_code == 302
+    key.refresh_from_db()
+    assert key.storage == ApiKey.Storage.NOTHING
+    key_now = ApiKey.objects.get(pk=key.pk)
+    after = _submit(key_now, idle_rig, "not to be kept")
+    assert ChatSession.objects.get(pk=after.session_id).hidden
+    assert not ChatSession.objects.get(pk=before.session_id).hidden  # the earlier chat stays as it was
+    assert b'<option value="nothing" selected>' in browser.get("/keys/").content
+
+    refused = browser.post(f"/keys/{key.pk}/storage", {"storage": "everything"})
+    assert refused.status_code == 400 and b"kept as chats or not stored" in refused.content
+    assert ApiKey.objects.get(pk=key.pk).storage == ApiKey.Storage.NOTHING  # nothing lost
+    for someone in (other_user, admin_user):  # another user's key looks missing, to staff too
+        stranger = Client()
+        stranger.force_login(someone)
+        assert stranger.post(f"/keys/{key.pk}/storage", {"storage": "chats"}).status_code == 404
+    assert Client().post(f"/keys/{key.pk}/storage", {"storage": "chats"}).status_code == 302  # to the login page
+    assert ApiKey.objects.get(pk=key.pk).storage == ApiKey.Storage.NOTHING
+
+    apikeys.api_key_revoke(key_id=key.pk, actor=owner)
+    gone = browser.post(f"/keys/{key.pk}/storage", {"storage": "chats"})
+    assert gone.status_code == 400 and b"This key is revoked" in gone.content

@@ -102,6 +102,25 @@ def api_key_revoke(*, key_id: int, actor: AbstractBaseUser | AnonymousUser) -> A
     return key
 
 
+def api_key_storage_set(*, key_id: int, storage: str, actor: AbstractBaseUser | AnonymousUser) -> ApiKey:
+    """Change what is kept of an active key's requests (``ApiKey.Storage``), by its owner only: it is their texts'
+    privacy, so not even staff may switch another's key to storing them. It applies to the requests submitted after
+    it: a request's session keeps the choice it was made with; chats kept before are not wiped (their owner deletes
+    them from the chat list), and texts wiped before do not come back. Anyone else: NotFound."""
+    if not actor.is_authenticated:
+        raise NotFound("key")
+    key = ApiKey.objects.filter(pk=key_id, owner_id=actor.pk).first()
+    if key is None:
+        raise NotFound("key")
+    if storage not in ApiKey.Storage.values:
+        raise InvalidInput("invalid_storage", "Choose whether the key's requests are kept as chats or not stored.")
+    if key.state(timezone.now()) != "active":
+        raise InvalidInput("key_not_active", f"This key is {key.state(timezone.now())}: its requests are refused.")
+    ApiKey.objects.filter(pk=key.pk).update(storage=storage)
+    key.storage = storage
+    return key
+
+
 USAGE_DAYS = 30
 
 

@@ -14,6 +14,7 @@ from django.views.decorators.http import require_http_methods, require_POST
 from inference.board import apikeys
 from inference.errors import InvalidInput
 from inference.forms import ApiKeyForm
+from inference.models import ApiKey
 from inference.views.http import or_404
 from rigdash.access import is_staff
 
@@ -25,7 +26,7 @@ def _page(request: HttpRequest, form: ApiKeyForm, *, new_key: apikeys.NewKey | N
     usage = apikeys.api_key_usage(mine)
     keys = [(key, key.state(now), usage.get(key.pk)) for key in mine]
     context: dict[str, Any] = {"form": form, "keys": keys, "new_key": new_key, "error": error,
-                               "usage_days": apikeys.USAGE_DAYS}  # fmt: skip
+                               "usage_days": apikeys.USAGE_DAYS, "storage_choices": ApiKey.Storage.choices}  # fmt: skip
     if is_staff(request.user):
         others = apikeys.api_key_list_all().exclude(owner_id=request.user.pk).filter(revoked_at__isnull=True)
         context["all_keys"] = [(key, key.state(now)) for key in others[:500]]
@@ -51,6 +52,16 @@ def api_keys_page(request: HttpRequest) -> HttpResponse:
     except InvalidInput as exc:
         return _page(request, form, status=400, error=exc.message)
     return _page(request, ApiKeyForm(), new_key=new_key, status=201)
+
+
+@login_required
+@require_POST
+def api_key_storage(request: HttpRequest, key_id: int) -> HttpResponse:
+    try:
+        or_404(apikeys.api_key_storage_set, key_id=key_id, storage=request.POST.get("storage", ""), actor=request.user)
+    except InvalidInput as exc:
+        return _page(request, ApiKeyForm(), status=400, error=exc.message)
+    return redirect("inference:api_keys")
 
 
 @login_required
