@@ -267,6 +267,21 @@ async def test_llama_servers_own_completion_events_are_read(llama_url):
     assert chunks[-1].stats is not None and chunks[-1].stats.output_tokens == 6
 
 
+def test_an_error_inside_llama_servers_own_completion_stream_keeps_its_status():
+    """llama-server sends an error that comes after its stream began as an event whose ``code`` is the HTTP status it
+    would have answered: a 500 stays retryable and a 400 does not, on /completion and /infill as on the chat stream."""
+    from inference.backends.base import BackendError, BackendUnavailable
+    from inference.backends.llamacpp.chat import _chunk, _NativeEvents
+
+    for reader in (_NativeEvents().event, lambda data, last_in_read: _chunk(data)):
+        with pytest.raises(BackendUnavailable) as failed:
+            reader('{"error":{"code":500,"message":"decode failed","type":"server_error"}}', last_in_read=True)
+        assert failed.value.retryable and "decode failed" in str(failed.value)
+        with pytest.raises(BackendError) as refused:
+            reader('{"error":{"code":400,"message":"bad grammar","type":"invalid_request_error"}}', last_in_read=True)
+        assert not refused.value.retryable and "bad grammar" in str(refused.value)
+
+
 def _stream_until_text(stream: Any, chunks: int) -> None:
     seen = 0
     for chunk in stream:

@@ -364,8 +364,8 @@ class _NativeEvents:
         event = event_object(data)
         if not isinstance(event.get("content", ""), str):
             raise BackendBadEvent(f"fields of unexpected types: {data[:200]!r}")
-        if "error" in event:
-            raise _error(None, str(event["error"])[:300])
+        if "error" in event:  # as in the chat stream: its words, and its status as the object's ``code``
+            raise failures.classify_object("llama-server", event["error"])
         times = event.get("timings") if isinstance(event.get("timings"), dict) else None
         if times is not None and not _timings_ok(times):
             raise BackendBadEvent(f"fields of unexpected types: {data[:200]!r}")
