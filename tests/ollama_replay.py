@@ -13,7 +13,11 @@ at v0.33.0-rc2: ``api/types.go``, ``server/routes.go``, ``server/sched.go``, ``d
   the model (``done_reason: "unload"``), once no reply of that model is running (the scheduler waits for them).
   Unknown model: 404 ``{"error": "model 'x' not found"}``. A model not loaded is loaded first: a real wait of
   ``load_s``, reported as ``load_duration``.
-- ``POST /api/generate`` with no prompt: load, or unload with ``keep_alive`` 0.
+- ``POST /api/generate`` with no prompt: load, or unload with ``keep_alive`` 0. With a prompt: the chat's stream with
+  each line's text in ``response``, ``context`` (token ids) on the ``done:true`` line unless ``raw``; refused as
+  GenerateHandler refuses: ``raw`` with a template, system or context, ``think`` on a model without thinking, a model
+  without "completion" (``does not support generate``), a ``suffix`` for a model without "insert" (``does not
+  support insert``).
 - ``GET /api/tags``, ``GET|HEAD /api/version``, ``GET|HEAD /`` (``Ollama is running``), ``POST /api/show``
   (``model_info`` with GGUF keys, lists longer than 5 items blanked to ``[]`` unless ``verbose``, and
   ``capabilities``: "completion" or "embedding", and "thinking"), ``GET /api/ps`` (``size, size_vram, expires_at,
@@ -66,7 +70,7 @@ Differences from the real server (what the tests cannot rely on here):
   honoured only by ``/api/ps``.
 - ``/api/show`` has no ``tensors``, ``projector_info`` or ``template`` worth reading; ``/api/pull`` has no
   registry, digests are made up, and no ``removing unused layers`` step.
-- ``/api/generate`` with a prompt, ``/api/embed``, ``/api/create``, ``/api/copy``, ``/api/push``, tools,
+- ``/api/embed``, ``/api/create``, ``/api/copy``, ``/api/push``, tools,
   images, ``format`` and the OpenAI-compatible ``/v1`` routes are not replayed (404).
 """
 
@@ -120,6 +124,7 @@ class ReplayModel:
     thinks: bool = False  # a reasoning model: capability "thinking", thinks unless asked not to
     graph_bytes: int = 16 * 2**20  # compute buffers llama-server allocates at load (SmolLM2: 16 MiB on the CPU)
     embedding: bool = False  # an embedding model: no "completion" capability, one sequence
+    inserts: bool = False  # its template fills in the middle: capability "insert" (a generate request's suffix)
 
     @property
     def digest(self) -> str:
@@ -508,7 +513,8 @@ class ReplayHandler(BaseHTTPRequestHandler):
                     # Lists longer than 5 items come back empty unless verbose (server/routes.go getModelData).
                     "model_info": model.model_info if body.get("verbose") else _blank_long_lists(model.model_info),
                     "capabilities": (["embedding"] if model.embedding else ["completion"])
-                    + (["thinking"] if model.thinks else []),
+                    + (["thinking"] if model.thinks else [])
+                    + (["insert"] if model.inserts else []),
                     "modified_at": _now(),
                 },
             )
@@ -559,13 +565,28 @@ class ReplayHandler(BaseHTTPRequestHandler):
         self._json(200, {"model": model.name, "created_at": _now(), **reply, "done": True, "done_reason": reason})
 
     def generate(self, body: dict[str, Any]) -> None:
+        """server/routes.go GenerateHandler: its refusals in its order, then the load (no prompt: load or unload
+        only), then the stream of ``response`` lines; ``context`` on the last line unless raw."""
         model = self._model(body)
         if model is None:
             return
-        if body.get("prompt"):
-            self._error(501, "the replay answers /api/generate only to load or unload a model")
+        if body.get("raw") and (body.get("template") or body.get("system") or body.get("context")):
+            self._error(400, "raw mode does not support template, system, or context")
             return
-        self._load_or_unload(model, body, {"response": ""})
+        if body.get("think") not in (None, False) and not model.thinks:
+            self._error(400, f'"{model.name}" does not support thinking')
+            return
+        if model.embedding:  # scheduleRunner's errCapabilityCompletion
+            self._error(400, f'"{model.name}" does not support generate')
+            return
+        if body.get("suffix") and not model.inserts:  # CheckCapabilities: errCapabilities joined with "insert"
+            self._error(400, "does not support insert")
+            return
+        if not body.get("prompt"):
+            self._load_or_unload(model, body, {"response": ""})
+            return
+        messages = [{"role": "user", "content": str(body["prompt"]) + " " + str(body.get("suffix") or "")}]
+        self._chat_stream(model, body, messages, generate=True)
 
     def chat(self, body: dict[str, Any]) -> None:
         model = self._model(body)
@@ -591,7 +612,17 @@ class ReplayHandler(BaseHTTPRequestHandler):
             loaded = self.state.loaded.get(model.name)
         return loaded.context_length if loaded else 4096
 
-    def _chat_stream(self, model: ReplayModel, body: dict[str, Any], messages: list[dict[str, Any]]) -> None:
+    def _chat_stream(
+        self, model: ReplayModel, body: dict[str, Any], messages: list[dict[str, Any]], *, generate: bool = False
+    ) -> None:
+        """A chat's stream, or with ``generate`` /api/generate's: the same words, each line's text in ``response``
+        (and ``thinking``) instead of ``message``."""
+
+        def said(text: str, thinking: str = "") -> dict[str, Any]:
+            if generate:
+                return {"response": text, **({"thinking": thinking} if thinking else {})}
+            return {"message": {"role": "assistant", "content": text, **({"thinking": thinking} if thinking else {})}}
+
         state = self.state
         started = time.perf_counter_ns()
         load_ns = self._load(model, body)
@@ -630,9 +661,7 @@ class ReplayHandler(BaseHTTPRequestHandler):
                     self._line({"error": state.stream_error})
                     self._end_stream()
                     return
-                self._line({"model": model.name, "created_at": _now(),
-                            "message": {"role": "assistant", "content": "", "thinking": thought},
-                            "done": False})  # fmt: skip
+                self._line({"model": model.name, "created_at": _now(), **said("", thought), "done": False})
                 sent += 1
                 time.sleep(state.token_interval_s)
             for index in range(planned):
@@ -649,8 +678,7 @@ class ReplayHandler(BaseHTTPRequestHandler):
                     self.wfile.flush()
                 word = WORDS[index % len(WORDS)]
                 text = word if index == 0 else f" {word}"
-                self._line({"model": model.name, "created_at": _now(),
-                            "message": {"role": "assistant", "content": text}, "done": False})  # fmt: skip
+                self._line({"model": model.name, "created_at": _now(), **said(text), "done": False})
                 sent += 1
                 time.sleep(state.token_interval_s)
             eval_ns = time.perf_counter_ns() - eval_started
@@ -660,7 +688,7 @@ class ReplayHandler(BaseHTTPRequestHandler):
             final = {
                 "model": model.name,
                 "created_at": _now(),
-                "message": {"role": "assistant", "content": ""},
+                **said(""),
                 "done": True,
                 "done_reason": reason,
                 "total_duration": time.perf_counter_ns() - started,  # the load included
@@ -670,6 +698,8 @@ class ReplayHandler(BaseHTTPRequestHandler):
                 "eval_count": sent,
                 "eval_duration": eval_ns,
             }
+            if generate and not body.get("raw"):
+                final["context"] = list(range(prompt_tokens + sent))  # the conversation's tokens, to continue it
             self._line({key: value for key, value in final.items() if value != 0})  # omitempty metrics
             self._end_stream()
         except (BrokenPipeError, ConnectionResetError):

@@ -181,3 +181,35 @@ def test_llamacpp_pulls_and_deletes_nothing_and_swaps_models_only_in_router_mode
 def test_an_ollama_rig_gets_the_ollama_backend():
     rig = Rig(name="o", kind=Rig.Kind.OLLAMA, base_url="http://127.0.0.1:11434", queue="q")
     assert isinstance(backend_for(rig), OllamaBackend)
+
+
+def test_a_raw_completion_goes_to_generate_raw_and_streams_its_response_lines(ollama):
+    """OpenAI's /v1/completions on an Ollama rig: /api/generate with ``raw`` (the prompt as written, no template),
+    thoughts off, the turn's cap and stop sequences as options; the lines' ``response`` is the text."""
+    ollama.reply_tokens = 9
+    chunks, error = _chat(OllamaBackend(ollama.url), messages=[], prompt="def add(a, b):", max_tokens=64,
+                          stop=("\n\n",), temperature=0.0)  # fmt: skip
+    assert error is None
+    sent = ollama.last_request("/api/generate")
+    assert sent["prompt"] == "def add(a, b):" and sent["raw"] is True and sent["think"] is False
+    assert "suffix" not in sent and "messages" not in sent
+    assert sent["options"]["num_predict"] == 64 and sent["options"]["stop"] == ["\n\n"]
+    assert "".join(c.text for c in chunks) == " ".join(WORDS[:9])
+    assert chunks[-1].finish_reason == "stop" and chunks[-1].stats.output_tokens == 9
+
+
+def test_a_completion_with_a_suffix_asks_the_models_fill_in_the_middle(ollama):
+    """With ``suffix``: not raw (Ollama fills the middle through the model's template, and raw mode takes no
+    suffix); a model whose template cannot is refused with Ollama's status and words."""
+    backend = OllamaBackend(ollama.url)
+    chunks, error = _chat(backend, messages=[], prompt="def add(a, b):\n    ", extra={"suffix": "\n    return c"})
+    assert isinstance(error, BackendError) and not error.retryable and "does not support insert" in str(error)
+    assert not chunks
+    ollama.models[MODEL].inserts = True
+    chunks, error = _chat(backend, messages=[], prompt="def add(a, b):\n    ", extra={"suffix": "\n    return c"})
+    assert error is None and chunks[-1].finish_reason
+    sent = ollama.last_request("/api/generate")
+    assert sent["suffix"] == "\n    return c" and "raw" not in sent
+    # An OpenAI field /api/generate has no equivalent of is refused by name, before anything is sent.
+    chunks, error = _chat(backend, messages=[], prompt="x", extra={"logit_bias": {"1": 2}})
+    assert isinstance(error, BackendNotSupported) and "logit_bias" in str(error)

@@ -103,3 +103,35 @@ async def test_stop_on_an_ollama_turn_closes_the_stream(celery_worker, ollama_se
     assert turn.status == Turn.Status.CANCELLED and 5 <= turn.stats["output_events"] < 1000
     closed = await sync_to_async(ollama.wait_closed_early)(timeout_s=5)
     assert closed is not None and closed["path"] == "/api/chat" and closed["tokens_sent"] < 1000
+
+
+def test_raw_completions_through_rigdash_reach_an_ollama_rigs_generate(
+    web_url, celery_worker, ollama_rig, owner, ollama
+):
+    """The official clients' raw completions on an Ollama rig, each a turn: openai's ``completions`` (streamed and
+    whole) and ollama's ``generate(raw=True)`` reach the rig's /api/generate in raw mode; a code completion with a
+    suffix on a model that cannot fill in the middle comes back as Ollama refused it."""
+    import ollama as ollama_client
+    import openai
+
+    from inference.board import apikeys
+
+    ollama.reply_tokens = 6
+    secret = apikeys.api_key_create(owner=owner, name="completions").secret
+    client = openai.OpenAI(base_url=f"{web_url}/v1", api_key=secret, max_retries=0, timeout=60)
+    whole = client.completions.create(model=MODEL, prompt="Once upon a time", max_tokens=20)
+    assert whole.choices[0].text == " ".join(WORDS[:6]) and whole.usage.completion_tokens == 6
+    streamed = client.completions.create(model=MODEL, prompt="Once upon a time", max_tokens=20, stream=True)
+    assert "".join(part.choices[0].text for part in streamed) == " ".join(WORDS[:6])
+    sent = ollama.last_request("/api/generate")
+    assert sent["prompt"] == "Once upon a time" and sent["raw"] is True and sent["options"]["num_predict"] == 20
+
+    by_ollama = ollama_client.Client(host=web_url, headers={"Authorization": f"Bearer {secret}"}, timeout=60)
+    generated = by_ollama.generate(model=MODEL, prompt="A raw prompt", raw=True, options={"num_predict": 20})
+    assert generated.response == " ".join(WORDS[:6]) and generated.done
+    assert ollama.last_request("/api/generate")["prompt"] == "A raw prompt"
+
+    with pytest.raises(openai.BadRequestError, match="does not support insert"):
+        client.completions.create(model=MODEL, prompt="def f():\n    ", suffix="\n    return x", max_tokens=8)
+    turns = Turn.objects.filter(session__api_key__isnull=False).order_by("id")
+    assert [t.status for t in turns] == ["done", "done", "done", "failed"]

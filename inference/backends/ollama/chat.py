@@ -2,7 +2,8 @@
 
 Protocol: https://github.com/ollama/ollama/blob/main/docs/api.md and ``api/types.go`` (the v0.32 server
 series), through the official ``ollama`` Python client 0.6: ``/api/chat`` streams ``{message, done:false}``
-lines and ends with one ``done:true`` line carrying ``done_reason`` and the counters; ``/api/tags``,
+lines and ends with one ``done:true`` line carrying ``done_reason`` and the counters (``/api/generate``, for a raw
+completion, the same with ``response`` for ``message``); ``/api/tags``,
 ``/api/version``, ``/api/show``, ``/api/ps``; ``/api/pull`` streams progress and ends ``{"status":
 "success"}``; errors are ``{"error": "..."}`` (404 ``model 'x' not found`` for an unknown model).
 Closing the HTTP stream makes Ollama stop generating that reply.
@@ -41,6 +42,7 @@ from inference.backends.base import (
     PullProgress,
     ReadGate,
     StreamChunk,
+    refusal_or,
 )
 from inference.backends.ollama.openai_fields import ollama_fields, ollama_message
 
@@ -82,7 +84,9 @@ def _translate(exc: Exception, what: str) -> BackendError:
     client raises the same ResponseError, with status -1, for an ``{"error"}`` line after a 200 stream began."""
     if isinstance(exc, ollama.ResponseError):
         status = None if exc.status_code == -1 else exc.status_code
-        return failures.classify(f"Ollama ({what})", str(exc.error), status=status)
+        words = str(exc.error)
+        # A refusal nothing else classes (a capability the model lacks, a field Ollama rejects) keeps its status.
+        return refusal_or(failures.classify(f"Ollama ({what})", words, status=status), "Ollama", status, words[:500])
     if isinstance(exc, ConnectionError | httpx.ConnectError | httpx.ConnectTimeout):
         return BackendUnavailable(f"Ollama is unreachable ({what}): {exc!r}")
     if isinstance(exc, httpx.HTTPError):
@@ -98,19 +102,22 @@ CLIENT_ERRORS = (ollama.ResponseError, ConnectionError, httpx.HTTPError, pydanti
 UNREADABLE_LINE_ERRORS = (pydantic.ValidationError, ValueError, TypeError, AttributeError, KeyError, RecursionError)
 
 
-async def _chat_lines(response: httpx.Response) -> AsyncIterator[ollama.ChatResponse]:
-    """The chat stream's NDJSON lines as the ollama client reads them (``json.loads``, an ``{"error"}`` line is a
-    ResponseError, ``ChatResponse(**part)``), but decoded strictly: a line that is not UTF-8 raises
-    UnicodeDecodeError (a ValueError) like any line RigDash cannot read. Blank lines are skipped."""
+Part = ollama.ChatResponse | ollama.GenerateResponse  # a line of /api/chat's stream, or of /api/generate's
+
+
+async def _stream_lines(response: httpx.Response, kind: type[Part]) -> AsyncIterator[Part]:
+    """The stream's NDJSON lines as the ollama client reads them (``json.loads``, an ``{"error"}`` line is a
+    ResponseError, ``ChatResponse(**part)`` or ``GenerateResponse(**part)``), but decoded strictly: a line that is
+    not UTF-8 raises UnicodeDecodeError (a ValueError) like any line RigDash cannot read. Blank lines are skipped."""
     pending = b""
     async for data in response.aiter_bytes():
         pending += data
         *lines, pending = pending.split(b"\n")
         for line in lines:
             if line.strip():
-                yield _chat_part(line)
+                yield _part(line, kind)
     if pending.strip():
-        yield _chat_part(pending)
+        yield _part(pending, kind)
 
 
 # The status of an ``{"error"}`` line inside a stream that began with 200: Ollama's streamResponse
@@ -119,11 +126,43 @@ async def _chat_lines(response: httpx.Response) -> AsyncIterator[ollama.ChatResp
 IN_STREAM_STATUS = 500
 
 
-def _chat_part(line: bytes) -> ollama.ChatResponse:
+def _part(line: bytes, kind: type[Part]) -> Part:
     part = json.loads(line.decode("utf-8", errors="strict"))
     if err := part.get("error"):
         raise ollama.ResponseError(err, IN_STREAM_STATUS)
-    return ollama.ChatResponse(**part)
+    return kind(**part)
+
+
+def _said(part: Part) -> tuple[str, str, Any]:
+    """(text, thinking, tool calls) of a stream line: a chat line's message, a generate line's response."""
+    if isinstance(part, ollama.ChatResponse):
+        return part.message.content or "", part.message.thinking or "", part.message.tool_calls
+    return part.response or "", part.thinking or "", None
+
+
+# A raw completion's OpenAI fields that Ollama's /api/generate takes as they are (api/types.go GenerateRequest).
+GENERATE_FIELDS = frozenset({"suffix"})
+
+
+def _generate_body(request: ChatRequest, options: dict[str, Any]) -> dict[str, Any]:
+    """A raw completion (OpenAI's /v1/completions) as Ollama's /api/generate (server/routes.go GenerateHandler):
+    ``raw`` (the prompt as given, no template), or with a ``suffix`` through the model's template's fill-in-the-middle
+    (raw mode takes no suffix; a model whose template has none is refused: "does not support insert"). ``think``
+    false: the text comes back as the model wrote it, not parted into thoughts."""
+    extra = dict(request.extra)
+    suffix = extra.pop("suffix", None)
+    more_options, fields = ollama_fields(extra)
+    if fields:
+        raise BackendNotSupported(f"Ollama's /api/generate has no equivalent of {sorted(fields)}")
+    body: dict[str, Any] = {"model": request.model, "prompt": request.prompt, "stream": True, "think": False,
+                            "options": {**more_options, **options}}  # fmt: skip
+    if suffix:
+        body["suffix"] = suffix
+    else:
+        body["raw"] = True
+    if request.keep_alive is not None:
+        body["keep_alive"] = request.keep_alive
+    return body
 
 
 def _with_openai_fields(body: dict[str, Any], request: ChatRequest) -> None:
@@ -213,19 +252,24 @@ class OllamaBackend(Backend):
         # request starts. The request body is the ollama client's own (its ChatRequest model); the lines are read
         # here, not by the client, whose httpx ``aiter_lines`` replaces bytes that are not UTF-8 instead of failing.
         # No read timeout here: the worker enforces first-token and stall timeouts itself.
-        body = ollama_types.ChatRequest(
-            model=request.model,
-            messages=[ollama.Message.model_validate({k: v for k, v in dict(m).items() if v}) for m in request.messages],
-            stream=True,
-            options=self._options(request),
-            keep_alive=request.keep_alive,
-            think=request.think,  # unset: the server's default (a thinking model thinks)
-        ).model_dump(exclude_none=True)
-        if request.prompt is not None:
-            raise BackendNotSupported("a raw completion (/v1/completions) is not wired to Ollama's /api/generate yet")
-        if request.extra or any(set(m) - {"role", "content"} or not isinstance(m.get("content"), str)
-                                for m in request.messages):  # fmt: skip
-            _with_openai_fields(body, request)  # an API client's request
+        path, kind = "/api/chat", cast(type[Part], ollama.ChatResponse)
+        if request.prompt is not None:  # a raw completion
+            path, kind = "/api/generate", ollama.GenerateResponse
+            body = _generate_body(request, self._options(request))
+        else:
+            body = ollama_types.ChatRequest(
+                model=request.model,
+                messages=[
+                    ollama.Message.model_validate({k: v for k, v in dict(m).items() if v}) for m in request.messages
+                ],
+                stream=True,
+                options=self._options(request),
+                keep_alive=request.keep_alive,
+                think=request.think,  # unset: the server's default (a thinking model thinks)
+            ).model_dump(exclude_none=True)
+            if request.extra or any(set(m) - {"role", "content"} or not isinstance(m.get("content"), str)
+                                    for m in request.messages):  # fmt: skip
+                _with_openai_fields(body, request)  # an API client's request
         timeout = httpx.Timeout(self.timeout_s, read=None)
         extra: dict[str, Any] = {} if self.transport is None else {"transport": self.transport}
         if on_sent is not None:
@@ -235,14 +279,14 @@ class OllamaBackend(Backend):
                 httpx.AsyncClient(
                     base_url=self.base_url, timeout=timeout, trust_env=False, headers=self.headers, **extra
                 ) as http,
-                http.stream("POST", "/api/chat", json=body, headers={"Accept": "application/json"}) as response,
+                http.stream("POST", path, json=body, headers={"Accept": "application/json"}) as response,
             ):
                 if response.is_error:
                     await response.aread()
                     raise ollama.ResponseError(response.text, response.status_code)
-                async for part in _chat_lines(response):
+                async for part in _stream_lines(response, kind):
                     # A thinking model's lines carry ``message.thinking`` with empty content until it answers.
-                    text, thinking = part.message.content or "", part.message.thinking or ""
+                    text, thinking, tool_calls = _said(part)
                     if part.done:
                         final = part.model_dump(include=set(FINAL_FIELDS))
                         reason = part.done_reason or "stop"
@@ -255,11 +299,11 @@ class OllamaBackend(Backend):
                             context_tokens=(stats.prompt_tokens or 0) + (stats.output_tokens or 0) or None,
                         )
                         return
-                    calls = _tool_call_deltas(part.message.tool_calls)
+                    calls = _tool_call_deltas(tool_calls)
                     if text or thinking or calls:
                         yield StreamChunk(text=text, thinking=thinking, tool_calls=calls)
         except (ollama.ResponseError, ConnectionError, httpx.HTTPError) as exc:  # an unreadable line: below
-            raise _translate(exc, "chat") from exc
+            raise _translate(exc, path.removeprefix("/api/")) from exc
         except UNREADABLE_LINE_ERRORS as exc:
             raise BackendBadEvent(repr(exc)[:300]) from exc
         raise BackendUnavailable("Ollama closed the stream before the reply finished (no done:true line)")
