@@ -24,6 +24,7 @@ from django.conf import settings
 from rigdash.launcher import ROOT, Stack, free_port, llama_server_command, wait_http, web_command, worker_command
 
 TEST_QUEUE = f"rig.test{os.getpid()}"
+TEST_QUEUE_2 = f"{TEST_QUEUE}.second"  # a second rig's (a rig's queue is its own): the test worker consumes both
 LOG_DIR = Path(os.environ.get("RIGDASH_VAR_DIR", ROOT / "var" / "test")) / "log"
 
 
@@ -138,7 +139,8 @@ def celery_worker(stack: Stack, service_env: dict[str, str], llama_url: str) -> 
     name = f"test{os.getpid()}@localhost"
     stack.start(
         "worker",
-        worker_command(queues=[TEST_QUEUE, "rigdash.default"], concurrency=2, name=name, beat_schedule=None),
+        worker_command(queues=[TEST_QUEUE, TEST_QUEUE_2, "rigdash.default"], concurrency=2, name=name,
+                       beat_schedule=None),
         env=service_env,
         log_path=LOG_DIR / "worker.log",
     )  # fmt: skip

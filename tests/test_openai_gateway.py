@@ -21,10 +21,10 @@ import pytest
 from django.test import Client
 
 from inference.board import apikeys
-from inference.models import Quota, Rig, Turn
+from inference.models import ChatSession, Quota, Rig, Turn
 from inference.turns.board_rows import board_row_for
 from rigdash.launcher import Stack, free_port, llama_server_command, wait_http
-from tests.conftest import LOG_DIR, TEST_QUEUE
+from tests.conftest import LOG_DIR, TEST_QUEUE, TEST_QUEUE_2, wait_until
 
 pytestmark = [pytest.mark.llama, pytest.mark.django_db(transaction=True)]
 FAKE_MODEL = "fake-tools"
@@ -212,18 +212,32 @@ def embeddings_url(stack: Stack) -> str:
     return url
 
 
-def test_embeddings_from_a_rig_that_serves_them_and_the_refusal_of_one_that_does_not(
-    web_url, rig, model_name, embeddings_url, owner
+def test_embeddings_are_turns_from_a_rig_that_serves_them_and_the_refusal_of_one_that_does_not(
+    web_url, celery_worker, rig, model_name, embeddings_url, owner
 ):
-    Rig.objects.create(name="embed-rig", kind=Rig.Kind.LLAMACPP, base_url=embeddings_url, queue=f"{TEST_QUEUE}.embed")
-    client = _client(web_url, apikeys.api_key_create(owner=owner, name="rag").secret)
+    """Each embeddings request is a turn run by the worker: on the board (staff) while it runs and in the key's usage
+    after, counted by the backend's prompt tokens; its inputs are never kept, whatever the key stores."""
+    embed_rig = Rig.objects.create(
+        name="embed-rig", kind=Rig.Kind.LLAMACPP, base_url=embeddings_url, queue=TEST_QUEUE_2
+    )
+    key = apikeys.api_key_create(owner=owner, name="rag")
+    client = _client(web_url, key.secret)
     answer = client.embeddings.create(model="smol-embed", input=["hello", "a lighthouse keeper"])
     vectors = [item.embedding for item in answer.data]
     assert len(vectors) == 2 and len(vectors[0]) == len(vectors[1]) > 0 and vectors[0] != vectors[1]
-    assert answer.model == "smol-embed"
+    assert answer.model == "smol-embed" and answer.usage.prompt_tokens > 0
     with pytest.raises(openai.APIStatusError) as refused:  # llama-server without --embeddings says so
         client.embeddings.create(model=model_name, input="hi")
     assert refused.value.status_code == 501 and "--embeddings" in refused.value.message
+
+    done, failed = Turn.objects.filter(session__api_key=key.key).order_by("pk")
+    assert (done.status, done.rig_id, done.stats["embeddings"]) == (Turn.Status.DONE, embed_rig.pk, 2)
+    assert done.prompt_tokens == answer.usage.prompt_tokens and done.output_tokens == 0
+    assert (failed.status, failed.stats["backend_refused"]["status"]) == (Turn.Status.FAILED, 501)
+    wait_until(lambda: "passthrough" not in Turn.objects.get(pk=done.pk).params, timeout_s=10, what="inputs wiped")
+    assert done.session.hidden and not done.session.context_messages
+    assert apikeys.api_key_usage([key.key])[key.key.pk].turns == 2
+    assert not any(session.api_key_id for session in ChatSession.objects.filter(hidden=False))  # not chats
     listed = {m.id: m for m in client.models.list().data}
     assert listed["smol-embed"].model_extra["context_length"] > 0
     assert listed[model_name].model_extra["capabilities"] == {"chat_completions": True, "embeddings": True}
@@ -359,7 +373,7 @@ def test_ollamas_client_chats_generates_and_lists_through_rigdash(web_url, celer
 
 
 def test_ollamas_client_runs_a_tool_loop_and_embeds(web_url, celery_worker, fake_rig, embeddings_url, owner):
-    Rig.objects.create(name="embed-rig", kind=Rig.Kind.LLAMACPP, base_url=embeddings_url, queue=f"{TEST_QUEUE}.embed")
+    Rig.objects.create(name="embed-rig", kind=Rig.Kind.LLAMACPP, base_url=embeddings_url, queue=TEST_QUEUE_2)
     client = _ollama(web_url, apikeys.api_key_create(owner=owner, name="ollama-agent").secret)
     messages: list[dict[str, Any]] = [{"role": "user", "content": "What is the weather in Oslo?"}]
     called = client.chat(model=FAKE_MODEL, messages=messages, tools=TOOLS)

@@ -21,7 +21,7 @@ from inference.board import apikeys
 from inference.models import Rig, Turn
 from inference.turns.board_rows import board_row_for
 from tests import test_openai_gateway as gateway
-from tests.conftest import TEST_QUEUE
+from tests.conftest import TEST_QUEUE, TEST_QUEUE_2
 from tests.test_openai_gateway import FAKE_MODEL, SKY, TOOLS, FakeOpenAI
 
 fake_rig, embeddings_url = gateway.fake_rig, gateway.embeddings_url  # its fixtures
@@ -129,7 +129,7 @@ def test_nodes_openai_client_runs_tools_json_stop_completion_and_embeddings(
     # The test worker consumes one rig queue (a rig's queue is its own): the fake rig gives it to llama-server's.
     Rig.objects.filter(pk=fake_rig.pk).update(enabled=False, queue=f"{TEST_QUEUE}.fake")
     Rig.objects.create(name="test-rig", kind=Rig.Kind.LLAMACPP, base_url=llama_url, queue=TEST_QUEUE)
-    Rig.objects.create(name="embed-rig", kind=Rig.Kind.LLAMACPP, base_url=embeddings_url, queue=f"{TEST_QUEUE}.embed")
+    Rig.objects.create(name="embed-rig", kind=Rig.Kind.LLAMACPP, base_url=embeddings_url, queue=TEST_QUEUE_2)
     out |= _node_client(tmp_path, {**settings, "phase": "llama"})
 
     called = {"0": {"id": "call_7", "name": "get_weather", "arguments": '{"city": "Oslo"}'}}
@@ -145,9 +145,10 @@ def test_nodes_openai_client_runs_tools_json_stop_completion_and_embeddings(
     assert out["infill"]["status"] == 501 and "Infill is not supported" in out["infill"]["message"]
     assert len(out["embeddings"]) == 2 and out["embeddings"][0] == out["embeddings"][1] > 0 and out["embeddings_differ"]
 
-    # Every request but the embeddings (not a turn: docs/openai.md) is a turn on the board and in usage.
+    # Every request is a turn on the board and in usage, the embeddings too (the last).
     turns = list(Turn.objects.order_by("pk"))
-    assert [t.status for t in turns] == [Turn.Status.DONE] * 5 + [Turn.Status.FAILED]  # the infill refused
+    assert [t.status for t in turns] == [Turn.Status.DONE] * 5 + [Turn.Status.FAILED, Turn.Status.DONE]
+    assert turns[6].stats["embeddings"] == 2 and turns[6].output_tokens == 0
     assert turns[0].stats["tool_calls"][0]["function"]["name"] == "get_weather"
     assert turns[2].params["passthrough"] == {"response_format": {"type": "json_object"}, "temperature": 0}
     assert turns[3].params["passthrough"] == {"stop": ["5"], "temperature": 0}
@@ -157,4 +158,4 @@ def test_nodes_openai_client_runs_tools_json_stop_completion_and_embeddings(
         assert row["via_api"] and row["api_client"]["key"] == "node-agent"
         assert row["api_client"]["agent"].startswith("OpenAI/JS ")  # the SDK's own user agent
     used = apikeys.api_key_usage([key.key])[key.key.pk]
-    assert used.turns == 6 and used.output_tokens == sum(t.output_tokens or 0 for t in turns) > 0
+    assert used.turns == 7 and used.output_tokens == sum(t.output_tokens or 0 for t in turns) > 0

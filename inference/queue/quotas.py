@@ -229,8 +229,10 @@ def quota_check_submit(
     estimate = session_prompt_estimate(
         session, text, num_ctx=params.get("num_ctx"), system=system, prefill=prefill, new_message=params.get("message")
     )
-    # An API request's tools are part of its prompt (the chat template writes them out).
-    estimate += estimate_json_tokens((params.get("passthrough") or {}).get("tools"))
+    # An API request's tools are part of its prompt (the chat template writes them out); an embeddings request's
+    # inputs are what it sends.
+    passed = params.get("passthrough") or {}
+    estimate += estimate_json_tokens(passed.get("tools")) + estimate_json_tokens(passed.get("input"))
     context = limits.max_context_tokens
     if context is not None and system and estimate_tokens(system) > context:
         raise QuotaExceeded(

@@ -23,13 +23,15 @@ FORGET_BATCH = 500
 
 
 def api_turn_submit(*, key: ApiKey, rig: Rig, model: str, history: list[dict[str, Any]], text: str,
-                    params: dict[str, Any], placed: bool = False, client: str = "") -> Turn:  # fmt: skip
+                    params: dict[str, Any], placed: bool = False, client: str = "",
+                    hidden: bool = False) -> Turn:  # fmt: skip
     """Store the request's session and turn and dispatch it; InvalidInput (QuotaExceeded...) stores nothing.
     ``placed``: the request named the model, not a rig: it runs on any enabled rig serving it. ``client``: the
-    request's user agent; the turn keeps it and its key's name for the board (``params["client"]``)."""
+    request's user agent; the turn keeps it and its key's name for the board (``params["client"]``). ``hidden``:
+    store nothing of its texts whatever the key says (``ChatSession.hidden``)."""
     params = {**params, "client": {"key": key.name[:200], "agent": client[:200]}}
     how = ChatSession.Placement.MODEL if placed else ChatSession.Placement.RIG
-    hidden = key.storage == ApiKey.Storage.NOTHING
+    hidden = hidden or key.storage == ApiKey.Storage.NOTHING
     title = FORGOTTEN_TITLE if hidden else text.strip()[:TITLE_CHARS]
     with transaction.atomic():
         session = ChatSession.objects.create(
@@ -37,6 +39,19 @@ def api_turn_submit(*, key: ApiKey, rig: Rig, model: str, history: list[dict[str
             title=f"API ({key.name}): {title}", placement=how, hidden=hidden,
         )  # fmt: skip
         return turn_submit(session=session, text=text, params=params, new_session=True)
+
+
+def api_embeddings_submit(*, key: ApiKey, rig: Rig, model: str, body: dict[str, Any], placed: bool = False,
+                          client: str = "") -> Turn:  # fmt: skip
+    """An embeddings request (its OpenAI body, checked) as a turn: it waits in the fair queue and counts in quotas,
+    the board and usage as a chat request does, and its worker asks the rig for the vectors
+    (inference/worker/embed.py). Never a chat: its inputs are not a conversation, so its texts are kept only until
+    it is answered, whatever the key stores. Its reply is no tokens: it reserves one of a daily allowance."""
+    inputs = body.get("input")
+    count = len(inputs) if isinstance(inputs, list) else 1
+    params = {"embeddings": True, "max_tokens": 1, "passthrough": {k: v for k, v in body.items() if k != "model"}}
+    return api_turn_submit(key=key, rig=rig, model=model, history=[], text=f"embeddings of {count} input(s)",
+                           params=params, placed=placed, client=client, hidden=True)  # fmt: skip
 
 
 def api_turn_texts_forget(turn_id: int) -> bool:

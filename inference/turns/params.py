@@ -52,8 +52,9 @@ ALLOWED = (*NUMBER_RULES, "system", "stop", "think")
 # user's text (``message``: a tool's result, an assistant's start, content parts; ``Turn.prompt_message``). Both
 # come from the strict JSON parser (rigdash/strictjson.py) and the body's size limit.
 # ``client``: an API request's key name and user agent, for the board. ``raw_prompt``: a raw completion
-# (/v1/completions): the turn's text is the prompt, sent with no chat template.
-TURN_ONLY = ("prefill", "passthrough", "message", "client", "raw_prompt")
+# (/v1/completions): the turn's text is the prompt, sent with no chat template. ``embeddings``: an embeddings request
+# (/v1/embeddings), its body in ``passthrough``; the worker asks for vectors, not a reply (inference/worker/embed.py).
+TURN_ONLY = ("prefill", "passthrough", "message", "client", "raw_prompt", "embeddings")
 PREFILL_MAX_CHARS = 100_000
 LABELS = {
     "temperature": "temperature",
@@ -142,9 +143,9 @@ def params_validate(raw: Any, *, turn: bool = False) -> dict[str, Any]:
             if not isinstance(value, bool) and value not in THINK_LEVELS:
                 raise _bad(f"think must be true, false or an effort level ({', '.join(THINK_LEVELS)})")
             clean[name] = value
-        elif name == "raw_prompt":
+        elif name in ("raw_prompt", "embeddings"):
             if not isinstance(value, bool):
-                raise _bad("raw_prompt must be true or false")
+                raise _bad(f"{name} must be true or false")
             clean[name] = value
         elif name == "stop":
             if value != []:

@@ -251,6 +251,8 @@ def _start_tickets(
         mine = limits.get(turn.session.owner_id)
         if mine is None or mine.max_output_tokens_per_day is not None or turn.session_id not in conversations:
             continue
+        if (turn.params or {}).get("embeddings"):  # no chat request to send before the claim
+            continue
         tickets[turn.pk] = StartTicket(
             turn_id=turn.pk,
             rig_id=turn.session.rig_id,

@@ -18,8 +18,6 @@ from typing import Any
 
 from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
 
-from inference.backends import backend_for
-from inference.backends.base import BackendError, BackendRefused, user_message
 from inference.board import apikeys
 from inference.models import Turn
 from inference.views.openai import CatalogueEntry, model_catalogue, model_resolve
@@ -34,6 +32,7 @@ from inference.views.openai_chat import (
     turn_submit_for,
     wait_for_end,
 )
+from inference.views.openai_embeddings import embeddings_answer, embeddings_submit
 from inference.views.openai_request import (
     BadRequest,
     ChatCompletionRequest,
@@ -302,32 +301,32 @@ def _show(request: HttpRequest, body: dict[str, Any]) -> HttpResponse:
                          "model_info": info, "capabilities": ["completion", "tools"]})  # fmt: skip
 
 
-def _embed_resolve(request: HttpRequest, body: dict[str, Any]) -> Any:
-    entry = model_resolve(str(body.get("model") or ""), model_catalogue())
-    if entry is None:
+def _embed_submit(request: HttpRequest, body: dict[str, Any]) -> Any:
+    """Ollama's embed request as an OpenAI embeddings turn (``input`` and ``dimensions`` mean the same)."""
+    if not isinstance(body.get("model"), str) or not model_resolve(body["model"], model_catalogue()):
         return _error(404, f"model '{body.get('model')}' not found")
     if not isinstance(body.get("input"), str | list) or not body.get("input"):
         return _error(400, "input must be a string or a non-empty list of strings")
-    return entry, body
+    asked = {name: body[name] for name in ("model", "input", "dimensions") if name in body}
+    submitted = embeddings_submit(request, asked)
+    return _ollama_shape(submitted) if isinstance(submitted, HttpResponse) else submitted
 
 
 async def embed(request: HttpRequest) -> HttpResponse:
+    """Ollama's /api/embed: a turn like /v1/embeddings (inference/views/openai_embeddings.py), answered in Ollama's
+    shape."""
     if request.method != "POST":
         return _error(405, "Use POST.")
-    resolved = await on_db_thread(_key_view(_embed_resolve))(request)
-    if isinstance(resolved, HttpResponse):
-        return resolved
-    entry, body = resolved
-    ask = {"model": entry.model, "input": body["input"]}
-    try:
-        answer = await backend_for(entry.rig, timeout_s=60).embeddings(ask)
-    except BackendRefused as exc:
-        return _error(exc.status, exc.words)
-    except BackendError as exc:
-        return _error(502, user_message(entry.rig.name, exc))
+    submitted = await on_db_thread(_key_view(_embed_submit))(request)
+    if isinstance(submitted, HttpResponse):
+        return submitted
+    turn, model_id = submitted
+    answer = await embeddings_answer(turn)
+    if isinstance(answer, HttpResponse):
+        return _ollama_shape(answer)
     vectors = [item.get("embedding") for item in answer.get("data") or [] if isinstance(item, dict)]
     tokens = (answer.get("usage") or {}).get("prompt_tokens") or 0
-    return JsonResponse({"model": entry.id, "embeddings": vectors, "prompt_eval_count": tokens})
+    return JsonResponse({"model": model_id, "embeddings": vectors, "prompt_eval_count": tokens})
 
 
 def _sync(view: Callable[[HttpRequest, dict[str, Any]], HttpResponse], method: str) -> Callable[..., Any]:

@@ -12,7 +12,7 @@ import functools
 import json
 import math
 from collections.abc import AsyncIterator, Callable
-from typing import Any
+from typing import Any, TypeVar
 
 from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
 from django.utils import timezone
@@ -69,13 +69,22 @@ def turn_submit_for(request: HttpRequest, parsed: ChatCompletionRequest) -> tupl
     entry = model_resolve(parsed.model, model_catalogue())
     if entry is None:
         return error(404, f"The model '{parsed.model}' does not exist", code="model_not_found", param="model")
+    turn = submitted_or_refused(
+        request, lambda key, client: api_turn_submit(
+            key=key, rig=entry.rig, model=entry.model, history=parsed.history, text=parsed.user_text,
+            params=parsed.params, placed=entry.placed, client=client,
+        ),
+    )  # fmt: skip
+    return turn if isinstance(turn, HttpResponse) else (turn, entry.id, parsed.stream, parsed.include_usage)
+
+
+def submitted_or_refused(request: HttpRequest, submit: Callable[[ApiKey, str], Turn]) -> Turn | HttpResponse:
+    """``submit(key, client)`` for the request's key and user agent: its turn, or OpenAI's answer to the refusal (a
+    quota's 429 with ``Retry-After``, a bad input's 400, the task queue's 503)."""
     key = request.api_key  # type: ignore[attr-defined]
     assert isinstance(key, ApiKey)
-    client = request.headers.get("User-Agent", "")[:USER_AGENT_CHARS]
     try:
-        turn = api_turn_submit(key=key, rig=entry.rig, model=entry.model, history=parsed.history,
-                               text=parsed.user_text, params=parsed.params, placed=entry.placed,
-                               client=client)  # fmt: skip
+        return submit(key, request.headers.get("User-Agent", "")[:USER_AGENT_CHARS])
     except QuotaExceeded as exc:
         response = error(429, exc.message, code="rate_limit_exceeded", kind=getattr(exc, "kind", "requests"))
         if exc.resets_at is not None:
@@ -85,7 +94,6 @@ def turn_submit_for(request: HttpRequest, parsed: ChatCompletionRequest) -> tupl
         return error(400, exc.message, code=exc.code)
     except QueueUnavailable as exc:
         return error(503, exc.message, code=exc.code, kind="server_error")
-    return turn, entry.id, parsed.stream, parsed.include_usage
 
 
 async def _cancel_if_running(turn_id: int) -> None:
@@ -175,13 +183,21 @@ Submitted = tuple[Turn, str, bool, bool] | HttpResponse  # the turn, model id, s
 
 def authenticated_submit(request: HttpRequest, submit: Callable[[HttpRequest], Submitted] | None = None) -> Submitted:
     """The key check, then ``submit`` (a chat completion's, by default): one hop to a database thread."""
+    return key_checked(request, submit or _submit)
+
+
+T = TypeVar("T")
+
+
+def key_checked(request: HttpRequest, then: Callable[[HttpRequest], T]) -> T | HttpResponse:
+    """``then(request)`` once the request's key is checked (``request.api_key``), else OpenAI's 401."""
     try:
         request.api_key = apikeys.api_key_authenticate(request.headers.get("Authorization", ""))  # type: ignore[attr-defined]
     except apikeys.KeyRejected as exc:
         response = error(401, exc.message, code="invalid_api_key")
         response["WWW-Authenticate"] = 'Bearer realm="rigdash-api"'
         return response
-    return (submit or _submit)(request)
+    return then(request)
 
 
 def sse(payload: dict[str, Any] | str) -> bytes:

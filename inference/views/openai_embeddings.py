@@ -1,39 +1,31 @@
-"""``POST /v1/embeddings``: the body goes to the rig serving the model, as the client sent it; the rig's answer, or
-its refusal with its status and words (a llama-server started without ``--embeddings`` answers 501), comes back.
+"""``POST /v1/embeddings``: one request is one turn (``inference.turns.api.api_embeddings_submit``): it waits in the
+fair queue and counts in quotas, the board and usage; the worker sends the body to the rig serving the model as the
+client sent it (inference/worker/embed.py), and the rig's answer, or its refusal with its status and words (a
+llama-server started without ``--embeddings`` answers 501), comes back.
 
-https://platform.openai.com/docs/api-reference/embeddings. An embedding is not a turn (nothing is decoded, nothing
-queues behind a slot): it is not on the board or in usage.
+https://platform.openai.com/docs/api-reference/embeddings.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from django.conf import settings
 from django.http import HttpRequest, HttpResponse, JsonResponse
 
-from inference.backends import backend_for
-from inference.backends.base import BackendError, BackendRefused, user_message
-from inference.board import apikeys
-from inference.models import Rig
+from inference.live import answers
+from inference.models import Turn
+from inference.turns.api import api_embeddings_submit
 from inference.views.openai import model_catalogue, model_resolve
 from inference.views.openai import openai_error as error
+from inference.views.openai_chat import ended_error, key_checked, submitted_or_refused, wait_for_end
 from inference.views.openai_request import BadRequest, body_read
 from inference.views.turn_listener import on_db_thread
 
+Asked = tuple[Turn, str]  # the request's turn and the model id the client named
 
-def _resolve(request: HttpRequest) -> tuple[Rig, dict[str, Any], str] | HttpResponse:
-    """The rig, the body for its backend and the model id the client named; or the error that refused it."""
-    try:
-        apikeys.api_key_authenticate(request.headers.get("Authorization", ""))
-    except apikeys.KeyRejected as exc:
-        response = error(401, exc.message, code="invalid_api_key")
-        response["WWW-Authenticate"] = 'Bearer realm="rigdash-api"'
-        return response
-    try:
-        body = body_read(request.body)
-    except BadRequest as exc:
-        return error(exc.status, exc.message, param=exc.param)
+
+def embeddings_submit(request: HttpRequest, body: dict[str, Any]) -> Asked | HttpResponse:
+    """Check an embeddings body (``model``, a non-empty ``input``) and submit it as a turn of the key's owner."""
     model, text = body.get("model"), body.get("input")
     if not isinstance(model, str) or not model:
         return error(400, "model must be a non-empty string", param="model")
@@ -42,24 +34,43 @@ def _resolve(request: HttpRequest) -> tuple[Rig, dict[str, Any], str] | HttpResp
     entry = model_resolve(model, model_catalogue())
     if entry is None:
         return error(404, f"The model '{model}' does not exist", code="model_not_found", param="model")
-    return entry.rig, {**body, "model": entry.model}, model
+    turn = submitted_or_refused(
+        request, lambda key, client: api_embeddings_submit(
+            key=key, rig=entry.rig, model=entry.model, body={**body, "model": entry.model}, placed=entry.placed,
+            client=client,
+        ),
+    )  # fmt: skip
+    return turn if isinstance(turn, HttpResponse) else (turn, model)
+
+
+def _submit(request: HttpRequest) -> Asked | HttpResponse:
+    try:
+        body = body_read(request.body)
+    except BadRequest as exc:
+        return error(exc.status, exc.message, param=exc.param)
+    return embeddings_submit(request, body)
+
+
+async def embeddings_answer(turn: Turn) -> dict[str, Any] | HttpResponse:
+    """The rig's answer once the turn has ended, or the answer to its failure (OpenAI's shape)."""
+    ended = await wait_for_end(turn)
+    if (refused := ended_error(ended)) is not None:
+        return refused
+    answer = await on_db_thread(answers.answer_take)(ended.pk)
+    if answer is None:
+        return error(502, "The rig's answer was lost before it could be sent.", code="answer_lost", kind="server_error")
+    return answer
 
 
 async def embeddings(request: HttpRequest) -> HttpResponse:
     if request.method != "POST":
         return error(405, "Use POST.", code="method_not_allowed")
-    resolved = await on_db_thread(_resolve)(request)
-    if isinstance(resolved, HttpResponse):
-        return resolved
-    rig, body, model_id = resolved
-    backend = backend_for(rig, timeout_s=settings.RIGDASH.first_token_timeout_s)
-    try:
-        answer = await backend.embeddings(body)
-    except BackendRefused as exc:
-        return error(exc.status, exc.words, code="backend_refused")
-    except BackendError as exc:
-        return error(502, user_message(rig.name, exc), code=exc.code, kind="server_error")
-    return JsonResponse({**answer, "model": model_id})
+    submitted = await on_db_thread(key_checked)(request, _submit)
+    if isinstance(submitted, HttpResponse):
+        return submitted
+    turn, model_id = submitted
+    answer = await embeddings_answer(turn)
+    return answer if isinstance(answer, HttpResponse) else JsonResponse({**answer, "model": model_id})
 
 
 embeddings.csrf_exempt = True  # type: ignore[attr-defined]  # API keys only, never a session cookie

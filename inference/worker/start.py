@@ -30,7 +30,7 @@ from inference.turns import board_rows, lifecycle
 from inference.turns import params as turn_params
 from inference.turns.selectors import turn_snapshot
 from inference.worker import claim as claims
-from inference.worker import loop, stream
+from inference.worker import embed, loop, stream
 from inference.worker.prompt import PromptState
 from inference.worker.reader import OpenedStream, open_stream
 
@@ -72,6 +72,10 @@ async def run_claimed_turn(
             stats={"output_events": 0},
             error=exc.message,
         )
+    elif (turn.params or {}).get("embeddings"):  # an embeddings request: one answer, nothing streamed
+        if opened is not None:
+            await opened.close()
+        outcome = await embed.embeddings_outcome(turn, turn.session.rig, loop.redis_for_loop())
     else:
         request = _chat_request(turn.session.model_name, messages, budget.max_tokens, turn.params or {})
         redis = loop.redis_for_loop()
