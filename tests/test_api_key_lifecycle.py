@@ -187,3 +187,38 @@ def test_the_owner_changes_what_a_key_stores_for_the_requests_after(idle_rig, ow
     apikeys.api_key_revoke(key_id=key.pk, actor=owner)
     gone = browser.post(f"/keys/{key.pk}/storage", {"storage": "chats"})
     assert gone.status_code == 400 and b"This key is revoked" in gone.content
+
+
+def test_embeddings_requests_are_checked_and_limited_like_any_request(idle_rig, owner):
+    """/v1/embeddings refuses a bad body before it stores anything (OpenAI's shape), and its turn counts in the key's
+    requests per minute: the next one over the limit is refused at submit (no worker needed: the rig's queue has
+    none, so the first waits)."""
+    from inference.backends.base import ModelInfo
+    from inference.errors import QuotaExceeded
+    from inference.live import served
+    from inference.models import Quota
+
+    served.served_store(idle_rig.pk, [ModelInfo(name="m")])
+    key = apikeys.api_key_create(owner=owner, name="rag")
+    bearer = {"HTTP_AUTHORIZATION": f"Bearer {key.secret}"}
+    for body, status, said in (
+        ({"model": "m", "input": []}, 400, "input must be a string or a non-empty array"),
+        ({"model": "m"}, 400, "input must be"),
+        ({"input": "hi"}, 400, "model must be a non-empty string"),
+        ({"model": "nope", "input": "hi"}, 404, "does not exist"),
+    ):
+        answer = Client().post("/v1/embeddings", body, content_type="application/json", **bearer)
+        assert answer.status_code == status and said in answer.json()["error"]["message"], answer.content
+    assert (
+        Client().post("/v1/embeddings", {"model": "m", "input": "hi"}, content_type="application/json").status_code
+        == 401
+    )
+    assert not Turn.objects.exists()
+
+    Quota.objects.create(key_requests_per_minute=1)
+    first = api.api_embeddings_submit(key=key.key, rig=idle_rig, model="m", body={"model": "m", "input": ["a", "b"]})
+    assert first.params["embeddings"] is True and first.params["passthrough"] == {"input": ["a", "b"]}
+    assert first.session.hidden and first.user_text == "embeddings of 2 input(s)"
+    with pytest.raises(QuotaExceeded):
+        api.api_embeddings_submit(key=key.key, rig=idle_rig, model="m", body={"model": "m", "input": "c"})
+    assert Turn.objects.count() == 1
