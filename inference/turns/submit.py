@@ -215,8 +215,12 @@ def _turns_stored(
     # reach the page before the turn itself did (seen in the benchmark's stress level). Callbacks run in the
     # order they were added, so this goes before the dispatch's tasks, unless no page can have the session open.
     queued = [(turn.session_id, selectors.turn_snapshot(turn, just_stored=True)) for turn in turns]
+
+    def announce() -> None:
+        events.turns_queued_sync(queued)
+
     if not new_sessions:
-        transaction.on_commit(lambda: events.turns_queued_sync(queued), robust=True)  # a view: never stops the tasks
+        transaction.on_commit(announce, robust=True)  # a view: never stops the tasks
     # The turns wait in their rig's fair queue; dispatch hands them to Celery while a slot is free.
     tickets = _start_tickets(turns, conversations or {}, limits or {})
     found = serving if serving is not None else {}
@@ -224,7 +228,7 @@ def _turns_stored(
     for rig_id in sorted(rigs):  # always in the same order: two submits never wait on each other's rig locks
         dispatch.rig_dispatch(rig_id=rig_id, rig=rigs[rig_id], tickets=tickets)
     if new_sessions:
-        transaction.on_commit(lambda: events.turns_queued_sync(queued), robust=True)
+        transaction.on_commit(announce, robust=True)
     turn_ids = [turn.pk for turn in turns]
     transaction.on_commit(lambda: board_rows.publish_turns(turn_ids), robust=True)
 

@@ -15,7 +15,7 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from inference.live import answers
 from inference.models import Turn
 from inference.turns.api import api_embeddings_submit
-from inference.views.openai import model_catalogue, model_resolve
+from inference.views.openai import CatalogueEntry, model_catalogue, model_resolve
 from inference.views.openai import openai_error as error
 from inference.views.openai_chat import ended_error, key_checked, submitted_or_refused, wait_for_end
 from inference.views.openai_request import BadRequest, body_read
@@ -24,8 +24,24 @@ from inference.views.turn_listener import on_db_thread
 Asked = tuple[Turn, str]  # the request's turn and the model id the client named
 
 
-def embeddings_submit(request: HttpRequest, body: dict[str, Any]) -> Asked | HttpResponse:
-    """Check an embeddings body (``model``, a non-empty ``input``) and submit it as a turn of the key's owner."""
+def embeddings_submit(request: HttpRequest, entry: CatalogueEntry, body: dict[str, Any]) -> Asked | HttpResponse:
+    """Submit a checked embeddings body for the model ``entry`` as a turn of the key's owner (a quota's refusal is
+    answered in OpenAI's shape)."""
+    turn = submitted_or_refused(
+        request, lambda key, client: api_embeddings_submit(
+            key=key, rig=entry.rig, model=entry.model, body={**body, "model": entry.model}, placed=entry.placed,
+            client=client,
+        ),
+    )  # fmt: skip
+    return turn if isinstance(turn, HttpResponse) else (turn, entry.id)
+
+
+def _submit(request: HttpRequest) -> Asked | HttpResponse:
+    """Check the body (``model``, a non-empty ``input``) and the model, then submit it."""
+    try:
+        body = body_read(request.body)
+    except BadRequest as exc:
+        return error(exc.status, exc.message, param=exc.param)
     model, text = body.get("model"), body.get("input")
     if not isinstance(model, str) or not model:
         return error(400, "model must be a non-empty string", param="model")
@@ -34,21 +50,7 @@ def embeddings_submit(request: HttpRequest, body: dict[str, Any]) -> Asked | Htt
     entry = model_resolve(model, model_catalogue())
     if entry is None:
         return error(404, f"The model '{model}' does not exist", code="model_not_found", param="model")
-    turn = submitted_or_refused(
-        request, lambda key, client: api_embeddings_submit(
-            key=key, rig=entry.rig, model=entry.model, body={**body, "model": entry.model}, placed=entry.placed,
-            client=client,
-        ),
-    )  # fmt: skip
-    return turn if isinstance(turn, HttpResponse) else (turn, model)
-
-
-def _submit(request: HttpRequest) -> Asked | HttpResponse:
-    try:
-        body = body_read(request.body)
-    except BadRequest as exc:
-        return error(exc.status, exc.message, param=exc.param)
-    return embeddings_submit(request, body)
+    return embeddings_submit(request, entry, body)
 
 
 async def embeddings_answer(turn: Turn) -> dict[str, Any] | HttpResponse:

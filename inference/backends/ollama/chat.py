@@ -140,10 +140,6 @@ def _said(part: Part) -> tuple[str, str, Any]:
     return part.response or "", part.thinking or "", None
 
 
-# A raw completion's OpenAI fields that Ollama's /api/generate takes as they are (api/types.go GenerateRequest).
-GENERATE_FIELDS = frozenset({"suffix"})
-
-
 def _generate_body(request: ChatRequest, options: dict[str, Any]) -> dict[str, Any]:
     """A raw completion (OpenAI's /v1/completions) as Ollama's /api/generate (server/routes.go GenerateHandler):
     ``raw`` (the prompt as given, no template), or with a ``suffix`` through the model's template's fill-in-the-middle
