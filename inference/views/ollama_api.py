@@ -25,12 +25,11 @@ from inference.views.openai_chat import (
     ENDED_STATUSES,
     Piece,
     Submitted,
+    answered,
     chained,
     ended_error,
     listener_finish,
-    stream_response,
     turn_submit_for,
-    wait_for_end,
 )
 from inference.views.openai_embeddings import embeddings_answer, embeddings_submit
 from inference.views.openai_request import (
@@ -212,15 +211,16 @@ async def _answer(
     if request.method != "POST":
         return _error(405, "Use POST.")
     submitted = await on_db_thread(_key_view(submit))(request)
-    if isinstance(submitted, HttpResponse):
-        return submitted
-    turn, model_id, stream, _ = submitted
-    if stream:
-        body = functools.partial(_ndjson, turn, model_id, chat)
-        return await stream_response(turn, body, refuse=_ended_error, content_type="application/x-ndjson")
-    turn = await wait_for_end(turn)
-    if (refused := _ended_error(turn)) is not None:
-        return refused
+    return await answered(
+        submitted,
+        functools.partial(_ndjson, chat),
+        functools.partial(_whole, chat),
+        refuse=_ended_error,
+        content_type="application/x-ndjson",
+    )
+
+
+def _whole(chat: bool, turn: Turn, model_id: str) -> HttpResponse:
     if not chat:
         return JsonResponse({**_final(turn, model_id), "response": turn.reply_text})
     message: dict[str, Any] = {"role": "assistant", "content": turn.reply_text}
@@ -232,9 +232,16 @@ async def _answer(
 
 
 async def _ndjson(
-    turn: Turn, model_id: str, chat: bool, listener: TurnListener, pieces: AsyncIterator[Piece], first: Piece
+    chat: bool,
+    turn: Turn,
+    model_id: str,
+    include_usage: bool,
+    listener: TurnListener,
+    pieces: AsyncIterator[Piece],
+    first: Piece,
 ) -> AsyncIterator[bytes]:
-    """Ollama's stream: a line per batch of text, then the tool calls (Ollama sends them whole), then ``done``."""
+    """Ollama's stream: a line per batch of text, then the tool calls (Ollama sends them whole), then ``done`` with
+    the counts (always: ``include_usage`` is OpenAI's)."""
 
     def line(payload: dict[str, Any]) -> bytes:
         return json.dumps(payload, ensure_ascii=False).encode() + b"\n"
@@ -303,12 +310,13 @@ def _show(request: HttpRequest, body: dict[str, Any]) -> HttpResponse:
 
 def _embed_submit(request: HttpRequest, body: dict[str, Any]) -> Any:
     """Ollama's embed request as an OpenAI embeddings turn (``input`` and ``dimensions`` mean the same)."""
-    if not isinstance(body.get("model"), str) or not model_resolve(body["model"], model_catalogue()):
+    entry = model_resolve(body["model"], model_catalogue()) if isinstance(body.get("model"), str) else None
+    if entry is None:
         return _error(404, f"model '{body.get('model')}' not found")
     if not isinstance(body.get("input"), str | list) or not body.get("input"):
         return _error(400, "input must be a string or a non-empty list of strings")
-    asked = {name: body[name] for name in ("model", "input", "dimensions") if name in body}
-    submitted = embeddings_submit(request, asked)
+    asked = {name: body[name] for name in ("input", "dimensions") if name in body}
+    submitted = embeddings_submit(request, entry, asked)
     return _ollama_shape(submitted) if isinstance(submitted, HttpResponse) else submitted
 
 

@@ -157,14 +157,10 @@ async def chat_completions(request: HttpRequest) -> HttpResponse | StreamingHttp
     if request.method != "POST":
         return error(405, "Use POST.", code="method_not_allowed")
     submitted = await on_db_thread(authenticated_submit)(request)
-    if isinstance(submitted, HttpResponse):
-        return submitted
-    turn, model_id, stream, include_usage = submitted
-    if stream:
-        return await stream_response(turn, functools.partial(_stream, turn, model_id, include_usage))
-    turn = await wait_for_end(turn)
-    if (refused := ended_error(turn)) is not None:
-        return refused
+    return await answered(submitted, _stream, _whole)
+
+
+def _whole(turn: Turn, model_id: str) -> HttpResponse:
     logprobs = (turn.stats or {}).get("logprobs")
     return JsonResponse({
         "id": f"chatcmpl-rd{turn.pk}", "object": "chat.completion", "created": int(turn.created_at.timestamp()),
@@ -209,6 +205,36 @@ Piece = str | Extras | Turn
 
 
 Body = Callable[[TurnListener, AsyncIterator[Piece], Piece], AsyncIterator[bytes]]
+
+
+StreamBody = Callable[[Turn, str, bool, TurnListener, AsyncIterator[Piece], Piece], AsyncIterator[bytes]]
+
+
+async def answered(
+    submitted: Submitted,
+    stream_body: StreamBody,
+    whole: Callable[[Turn, str], HttpResponse],
+    *,
+    refuse: Callable[[Turn], HttpResponse | None] = ended_error,
+    content_type: str = "text/event-stream",
+) -> HttpResponse | StreamingHttpResponse:
+    """The answer to a submitted request (any API's): its refusal; or its stream (``stream_body(turn, model id,
+    include_usage, ...)`` once the first piece is in: ``stream_response``); or, once the turn has ended, the failure
+    ``refuse`` makes of it, else ``whole(turn, model id)``."""
+    if isinstance(submitted, HttpResponse):
+        return submitted
+    turn, model_id, stream, include_usage = submitted
+    if stream:
+        return await stream_response(
+            turn,
+            functools.partial(stream_body, turn, model_id, include_usage),
+            refuse=refuse,
+            content_type=content_type,
+        )
+    ended = await wait_for_end(turn)
+    if (refused := refuse(ended)) is not None:
+        return refused
+    return whole(ended, model_id)
 
 
 async def stream_response(

@@ -9,7 +9,6 @@ with 501 and its words, which the client gets.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -21,16 +20,14 @@ from inference.views.openai_chat import (
     ENDED_STATUSES,
     Piece,
     Submitted,
+    answered,
     authenticated_submit,
     chained,
-    ended_error,
     finish_reason_of,
     listener_finish,
     sse,
-    stream_response,
     turn_submit_for,
     usage_of,
-    wait_for_end,
 )
 from inference.views.openai_request import BadRequest, completion_request_parse
 from inference.views.turn_listener import TurnListener, on_db_thread
@@ -48,14 +45,10 @@ async def completions(request: HttpRequest) -> HttpResponse | StreamingHttpRespo
     if request.method != "POST":
         return error(405, "Use POST.", code="method_not_allowed")
     submitted = await on_db_thread(authenticated_submit)(request, _submit)
-    if isinstance(submitted, HttpResponse):
-        return submitted
-    turn, model_id, stream, include_usage = submitted
-    if stream:
-        return await stream_response(turn, functools.partial(_stream, turn, model_id, include_usage))
-    turn = await wait_for_end(turn)
-    if (refused := ended_error(turn)) is not None:
-        return refused
+    return await answered(submitted, _stream, _whole)
+
+
+def _whole(turn: Turn, model_id: str) -> HttpResponse:
     return JsonResponse({
         **_base(turn, model_id),
         "choices": [{"text": turn.reply_text, "index": 0, "logprobs": None, "finish_reason": finish_reason_of(turn)}],
