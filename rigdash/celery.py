@@ -76,3 +76,20 @@ def reconcile_rig_queues(**_: Any) -> None:
 
     with contextlib.suppress(Exception):  # no broker yet: the beat's periodic pass does it
         queues.reconcile_soon()
+
+
+@worker_ready.connect
+def take_early_tickets(sender: Any = None, **_: Any) -> None:
+    """Take early tickets for the rig queues this worker consumes (inference/worker/early.py), where its tasks run in
+    this process (the thread or solo pool)."""
+    from inference.worker import start
+
+    pool = type(getattr(sender, "pool", None)).__module__
+    if not pool.endswith((".thread", ".solo")):
+        return
+
+    def consumed() -> list[str]:
+        task_consumer = getattr(sender, "task_consumer", None)  # None while the worker reconnects
+        return [queue.name for queue in getattr(task_consumer, "queues", None) or ()]
+
+    start.early_lane_listen(consumed)

@@ -36,7 +36,7 @@ from inference import events
 from inference.errors import QueueUnavailable
 from inference.live import agents, consumers
 from inference.models import ChatSession, LastServed, Rig, Turn
-from inference.queue import placement
+from inference.queue import early, placement
 from inference.queue.tickets import StartTicket
 
 log = logging.getLogger(__name__)
@@ -217,6 +217,9 @@ def rig_dispatch(*, rig_id: int, rig: Rig | None = None, tickets: Mapping[int, S
         # A placed turn's ticket was written before its rig was known.
         sent_tickets = [replace(tickets[t], rig_id=rig.pk) for t in dispatched if t in tickets] if tickets else []
         transaction.on_commit(lambda: _send(dispatched, queue, sent_tickets, rig_id=rig_id))
+        # The early lane's free slots (inference/queue/early.py): none while a turn waits, none through an agent.
+        open_slots = free - len(dispatched) if still_waiting == [] and not rig.agent_key else 0
+        transaction.on_commit(lambda: early.open_slots_set(rig_id, open_slots), robust=True)
         transaction.on_commit(
             lambda: announce_positions(
                 rig_id=rig_id, waiting_order_now=still_waiting, just_dispatched=dispatched, reason=reason

@@ -36,6 +36,7 @@ class StartTicket:
     params: dict[str, Any]  # the turn's validated parameters (temperature, top_p, seed, max_tokens)
     max_tokens: int  # the reply's token cap, reserved on the turn by its claim
     context_limit: int | None  # the owner's context limit, checked against the backend's prompt count
+    early: str = ""  # the early ticket the web process sent for this turn, if any (inference/queue/early.py)
 
     def as_message(self) -> dict[str, Any]:
         return asdict(self)
@@ -51,6 +52,7 @@ def ticket_from_message(raw: Any) -> StartTicket | None:
             and isinstance(ticket.params, dict)
             and ticket.max_tokens > 0
             and (ticket.context_limit is None or _is_int(ticket.context_limit))
+            and isinstance(ticket.early, str)
             and isinstance(ticket.messages, list)
             and all(_is_message(m) for m in ticket.messages)
             and bool(ticket.messages)

@@ -10,8 +10,12 @@ from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
+from inference.errors import InvalidInput
 from inference.live import state as live
 from inference.models import ApiKey, ChatSession, Rig, Turn
+from inference.queue import early, quotas
+from inference.queue.tickets import StartTicket
+from inference.turns.params import turn_params
 from inference.turns.submit import turn_submit
 
 TITLE_CHARS = 60
@@ -33,12 +37,41 @@ def api_turn_submit(*, key: ApiKey, rig: Rig, model: str, history: list[dict[str
     how = ChatSession.Placement.MODEL if placed else ChatSession.Placement.RIG
     hidden = hidden or key.storage == ApiKey.Storage.NOTHING
     title = FORGOTTEN_TITLE if hidden else text.strip()[:TITLE_CHARS]
-    with transaction.atomic():
-        session = ChatSession.objects.create(
-            owner_id=key.owner_id, rig=rig, model_name=model, api_key=key, context_messages=history,
-            title=f"API ({key.name}): {title}", placement=how, hidden=hidden,
-        )  # fmt: skip
-        return turn_submit(session=session, text=text, params=params, new_session=True)
+    sent = _early_offer(key=key, rig=rig, model=model, history=history, text=text, params=params)
+    try:
+        with transaction.atomic():
+            session = ChatSession.objects.create(
+                owner_id=key.owner_id, rig=rig, model_name=model, api_key=key, context_messages=history,
+                title=f"API ({key.name}): {title}", placement=how, hidden=hidden,
+            )  # fmt: skip
+            turn = turn_submit(session=session, text=text, params=params, new_session=True, early=sent)
+    except BaseException:
+        if sent is not None:
+            early.withdraw(sent, key_id=key.pk)
+        raise
+    if sent is not None and not sent.taken:
+        early.withdraw(sent, key_id=key.pk)
+    return turn
+
+
+def _early_offer(*, key: ApiKey, rig: Rig, model: str, history: list[dict[str, Any]], text: str,
+                 params: dict[str, Any]) -> early.EarlyStart | None:  # fmt: skip
+    """Send the request's backend request down the early lane (inference/queue/early.py), with the start ticket the
+    submit will make for it as far as this process can know it: the turn's parameters are the request's alone (an
+    API session has no chat settings), the token cap is the request's within the server's (an owner's per-reply
+    limit makes the tickets differ, and the worker then starts the turn without it)."""
+    if params.get("embeddings") or not rig.enabled or rig.agent_key or not rig.queue:
+        return None
+    try:
+        clean = turn_params(session=ChatSession(), raw=params)
+    except InvalidInput:
+        return None  # the submit refuses it, with its reason
+    stub = Turn(user_text=text, params=clean)
+    ticket = StartTicket(
+        turn_id=0, rig_id=rig.pk, model=model, messages=[*history, stub.prompt_message()], params=clean,
+        max_tokens=quotas.reply_cap(stub, quotas.Limits()), context_limit=None,
+    )  # fmt: skip
+    return early.offer(key_id=key.pk, queue=rig.queue, ticket=ticket)
 
 
 def api_embeddings_submit(*, key: ApiKey, rig: Rig, model: str, body: dict[str, Any], placed: bool = False,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from django.conf import settings
@@ -15,6 +15,7 @@ from inference.db import lock_rows, locking
 from inference.errors import InvalidInput, NotFound, QueueUnavailable
 from inference.models import ChatSession, Rig, Turn
 from inference.queue import dispatch, placement, quotas, ratelimits
+from inference.queue.early import EarlyStart, fits
 from inference.queue.quotas import Limits
 from inference.queue.tickets import StartTicket
 from inference.turns import board_rows, selectors
@@ -23,12 +24,15 @@ from inference.turns.params import turn_params
 log = logging.getLogger(__name__)
 
 
-def turn_submit(*, session: ChatSession, text: Any, params: Any = None, new_session: bool = False) -> Turn:
+def turn_submit(
+    *, session: ChatSession, text: Any, params: Any = None, new_session: bool = False, early: EarlyStart | None = None
+) -> Turn:
     """Store a new turn and dispatch it in the same transaction; its Celery task goes once that is committed.
 
     ``new_session``: the session was created in the caller's transaction, so no other submit can see it and it has
     no turns: its row is not locked and its turns are not read, and no savepoint is taken (a refusal rolls the
-    caller's whole transaction back, session included): four round trips fewer."""
+    caller's whole transaction back, session included): four round trips fewer. ``early``: the early ticket sent for
+    this turn (inference/queue/early.py); its ``taken`` says whether the turn's task names it."""
     with transaction.atomic(savepoint=not new_session):
         busy: set[int]
         conversations: dict[int, list[dict[str, Any]]]
@@ -42,7 +46,8 @@ def turn_submit(*, session: ChatSession, text: Any, params: Any = None, new_sess
         serving: dict[str, list[Rig]] = {}
         turn = _turn_prepare(session=session, text=text, params=params, busy=busy, limits=limits, serving=serving)
         _turns_insert([turn])
-        _turns_stored([turn], conversations=conversations, limits=limits, serving=serving, new_sessions=new_session)
+        _turns_stored([turn], conversations=conversations, limits=limits, serving=serving, new_sessions=new_session,
+                      early=early)  # fmt: skip
     return turn
 
 
@@ -202,6 +207,7 @@ def _turns_stored(
     limits: Mapping[int, Limits] | None = None,
     serving: dict[str, list[Rig]] | None = None,
     new_sessions: bool = False,
+    early: EarlyStart | None = None,
 ) -> None:
     """Inside the submit's transaction: hand the turns to their rigs' fair queues, in the same commit. After it:
     tell the pages, send the Celery tasks, show the turns on the board, in that order. ``conversations`` (by
@@ -223,10 +229,15 @@ def _turns_stored(
         transaction.on_commit(announce, robust=True)  # a view: never stops the tasks
     # The turns wait in their rig's fair queue; dispatch hands them to Celery while a slot is free.
     tickets = _start_tickets(turns, conversations or {}, limits or {})
+    named = False  # the turn's ticket names its early ticket (the early request asks for what the turn does)
+    if early is not None and (ticket := tickets.get(turns[0].pk)) is not None and fits(early.ticket, ticket):
+        tickets[ticket.turn_id], named = replace(ticket, early=early.id), True
     found = serving if serving is not None else {}
     rigs = {rig.pk: rig for turn in turns if (rig := _first_rig(turn, found)) is not None}
     for rig_id in sorted(rigs):  # always in the same order: two submits never wait on each other's rig locks
-        dispatch.rig_dispatch(rig_id=rig_id, rig=rigs[rig_id], tickets=tickets)
+        handed = dispatch.rig_dispatch(rig_id=rig_id, rig=rigs[rig_id], tickets=tickets)
+        if early is not None and rig_id == early.ticket.rig_id:
+            early.taken = named and turns[0].pk in handed
     if new_sessions:
         transaction.on_commit(announce, robust=True)
     turn_ids = [turn.pk for turn in turns]

@@ -30,6 +30,7 @@ class OpenedStream:
     def __init__(self, rig: Rig, request: ChatRequest, on_sent: OnSent | None) -> None:
         self.state: ChunkSink | None = None
         self.early: list[StreamChunk] = []
+        self.sent_by = "claim"  # what sent it: "claim", "ticket" (before its claim) or "early lane" (before its submit)
         backend = backend_for(rig)
         chunks = backend.stream_chat(request, read_gate=self.gate, on_sent=on_sent)
         if not backend.calls_read_gate:

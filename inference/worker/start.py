@@ -30,6 +30,7 @@ from inference.turns import board_rows, lifecycle
 from inference.turns import params as turn_params
 from inference.turns.selectors import turn_snapshot
 from inference.worker import claim as claims
+from inference.worker import early as early_lane
 from inference.worker import embed, loop, stream
 from inference.worker.prompt import PromptState
 from inference.worker.reader import OpenedStream, open_stream
@@ -136,7 +137,11 @@ _rigs_seen: dict[int, tuple[str, str, str]] = {}
 
 
 async def run_ticketed_turn(
-    ticket: StartTicket, seen: tuple[str, str, str], claim: Claim, sent: concurrent.futures.Future[None]
+    ticket: StartTicket,
+    seen: tuple[str, str, str],
+    claim: Claim,
+    sent: concurrent.futures.Future[None],
+    sent_by: str = "ticket",
 ) -> None:
     """Send a ticketed turn's backend request, then wait for its claim (on the claim thread). ``sent`` is set once
     the request is written, or could not be. Not claimed (cancelled, or another delivery's): the request is closed
@@ -152,6 +157,7 @@ async def run_ticketed_turn(
     try:
         rig = Rig(pk=ticket.rig_id, kind=kind, base_url=base_url, api_key=api_key)
         opened = open_stream(rig, request, on_sent=mark_sent)
+        opened.sent_by = sent_by
     except BaseException:
         mark_sent()
         raise
@@ -166,6 +172,20 @@ async def run_ticketed_turn(
         await opened.close()
     if claimed is not None:
         await run_claimed_turn(claimed.turn, claimed.messages, claimed.budget, opened=opened if keep else None)
+
+
+def early_send(ticket: StartTicket) -> tuple[Claim, concurrent.futures.Future[None]] | None:
+    """An early ticket's backend request (inference/worker/early.py), sent as a ticketed turn's is, to where this
+    process last saw its rig; None for a rig it has not seen."""
+    if (seen := _rigs_seen.get(ticket.rig_id)) is None:
+        return None
+    claim: Claim = concurrent.futures.Future()
+    return claim, loop.start(run_ticketed_turn(ticket, seen, claim, concurrent.futures.Future(), "early lane"))
+
+
+def early_lane_listen(queues: Callable[[], list[str]]) -> None:
+    """Start taking early tickets for the queues ``queues()`` names (the worker's consumed queues), on the loop."""
+    loop.start(early_lane.listen(queues, early_send))
 
 
 def _where(rig: Rig) -> tuple[str, str, str]:
@@ -188,7 +208,9 @@ def turns_run(turn_ids: list[int], tickets: Any = None, rig_id: int | None = Non
     early: dict[int, tuple[Claim, concurrent.futures.Future[None]]] = {}
     sent: list[concurrent.futures.Future[None]] = []
     for turn_id, ticket in ticketed.items():
-        if (seen := _rigs_seen.get(ticket.rig_id)) is not None:
+        if (held := early_lane.take(ticket)) is not None:  # its request went out while the turn was stored
+            early[turn_id] = held.claim, held.run
+        elif (seen := _rigs_seen.get(ticket.rig_id)) is not None:
             claim: Claim = concurrent.futures.Future()
             sent.append(concurrent.futures.Future())
             early[turn_id] = claim, loop.start(run_ticketed_turn(ticket, seen, claim, sent[-1]))

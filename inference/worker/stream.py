@@ -454,6 +454,7 @@ async def stream_turn(
         stats={
             **_load_split(state, state.meter.final_stats(final.stats if final else None)),
             "context_tokens": state.context_tokens,
+            "request_sent_by": opened.sent_by,
             "context_limit": state.context_window,
             **_history_cut(state, request),
             **({"tool_calls": tool_calls_merged(state.tool_call_deltas)} if state.tool_call_deltas else {}),
