@@ -1,13 +1,12 @@
 """The usage page's sums over a range's rolled-up days, stored once a day (``UsageRangeSums``).
 
-A rolled-up day does not change (inference/turns/usage_rollup.py), so what the page adds up over the closed days of
-a range (per day and model, per API key, the row count, each user's reply tokens, and the ten named users' days) holds
-until the
-next day closes. It is stored under the range's first and last closed day and whose range it is, so every web
+A rolled-up day does not change (inference/turns/usage_rollup.py), so what the page adds up over the closed days of a
+range (per day and model, per API key, the row count, each user's reply tokens, and the ten named users' days) holds
+until the next day closes. It is stored under the range's first and last closed day and whose range it is, so every web
 process, and ``rigdash_usage_rollup`` ahead of the day's first visit, shares it. Everyone's range is read back only
 while the users are the ones it summed (the md5 of every user's id: a deleted user's rows CASCADE away, a new user's
-first day is not closed yet); names are read on every request, so a rename shows at once. The rollup deletes the
-ranges it writes into, and those of earlier last days as each new day closes.
+first day is not closed yet); names are read on every request, so a rename shows at once. The rollup deletes the ranges
+it writes into, and those of earlier last days as each new day closes.
 """
 
 from __future__ import annotations
