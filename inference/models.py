@@ -379,20 +379,33 @@ class ApiKey(models.Model):
 
 
 class UsageDay(models.Model):
-    """Usage of one user and model on one closed UTC day: what ``inference.turns.usage`` adds up from turns, stored
-    once the day is over, so a year of usage reads a few rows a day instead of every turn
-    (inference/turns/usage_rollup.py)."""
+    """Usage of one user, model and API key (or none: the chat pages) on one closed UTC day: what
+    ``inference.turns.usage`` adds up from turns, stored once the day is over, so a year of usage reads a few rows a
+    day instead of every turn (inference/turns/usage_rollup.py)."""
 
     day = models.DateField()
     user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="+")
     model_name = models.CharField(max_length=200)
+    # Keys are deleted only with their owner, whose rows go with the user (CASCADE either way).
+    api_key = models.ForeignKey("ApiKey", null=True, blank=True, on_delete=models.CASCADE, related_name="+")
     turns = models.PositiveIntegerField(default=0)
     prompt_tokens = models.PositiveBigIntegerField(default=0)
     output_tokens = models.PositiveBigIntegerField(default=0)
     busy_s = models.FloatField(default=0.0)
 
     class Meta:
-        constraints = [models.UniqueConstraint(fields=["day", "user", "model_name"], name="usage_day_user_model")]
+        # Two partial unique indexes, as NULLs are distinct in a unique index on both PostgreSQL and SQLite (and
+        # NULLS NOT DISTINCT is PostgreSQL 15's only): https://www.postgresql.org/docs/current/indexes-unique.html
+        constraints = [
+            models.UniqueConstraint(
+                fields=["day", "user", "model_name"], condition=models.Q(api_key__isnull=True),
+                name="usage_day_user_model_nokey",
+            ),
+            models.UniqueConstraint(
+                fields=["day", "user", "model_name", "api_key"], condition=models.Q(api_key__isnull=False),
+                name="usage_day_user_model_key",
+            ),
+        ]  # fmt: skip
         indexes = [models.Index(fields=["user", "day"], name="usage_day_user")]
 
     def __str__(self) -> str:

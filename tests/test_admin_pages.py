@@ -144,8 +144,8 @@ def test_usage_figure_stacks_one_trace_per_model_over_every_day():
 def test_usage_csv_has_a_header_and_neutralises_spreadsheet_formulas():
     rows = [UsageRow(date(2026, 3, 9), "=cmd|'/c calc'!A1", "m1", 1, 2, 3, 4.5)]
     parsed = list(csv.reader(io.StringIO(usage_csv(rows))))
-    assert parsed[0] == ["day", "user", "model", "turns", "prompt_tokens", "output_tokens", "busy_s"]
-    assert parsed[1] == ["2026-03-09", "'=cmd|'/c calc'!A1", "m1", "1", "2", "3", "4.5"]
+    assert parsed[0] == ["day", "user", "model", "turns", "prompt_tokens", "output_tokens", "busy_s", "api_key"]
+    assert parsed[1] == ["2026-03-09", "'=cmd|'/c calc'!A1", "m1", "1", "2", "3", "4.5", ""]
 
 
 @pytest.fixture

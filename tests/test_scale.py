@@ -24,6 +24,7 @@ from inference.turns import usage, usage_csv, usage_report, usage_rollup, usage_
 from monitoring import selectors
 from monitoring.models import RigSample
 
+BUSY = usage.CSV_FIELDS.index("busy_s")  # PostgreSQL writes 5, Python 5.0
 SMALL = {"users": 8, "turns": 150, "rigs": 2}
 LARGE = {"users": 20, "turns": 900, "rigs": 5}  # six times the turns, more users and rigs
 
@@ -102,7 +103,7 @@ def test_the_csv_streams_a_month_at_a_time_in_a_fixed_number_of_queries(django_a
         response = admin.get("/usage.csv?days=366")
         assert isinstance(response, StreamingHttpResponse)
         text = b"".join(response.streaming_content).decode()
-    assert text.startswith("day,user,model,turns,prompt_tokens,output_tokens,busy_s\n")
+    assert text.startswith("day,user,model,turns,prompt_tokens,output_tokens,busy_s,api_key\n")
 
 
 @pytest.mark.django_db
@@ -116,8 +117,8 @@ def test_the_rollup_and_live_days_add_up_to_what_every_turn_does():
     )
     expected = list(csv.reader(io.StringIO(usage.usage_csv(every_turn))))
     # Busy seconds: the database adds up exact intervals, inference.turns.usage floats (a last digit may differ).
-    assert [row[:-1] for row in streamed] == [row[:-1] for row in expected]
-    assert all(abs(float(a[-1]) - float(b[-1])) <= 0.0011 for a, b in zip(streamed[1:], expected[1:], strict=True))
+    assert [row[:BUSY] + row[BUSY + 1 :] for row in streamed] == [row[:BUSY] + row[BUSY + 1 :] for row in expected]
+    assert all(abs(float(a[BUSY]) - float(b[BUSY])) <= 0.0011 for a, b in zip(streamed[1:], expected[1:], strict=True))
     context = usage_report.page_context(days=366, user_id=None, page=1)
     assert context["totals"] == pytest.approx(usage.usage_totals(every_turn), abs=0.01)
     assert context["pages"] == -(-len(every_turn) // usage_report.PAGE_ROWS)
@@ -226,7 +227,7 @@ async def test_under_asgi_the_csv_streams_through_an_async_iterator():
     chunks = [chunk async for chunk in response.streaming_content]
     assert len(chunks) >= 13  # the header, a chunk per month, the live days
     text = b"".join(chunks).decode()
-    assert text.startswith("day,user,model,turns,prompt_tokens,output_tokens,busy_s\n") and text.count("\n") > 20
+    assert text.startswith(",".join(usage.CSV_FIELDS) + "\n") and text.count("\n") > 20
 
 
 def _csv_rows(text: bytes) -> list[list[str]]:
@@ -260,8 +261,8 @@ def test_the_months_postgresql_writes_are_the_ones_python_formats(monkeypatch):
     for user_id, rows in copied.items():
         formatted = _csv_rows(_csv(366, user_id))
         assert len(rows) == len(formatted) > 2
-        assert [row[:-1] for row in rows] == [row[:-1] for row in formatted]
-        assert all(float(a[-1]) == float(b[-1]) for a, b in zip(rows[1:], formatted[1:], strict=True))
+        assert [row[:BUSY] + row[BUSY + 1 :] for row in rows] == [row[:BUSY] + row[BUSY + 1 :] for row in formatted]
+        assert all(float(a[BUSY]) == float(b[BUSY]) for a, b in zip(rows[1:], formatted[1:], strict=True))
     names = [row[1] for row in copied[None][1:]]
     assert {"'=HYPERLINK(1)", "'@admin", "Zoë", "alice", "Bob"} <= set(names)
     assert "=HYPERLINK(1)" not in names

@@ -1,4 +1,4 @@
-"""Usage per UTC day, user and model: turns, prompt and reply tokens, busy seconds on the rig.
+"""Usage per UTC day, user, model and API key: turns, prompt and reply tokens, busy seconds on the rig.
 
 The aggregation, the Plotly figures and the CSV are pure functions of plain records (tested without a
 database); ``usage_records`` is the one database read. A turn counts on the day it started (or was
@@ -10,7 +10,7 @@ from __future__ import annotations
 import csv
 import io
 from collections.abc import Iterable, Sequence
-from dataclasses import astuple, dataclass, fields
+from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
 from typing import Any
 
@@ -30,6 +30,8 @@ class TurnRecord:
     finished_at: datetime | None
     prompt_tokens: int | None
     output_tokens: int | None
+    api_key: str = ""  # key_label of the key it was made with, "" for none
+    api_key_id: int | None = None
 
 
 @dataclass
@@ -41,14 +43,27 @@ class UsageRow:
     prompt_tokens: int = 0
     output_tokens: int = 0
     busy_s: float = 0.0
+    api_key: str = ""  # key_label of the key, "" for the chat pages (no key); the CSV's last column
+    api_key_id: int | None = None  # not in the CSV: the label names it
+
+
+CHAT_PAGES = "chat pages"  # what the page calls the requests made without an API key
+
+
+def key_label(name: str | None, key_id: int | None) -> str:
+    """An API key as the usage page and CSV name it: its name and id (names are not unique), "" for no key."""
+    return "" if key_id is None else f"{name} #{key_id}"
 
 
 def aggregate_usage(records: Iterable[TurnRecord]) -> list[UsageRow]:
-    """One row per (UTC day, user, model), sorted by day, user, model."""
-    rows: dict[tuple[date, str, str], UsageRow] = {}
+    """One row per (UTC day, user, model, API key), sorted by day, user, model, key."""
+    rows: dict[tuple[date, str, str, str], UsageRow] = {}
     for r in records:
         day = (r.started_at or r.created_at).astimezone(UTC).date()
-        row = rows.setdefault((day, r.user, r.model), UsageRow(day=day, user=r.user, model=r.model))
+        row = rows.setdefault(
+            (day, r.user, r.model, r.api_key),
+            UsageRow(day=day, user=r.user, model=r.model, api_key=r.api_key, api_key_id=r.api_key_id),
+        )
         row.turns += 1
         row.prompt_tokens += r.prompt_tokens or 0
         row.output_tokens += r.output_tokens or 0
@@ -130,14 +145,21 @@ def csv_safe(name: str) -> str:
     return f"'{name}" if name[:1] in FORMULA_START else name
 
 
+# The CSV's columns: new ones go at the end, so a consumer reading columns by position keeps working.
+CSV_FIELDS = ("day", "user", "model", "turns", "prompt_tokens", "output_tokens", "busy_s", "api_key")
+
+
+def csv_values(row: UsageRow) -> tuple[Any, ...]:
+    """A row's CSV fields (CSV_FIELDS), names made safe."""
+    return (row.day.isoformat(), csv_safe(row.user), csv_safe(row.model), row.turns, row.prompt_tokens,
+            row.output_tokens, row.busy_s, csv_safe(row.api_key))  # fmt: skip
+
+
 def usage_csv(rows: Iterable[UsageRow]) -> str:
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
-    writer.writerow([f.name for f in fields(UsageRow)])
-    for row in rows:
-        values = list(astuple(row))
-        values[0] = row.day.isoformat()
-        writer.writerow([csv_safe(v) if isinstance(v, str) else v for v in values])
+    writer.writerow(CSV_FIELDS)
+    writer.writerows(csv_values(row) for row in rows)
     return out.getvalue()
 
 
@@ -151,15 +173,18 @@ def usage_records(*, days: int, user_id: int | None) -> list[TurnRecord]:
     turns = Turn.objects.filter(created_at__gte=since)
     if user_id is not None:
         turns = turns.filter(session__owner_id=user_id)
+    values = turns.values_list(
+        "session__owner__username",
+        "session__model_name",
+        "created_at",
+        "started_at",
+        "finished_at",
+        "prompt_tokens",
+        "output_tokens",
+        "session__api_key_id",
+        "session__api_key__name",
+    )
     return [
-        TurnRecord(*values)
-        for values in turns.values_list(
-            "session__owner__username",
-            "session__model_name",
-            "created_at",
-            "started_at",
-            "finished_at",
-            "prompt_tokens",
-            "output_tokens",
-        ).iterator()
+        TurnRecord(user, model, created, started, finished, prompt, output, key_label(key_name, key_id), key_id)
+        for user, model, created, started, finished, prompt, output, key_id, key_name in values.iterator()
     ]

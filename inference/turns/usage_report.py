@@ -1,5 +1,5 @@
 """The usage page from the daily rollup (inference/turns/usage_rollup.py): totals, charts (the top users by name, the
-rest together) and a paginated table. The CSV is inference/turns/usage_csv.py."""
+rest together), each API key's sums and a paginated table. The CSV is inference/turns/usage_csv.py."""
 
 from __future__ import annotations
 
@@ -8,8 +8,11 @@ from dataclasses import replace
 from datetime import date, timedelta
 from typing import Any
 
+from django.db.models import F
+
 from inference.turns import usage
 from inference.turns.usage import UsageRow
+from inference.turns.usage_keys import key_usage
 from inference.turns.usage_rollup import (
     OTHERS,
     ROW_FIELDS,
@@ -52,7 +55,7 @@ def _figures(
 
 def _page(rolled: Any, rolled_count: int, live: list[UsageRow], page: int) -> tuple[list[UsageRow], int]:
     """One page of the table, newest day first (the live days, then the rolled-up ones), and the page count."""
-    newest_first = sorted(live, key=lambda r: (-r.day.toordinal(), r.user, r.model))
+    newest_first = sorted(live, key=lambda r: (-r.day.toordinal(), r.user, r.model, r.api_key))
     count = rolled_count + len(newest_first)
     pages = max(1, math.ceil(count / PAGE_ROWS))
     start = (max(1, min(page, pages)) - 1) * PAGE_ROWS
@@ -60,7 +63,8 @@ def _page(rolled: Any, rolled_count: int, live: list[UsageRow], page: int) -> tu
     skip = max(0, start - len(newest_first))
     wanted = PAGE_ROWS - len(rows)
     if wanted:
-        ordered = rolled.order_by("-day", "user__username", "model_name").values(*ROW_FIELDS)
+        by_key = (F("api_key__name").asc(nulls_first=True), "api_key_id")  # no key first, as "" sorts in Python
+        ordered = rolled.order_by("-day", "user__username", "model_name", *by_key).values(*ROW_FIELDS)
         rows += list(as_rows(ordered[skip : skip + wanted]))
     return rows, pages
 
@@ -84,6 +88,8 @@ def page_context(*, days: int, user_id: int | None, page: int) -> dict[str, Any]
         "rows": rows,
         "totals": totals,
         "figures": figures,
+        "by_key": key_usage(sums.by_key, live, user_id=user_id),
+        "chat_pages": usage.CHAT_PAGES,
         "page": max(1, min(page, pages)),
         "pages": pages,
     }

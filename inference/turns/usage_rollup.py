@@ -1,4 +1,5 @@
-"""Usage from a daily rollup: closed UTC days are added up once into UsageDay, the last two days live from turns.
+"""Usage from a daily rollup: closed UTC days are added up once into UsageDay (per day, user, model and API key), the
+last two days live from turns.
 
 ``inference.turns.usage`` defines what counts (a turn on the UTC day it started, or was submitted if it never started;
 busy time started -> finished); this module gives the same rows without reading every turn of the range, so a
@@ -25,7 +26,7 @@ from django.db.models.functions import Cast, Coalesce, TruncDate
 from django.utils import timezone
 
 from inference.models import ChatSession, Turn, UsageCsvMonth, UsageDay, UsageRangeSums, UsageRolledDay
-from inference.turns.usage import UsageRow
+from inference.turns.usage import UsageRow, key_label
 
 CLOSED_AFTER = timedelta(days=2)  # today and yesterday are read live
 OTHERS = "other users"
@@ -46,12 +47,13 @@ def _busy() -> Case:
 
 
 def turn_totals(lo: date, hi: date) -> QuerySet[Turn, dict[str, Any]]:
-    """Turns whose day is in [lo, hi), added up per (day, user, model), in the database (the rollup's one read)."""
+    """Turns whose day is in [lo, hi), added up per (day, user, model, API key), in the database (the rollup's one
+    read)."""
     turns = Turn.objects.filter(created_at__gte=_start(lo) - timedelta(days=1), created_at__lt=_start(hi))
     return (
         turns.annotate(day=TruncDate(Coalesce("started_at", "created_at"), tzinfo=UTC))
         .filter(day__gte=lo, day__lt=hi)
-        .values("day", "session__owner_id", "session__owner__username", "session__model_name")
+        .values("day", "session__owner_id", "session__owner__username", "session__model_name", "session__api_key_id")
         .annotate(n=Count("id"), prompt=Sum("prompt_tokens"), output=Sum("output_tokens"), busy=Sum(_busy()))
         .order_by()
     )
@@ -67,8 +69,9 @@ def rollup(lo: date, hi: date) -> int:
     rows = turn_totals(missing[0], missing[-1] + timedelta(days=1)).filter(day__in=missing)  # type: ignore[misc]
     with transaction.atomic():
         UsageDay.objects.bulk_create(
-            (UsageDay(day=r["day"], user_id=r["session__owner_id"], model_name=r["session__model_name"], turns=r["n"],
-                      prompt_tokens=r["prompt"] or 0, output_tokens=r["output"] or 0,
+            (UsageDay(day=r["day"], user_id=r["session__owner_id"], model_name=r["session__model_name"],
+                      api_key_id=r["session__api_key_id"], turns=r["n"], prompt_tokens=r["prompt"] or 0,
+                      output_tokens=r["output"] or 0,
                       busy_s=round(r["busy"].total_seconds(), 3) if r["busy"] else 0.0)
              for r in rows.iterator()),
             batch_size=2000, ignore_conflicts=True,  # a concurrent request rolled the same day up
@@ -86,8 +89,8 @@ def rollup(lo: date, hi: date) -> int:
 
 def live_rows(lo: date, *, user_id: int | None) -> list[UsageRow]:
     """The days from ``lo`` to today that are not closed yet, from the turns themselves: summed per session in the
-    database without a join (a join to every session made the planner hash them all), then per user and model here
-    with the few sessions read by key."""
+    database without a join (a join to every session made the planner hash them all), then per user, model and API
+    key here with the few sessions read by id."""
     start = max(lo, today_utc() - CLOSED_AFTER + timedelta(days=1))
     turns = Turn.objects.filter(created_at__gte=_start(start) - timedelta(days=1))
     if user_id is not None:
@@ -102,17 +105,20 @@ def live_rows(lo: date, *, user_id: int | None) -> list[UsageRow]:
     if connection.vendor == "postgresql":  # one array parameter: bound client-side, an IN list of thousands of ids
         ids = RawSQL("SELECT unnest(%s::bigint[])", [ids])  # costs Python more than the query does
     sessions = {
-        pk: (name, model)
-        for pk, name, model in ChatSession.objects.filter(pk__in=ids)
+        pk: (name, model, key_label(key_name, key_id), key_id)
+        for pk, name, model, key_id, key_name in ChatSession.objects.filter(pk__in=ids)
         .order_by()  # not the sessions' default order: a sort the lookup does not need
-        .values_list("pk", "owner__username", "model_name")
+        .values_list("pk", "owner__username", "model_name", "api_key_id", "api_key__name")
     }
-    rows: dict[tuple[date, str, str], UsageRow] = {}
+    rows: dict[tuple[date, str, str, str], UsageRow] = {}
     for r in per_session:
         if r["day"] < start or r["session_id"] not in sessions:
             continue
-        name, model = sessions[r["session_id"]]
-        row = rows.setdefault((r["day"], name, model), UsageRow(day=r["day"], user=name, model=model))
+        name, model, key, key_id = sessions[r["session_id"]]
+        row = rows.setdefault(
+            (r["day"], name, model, key),
+            UsageRow(day=r["day"], user=name, model=model, api_key=key, api_key_id=key_id),
+        )
         row.turns += r["n"]
         row.prompt_tokens += r["prompt"] or 0
         row.output_tokens += r["output"] or 0
@@ -139,10 +145,13 @@ def as_rows(values: Iterable[dict[str, Any]]) -> Iterator[UsageRow]:
             prompt_tokens=v["prompt_tokens"],
             output_tokens=v["output_tokens"],
             busy_s=v["busy_s"],
+            api_key=key_label(v["api_key__name"], v["api_key_id"]),
+            api_key_id=v["api_key_id"],
         )
 
 
-ROW_FIELDS = ("day", "user__username", "model_name", "turns", "prompt_tokens", "output_tokens", "busy_s")
+ROW_FIELDS = ("day", "user__username", "model_name", "turns", "prompt_tokens", "output_tokens", "busy_s",
+              "api_key_id", "api_key__name")  # fmt: skip
 
 
 def fold(rows: Iterable[UsageRow], *, by: str) -> list[UsageRow]:
@@ -165,11 +174,11 @@ def fold(rows: Iterable[UsageRow], *, by: str) -> list[UsageRow]:
     ]  # fmt: skip
 
 
-def sums_per_day(rows: QuerySet[UsageDay], key: str) -> QuerySet[Any, tuple[Any, ...]]:
-    """(day, key, turns, prompt, output, busy, rows) per (day, key). The token sums are cast back to bigint, so
+def sums_per_day(rows: QuerySet[UsageDay], *keys: str) -> QuerySet[Any, tuple[Any, ...]]:
+    """(day, *keys, turns, prompt, output, busy, rows) per (day, *keys). The token sums are cast back to bigint, so
     PostgreSQL's SUM (numeric for bigint) reaches Python as int, not Decimal."""
     sums: QuerySet[Any, tuple[Any, ...]] = (
-        rows.values("day", key)
+        rows.values("day", *keys)
         .annotate(
             t=Sum("turns"),
             p=Cast(Sum("prompt_tokens"), BigIntegerField()),
@@ -178,7 +187,7 @@ def sums_per_day(rows: QuerySet[UsageDay], key: str) -> QuerySet[Any, tuple[Any,
             n=Count("*"),
         )
         .order_by()
-        .values_list("day", key, "t", "p", "o", "b", "n")
+        .values_list("day", *keys, "t", "p", "o", "b", "n")
     )
     return sums
 

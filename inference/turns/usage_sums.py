@@ -1,12 +1,12 @@
 """The usage page's sums over a range's rolled-up days, stored once a day (``UsageRangeSums``).
 
-A rolled-up day does not change (inference/turns/usage_rollup.py), so what the page adds up over the closed days of
-a range (per day and model, the row count, each user's reply tokens, and the ten named users' days) holds until the
-next day closes. It is stored under the range's first and last closed day and whose range it is, so every web
+A rolled-up day does not change (inference/turns/usage_rollup.py), so what the page adds up over the closed days of a
+range (per day and model, per API key, the row count, each user's reply tokens, and the ten named users' days) holds
+until the next day closes. It is stored under the range's first and last closed day and whose range it is, so every web
 process, and ``rigdash_usage_rollup`` ahead of the day's first visit, shares it. Everyone's range is read back only
 while the users are the ones it summed (the md5 of every user's id: a deleted user's rows CASCADE away, a new user's
-first day is not closed yet); names are read on every request, so a rename shows at once. The rollup deletes the
-ranges it writes into, and those of earlier last days as each new day closes.
+first day is not closed yet); names are read on every request, so a rename shows at once. The rollup deletes the ranges
+it writes into, and those of earlier last days as each new day closes.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from inference.turns.usage import UsageRow
 from inference.turns.usage_rollup import CLOSED_AFTER, sums_per_day, today_utc
 
 Named = tuple[date, int, int, int, int, float]  # day, user id, turns, prompt tokens, reply tokens, busy seconds
+KeySums = tuple[int | None, int, int, int, float]  # API key id (None: no key), turns, prompt, reply tokens, busy s
 
 
 @dataclass(frozen=True)
@@ -43,6 +44,7 @@ class ClosedSums:
 
     key: RangeKey
     by_model: list[UsageRow]  # per (day, model)
+    by_key: list[KeySums]  # per API key over the whole range
     rows: int  # how many rolled-up rows (the table's row count)
     reply_tokens: dict[int, int]  # per user id (everyone's range; empty for one user's)
     named_ids: tuple[int, ...] = ()  # the users whose days ``named`` holds
@@ -61,20 +63,26 @@ def range_key(lo: date, *, user_id: int | None, user_ids: Iterable[int] = ()) ->
 
 
 def closed_sums(rows: QuerySet[UsageDay], key: RangeKey) -> ClosedSums:
-    """Sums per (day, model), the row count and (everyone's range) each user's reply tokens: stored under ``key``,
-    or two scans of ``rows`` (the range's rolled-up rows; ``keep`` stores them)."""
+    """Sums per (day, model), per API key, the row count and (everyone's range) each user's reply tokens: stored
+    under ``key``, or two scans of ``rows`` (the range's rolled-up rows; ``keep`` stores them)."""
     if (stored := _read(key)) is not None:
         return stored
-    by_model, count = [], 0
-    for day, model, t, p, o, b, n in sums_per_day(rows, "model_name"):
-        by_model.append(UsageRow(day=day, user="", model=model, turns=t, prompt_tokens=p, output_tokens=o,
-                                 busy_s=round(b, 3)))  # fmt: skip
+    per_model: dict[tuple[date, str], list[Any]] = {}
+    per_key: dict[int | None, list[Any]] = {}
+    count = 0
+    for day, model, key_id, *sums, n in sums_per_day(rows, "model_name", "api_key_id"):
+        for total in (per_model.setdefault((day, model), [0, 0, 0, 0.0]), per_key.setdefault(key_id, [0, 0, 0, 0.0])):
+            for i, value in enumerate(sums):
+                total[i] += value
         count += n
+    by_model = [UsageRow(day=day, user="", model=model, turns=t, prompt_tokens=p, output_tokens=o, busy_s=round(b, 3))
+                for (day, model), (t, p, o, b) in per_model.items()]  # fmt: skip
+    by_key: list[KeySums] = [(key_id, t, p, o, round(b, 3)) for key_id, (t, p, o, b) in per_key.items()]
     reply_tokens: dict[int, int] = {}
     if key.scope == "*":
         per_user = rows.values("user_id").annotate(o=Cast(Sum("output_tokens"), BigIntegerField())).order_by()
         reply_tokens = dict(per_user.values_list("user_id", "o"))
-    return ClosedSums(key=key, by_model=by_model, rows=count, reply_tokens=reply_tokens)
+    return ClosedSums(key=key, by_model=by_model, by_key=by_key, rows=count, reply_tokens=reply_tokens)
 
 
 def with_named(sums: ClosedSums, rows: QuerySet[UsageDay], ids: Iterable[int]) -> ClosedSums:
@@ -97,6 +105,7 @@ def keep(sums: ClosedSums) -> None:
             "by_model": [
                 (r.day.toordinal(), r.model, r.turns, r.prompt_tokens, r.output_tokens, r.busy_s) for r in sums.by_model
             ],
+            "by_key": sums.by_key,
             "rows": sums.rows,
             "reply_tokens": list(sums.reply_tokens.items()),
             "named_ids": sums.named_ids,
@@ -129,12 +138,15 @@ def _read(key: RangeKey) -> ClosedSums | None:
     if body is None:
         return None
     data: dict[str, Any] = orjson.loads(body)
+    if "by_key" not in data:  # stored before the sums had API keys: added up again
+        return None
     return ClosedSums(
         key=key,
         by_model=[
             UsageRow(day=date.fromordinal(d), user="", model=m, turns=t, prompt_tokens=p, output_tokens=o, busy_s=b)
             for d, m, t, p, o, b in data["by_model"]
         ],
+        by_key=[(key_id, t, p, o, b) for key_id, t, p, o, b in data["by_key"]],
         rows=data["rows"],
         reply_tokens={int(pk): tokens for pk, tokens in data["reply_tokens"]},
         named_ids=tuple(data["named_ids"]),
