@@ -220,6 +220,7 @@ def test_router_mode_routes_by_model_and_lists_the_routers_models(servers, web_u
     listed = gateway.http.get("/v1/models").json()["data"]
     assert sorted(m["id"] for m in listed) == ["smol", "tiny"] and {m["owned_by"] for m in listed} == {"router"}
     assert sorted(m["name"] for m in gateway.http.get("/api/tags").json()["models"]) == ["smol", "tiny"]
+    assert _running(gateway) == []  # Ollama's /api/ps: the models held in memory, none before a request
 
     for model in ("smol", "tiny"):  # each loaded on demand by the request naming it
         chat = {"model": model, "messages": HI, "max_tokens": 6, **GREEDY}
@@ -230,6 +231,7 @@ def test_router_mode_routes_by_model_and_lists_the_routers_models(servers, web_u
                                             "options": {"num_predict": 6, **GREEDY}})  # fmt: skip
         assert ollama.status_code == 200, ollama.text
         assert ollama.json()["message"]["content"] == _text(server.post("/v1/chat/completions", chat).json())
+        assert _running(gateway) == (["smol"] if model == "smol" else ["smol", "tiny"])
     smol = _text(server.post("/v1/chat/completions", {"model": "smol", "messages": HI, "max_tokens": 6,
                                                       **GREEDY}).json())  # fmt: skip
     tiny = _text(server.post("/v1/chat/completions", {"model": "tiny", "messages": HI, "max_tokens": 6,
@@ -240,6 +242,10 @@ def test_router_mode_routes_by_model_and_lists_the_routers_models(servers, web_u
     _embeddings_refused(gateway, "smol")
     turns = _all_turns_of_the_key(gateway, rig, done=gateway.sent - 3)
     assert {t.session.model_name for t in turns} == {"smol", "tiny"}
+
+
+def _running(gateway: Gateway) -> list[str]:
+    return sorted(m["name"] for m in gateway.http.get("/api/ps").json()["models"])
 
 
 def _wait(predicate: Callable[[], bool], what: str) -> None:
