@@ -421,7 +421,7 @@ class Backend(ABC):
     async def needs_load(self, model: str) -> bool:
         """Whether the server must load ``model`` before it can read a prompt for it (a server that loads on demand,
         ``Capabilities.loads_on_demand``): by default, whether its loaded models leave it out."""
-        return not any(_same_model(entry.name, model) for entry in await self.loaded_models())
+        return not any(same_model(entry.name, model) for entry in await self.loaded_models())
 
     async def load_model(self, model: str) -> None:
         """Load a model the server has but does not hold in memory (llama-server's router mode), returning once it
@@ -439,7 +439,7 @@ def auth_headers(api_key: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {api_key}"} if api_key else {}
 
 
-def _same_model(a: str, b: str) -> bool:
+def same_model(a: str, b: str) -> bool:
     """Ollama's names: ``smollm2`` is ``smollm2:latest``."""
 
     def full(name: str) -> str:

@@ -8,7 +8,7 @@ import logging
 from django.conf import settings
 from django.contrib.auth.models import User
 
-from inference.backends import backend_for
+from inference.backends import backend_for, backend_supports, capabilities
 from inference.backends.base import BackendError, ModelInfo, user_message
 from inference.errors import InvalidInput
 from inference.live import served
@@ -37,6 +37,16 @@ def rig_serves(rig: Rig, model_name: str) -> bool:
     return any(m.name == model_name for m in rig_models(rig)) or any(
         m.name == model_name for m in rig_models(rig, fresh=True)
     )
+
+
+def rig_loaded_models(rig: Rig) -> list[str] | None:
+    """The models the rig's server holds in memory now, asked of its backend where it loads models on demand (a
+    llama-server router's loaded instances, Ollama's ``/api/ps``); None for any other, which holds every model it
+    serves for as long as it runs. Raises BackendError when it cannot say."""
+    if not capabilities(rig.kind).loads_on_demand or not backend_supports(rig.kind, "loaded_models"):
+        return None
+    backend = backend_for(rig, timeout_s=settings.RIGDASH.backend_health_timeout_s)
+    return [model.name for model in asyncio.run(backend.loaded_models())]
 
 
 def _read_models(rig: Rig) -> list[ModelInfo]:

@@ -18,8 +18,10 @@ from typing import Any
 
 from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
 
+from inference.backends.base import BackendError, same_model
 from inference.board import apikeys
-from inference.models import Turn
+from inference.models import Rig, Turn
+from inference.turns.sessions import rig_loaded_models
 from inference.views.openai import CatalogueEntry, model_catalogue, model_resolve
 from inference.views.openai_chat import (
     ENDED_STATUSES,
@@ -292,10 +294,26 @@ def _tags(request: HttpRequest, body: dict[str, Any]) -> HttpResponse:
     return JsonResponse({"models": [_model_entry(entry) for entry in model_catalogue()]})
 
 
+def _held(rig: Rig) -> list[str] | None:
+    try:
+        return rig_loaded_models(rig)
+    except BackendError:
+        return []  # a rig that cannot answer now holds nothing a request could use
+
+
 def _ps(request: HttpRequest, body: dict[str, Any]) -> HttpResponse:
-    """Every model the enabled rigs serve now: a llama.cpp rig holds its model for as long as it runs."""
+    """The models the enabled rigs hold in memory now: a server that loads models on demand (a llama-server router,
+    Ollama) is asked which (a router lists every model of its directory, loaded or not); any other holds every model
+    it serves. A model id of several rigs is held where any of them holds it."""
+    catalogue = model_catalogue()
+    held = {rig.pk: _held(rig) for rig in {entry.rig for entry in catalogue}}
+
+    def loaded(entry: CatalogueEntry) -> bool:
+        rigs = {e.rig.pk for e in catalogue if e.model == entry.model} if entry.placed else {entry.rig.pk}
+        return any(held[pk] is None or any(same_model(name, entry.model) for name in held[pk] or []) for pk in rigs)
+
     models = [{**_model_entry(entry), "size_vram": 0, "expires_at": "0001-01-01T00:00:00Z",
-               "context_length": entry.context_length} for entry in model_catalogue()]  # fmt: skip
+               "context_length": entry.context_length} for entry in catalogue if loaded(entry)]  # fmt: skip
     return JsonResponse({"models": models})
 
 
