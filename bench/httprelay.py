@@ -97,12 +97,16 @@ class Relay:
         else:
             decoder = ChunkedDecoder()  # only to see the last chunk: the bytes go on as they came
             decoder.feed(rest)
-            while not decoder.done:
+            tail = rest[-4:]
+            # The decoder is done at the last chunk's size line; the blank line that ends its trailers may come in a
+            # later read, and a client waits for it before the next request on the connection.
+            while not (decoder.done and tail == b"\r\n\r\n"):
                 chunk = await upstream.read(READ)
                 if not chunk:
                     raise ProtocolError("the backend closed inside its response")
                 writer.write(chunk)
                 decoder.feed(chunk)
+                tail = (tail + chunk)[-4:]
         return response.headers.get("connection", "").lower() != "close"
 
 
