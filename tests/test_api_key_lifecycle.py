@@ -4,6 +4,7 @@ chats in the chat list (the default), or nothing once the response is delivered 
 
 from __future__ import annotations
 
+import time
 from datetime import timedelta
 from typing import Any
 
@@ -222,3 +223,29 @@ def test_embeddings_requests_are_checked_and_limited_like_any_request(idle_rig, 
     with pytest.raises(QuotaExceeded):
         api.api_embeddings_submit(key=key.key, rig=idle_rig, model="m", body={"model": "m", "input": "c"})
     assert Turn.objects.count() == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_stop_ends_an_embeddings_request_its_backend_has_not_answered(owner, silent_server):
+    """The rig accepts the request and never answers (a backend stuck under load): Stop on the board ends the turn
+    as cancelled within a poll of its flag, not after the first-token timeout; the worker is the test calling it."""
+    import threading
+
+    from inference.turns import lifecycle
+    from inference.worker import start as starts
+
+    rig = Rig.objects.create(name="stuck", kind=Rig.Kind.LLAMACPP, base_url=silent_server, queue="wt-stuck")
+    key = apikeys.api_key_create(owner=owner, name="embedder").key
+    turn = api.api_embeddings_submit(key=key, rig=rig, model="m", body={"model": "m", "input": ["hello"]})
+    ran: list[dict[int, str]] = []
+    worker = threading.Thread(target=lambda: ran.append(starts.turns_run([turn.pk])), daemon=True)
+    worker.start()
+    wait_until(lambda: Turn.objects.get(pk=turn.pk).status in Turn.RUNNING, timeout_s=10, what="the claim")
+    time.sleep(0.5)  # the request waits on the rig
+    stopped_at = time.monotonic()
+    lifecycle.turn_cancel(turn=Turn.objects.select_related("session").get(pk=turn.pk))
+    worker.join(timeout=10)
+    assert not worker.is_alive() and ran == [{turn.pk: "ran"}]
+    assert time.monotonic() - stopped_at < 2.0
+    ended = Turn.objects.get(pk=turn.pk)
+    assert (ended.status, ended.finish_reason) == (Turn.Status.CANCELLED, "cancelled")

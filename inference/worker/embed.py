@@ -6,17 +6,45 @@ for the view that waits on the turn's end (inference/live/answers.py), never in 
 
 from __future__ import annotations
 
+import asyncio
 import time
-from typing import Any
+from collections.abc import Coroutine
+from typing import Any, TypeVar
 
 from django.conf import settings
 from redis.exceptions import RedisError
 
 from inference.backends import backend_for
 from inference.backends.base import BackendError, BackendRefused, user_message
-from inference.live import answers
+from inference.live import answers, state
 from inference.models import Rig, Turn
 from inference.turns import lifecycle
+
+T = TypeVar("T")
+CANCEL_POLL_S = 0.2  # how often a waiting embeddings request reads its turn's cancel flag (a Stop on the board)
+
+
+class _Cancelled(Exception):
+    pass
+
+
+async def _unless_cancelled(turn_id: int, redis: Any, request: Coroutine[Any, Any, T]) -> T:
+    """``request``'s result, unless the turn's cancel flag is set while it waits: the request is then dropped (its
+    connection closed, so the backend stops) and _Cancelled raised. A flag that cannot be read counts as unset."""
+    task = asyncio.ensure_future(request)
+    try:
+        while not (await asyncio.wait({task}, timeout=CANCEL_POLL_S))[0]:
+            try:
+                flagged = await redis.get(state.cancel_key(turn_id))
+            except (OSError, RedisError):
+                flagged = None
+            if flagged:
+                raise _Cancelled
+        return task.result()
+    finally:
+        if not task.done():
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
 
 
 async def embeddings_outcome(turn: Turn, rig: Rig, redis: Any) -> lifecycle.TurnOutcome:
@@ -27,7 +55,7 @@ async def embeddings_outcome(turn: Turn, rig: Rig, redis: Any) -> lifecycle.Turn
     started = time.perf_counter()
     stats: dict[str, Any] = {"output_events": 0, "output_tokens": 0}
     try:
-        answer = await backend.embeddings(body)
+        answer = await _unless_cancelled(turn.pk, redis, backend.embeddings(body))
         if not isinstance(answer, dict) or not isinstance(data := answer.get("data"), list):
             raise BackendError(f"the backend's embeddings answer has no data list: {str(answer)[:200]}")
         await answers.answer_put(redis, turn.pk, answer)
@@ -37,6 +65,10 @@ async def embeddings_outcome(turn: Turn, rig: Rig, redis: Any) -> lifecycle.Turn
             stats["backend_refused"] = {"status": exc.status, "message": exc.words}
         return lifecycle.TurnOutcome(status=Turn.Status.FAILED, reply_text="", finish_reason=exc.code, stats=stats,
                                      error=user_message(rig.name, exc))  # fmt: skip
+    except _Cancelled:
+        stats["e2e_ms"] = round((time.perf_counter() - started) * 1000, 3)
+        return lifecycle.TurnOutcome(status=Turn.Status.CANCELLED, reply_text="", finish_reason="cancelled",
+                                     stats=stats)  # fmt: skip
     except (OSError, RedisError) as exc:
         stats["error_detail"] = repr(exc)
         return lifecycle.TurnOutcome(status=Turn.Status.FAILED, reply_text="", finish_reason="redis_unavailable",
