@@ -20,6 +20,7 @@ from inference.backends.base import (
     BackendUnavailable,
     ChatRequest,
     ContextOverflow,
+    ModelLoadFailed,
     ModelLoading,
     ModelNotFound,
     ThinkingNotSupported,
@@ -54,6 +55,13 @@ OOM = "model requires more system memory (12.3 GiB) than is available (7.6 GiB)"
             True,
         ),
         ("model 'x' not found", 404, ModelNotFound, False),
+        ("model name=broken failed to load", 500, ModelLoadFailed, False),  # llama-server's router
+        (
+            "llama runner process has terminated: error loading model: unable to load model: /m/x",
+            500,
+            ModelLoadFailed,
+            False,
+        ),
         ("something broke", 502, BackendUnavailable, True),
         ("something broke", None, BackendError, False),
         ('"smollm2:135m" does not support thinking', 400, ThinkingNotSupported, False),
@@ -95,6 +103,14 @@ def test_context_overflow_has_its_class_both_sizes_and_advice():
     assert isinstance(failures.classify("Ollama", ollama_words, status=400), ContextOverflow)
     forwarded = failures.classify("Ollama", json.dumps({"error": OVERFLOW}), status=400)
     assert isinstance(forwarded, ContextOverflow) and (forwarded.prompt_tokens, forwarded.context_tokens) == (631, 256)
+
+
+def test_a_model_that_fails_to_load_tells_the_user_trying_again_will_not_help():
+    error = failures.classify_object("Rig r", {"code": 500, "message": "model name=qwen-bad failed to load",
+                                               "type": "server_error"}, status=500)  # fmt: skip
+    assert isinstance(error, ModelLoadFailed) and not error.retryable
+    said = user_message("r", error)
+    assert "could not load this model" in said and "will fail the same way" in said and "qwen-bad" not in said
 
 
 def test_thinking_refusal_is_its_own_clear_message():

@@ -45,6 +45,13 @@ class ModelNotFound(BackendError):
     code = "unknown_model"
 
 
+class ModelLoadFailed(BackendError):
+    """The server tried to load the model and could not (a broken or unreadable file; a router's instance that
+    exited): the same request fails the same way until someone fixes the rig."""
+
+    code = "model_load_failed"
+
+
 class ContextOverflow(BackendError):
     """The prompt is longer than the context the model runs with: llama-server's ``exceed_context_size_error``
     (HTTP 400 with ``n_prompt_tokens`` and ``n_ctx``), Ollama's "the prompt is longer than the context length"
@@ -129,6 +136,8 @@ PLAIN_REASONS = {
     "backend_bad_event": UNREADABLE_EVENT,
     "backend_protocol": "the backend answered something RigDash cannot read",
     "unknown_model": "the backend does not have this model",
+    "model_load_failed": "the backend could not load this model (its file may be broken); trying again will fail the"
+    " same way until an admin fixes the rig",
     "not_supported": "the backend cannot do this",
 }
 

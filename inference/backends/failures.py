@@ -24,6 +24,7 @@ from inference.backends.base import (
     BackendOutOfMemory,
     BackendUnavailable,
     ContextOverflow,
+    ModelLoadFailed,
     ModelLoading,
     ModelNotFound,
     ThinkingNotSupported,
@@ -50,6 +51,10 @@ LOADING = (
     "server busy",
     "maximum pending requests exceeded",
 )
+# The server could not load the model: llama-server's router ("model name=X failed to load", server-models.cpp),
+# Ollama's runner ("error loading model", "unable to load model", llm/server.go). Before LOADING: "error loading
+# model" holds "loading model".
+LOAD_FAILED = ("failed to load", "error loading model", "unable to load model")
 CRASHED = ("model runner has unexpectedly stopped", "llama runner process has terminated")
 CONTEXT_OVERFLOW = (
     "exceed_context_size_error",
@@ -103,6 +108,8 @@ def classify(
             f"{server} has not enough memory for this model and its context ({message}). Unload other models, "
             "or use a smaller model, quantisation or context; trying again as is will fail the same way."
         )
+    if any(phrase in said for phrase in LOAD_FAILED):
+        return ModelLoadFailed(f"{server} could not load the model: {message}")
     if any(phrase in said for phrase in LOADING):
         return ModelLoading(f"{server} is still loading the model or is busy ({message}); try again shortly.")
     if any(phrase in said for phrase in CRASHED):
