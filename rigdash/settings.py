@@ -235,6 +235,9 @@ CELERY_TASK_DEFAULT_QUEUE = env_str("RIGDASH_DEFAULT_QUEUE", "rigdash.default")
 # Workers that consume the default queue also consume every enabled rig's queue no worker consumes, without a
 # restart (inference/worker/queues.py). Off: each rig's queue is consumed only by workers started with it.
 RIGDASH_WORKERS_FOLLOW_RIGS = env_bool("RIGDASH_WORKERS_FOLLOW_RIGS", True)
+# An API request's backend request goes out while its turn is stored (docs/streaming.md, step 1a). Off: it goes out
+# from the turn's task, as a chat page's does.
+RIGDASH_EARLY_LANE = env_bool("RIGDASH_EARLY_LANE", True)
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 # Celery's Django fix-up (5.7) closes a task thread's database connection before and after every task, so the
 # beat's dispatch every 5 s would open a new one each time (a PostgreSQL backend started). With a reuse

@@ -104,6 +104,17 @@ def test_an_early_ticket_takes_an_open_slot_and_none_goes_without_one(dead_rig):
     assert live.sync_client().get(early.open_slots_key(dead_rig.pk)) == b"0"
 
 
+@pytest.mark.django_db(transaction=True)
+def test_with_the_early_lane_off_an_api_request_sends_no_early_ticket(dead_rig, settings):
+    settings.RIGDASH_EARLY_LANE = False
+    key = apikeys.api_key_create(owner=make_user("owner"), name="tool").key
+    early.open_slots_set(dead_rig.pk, 2)
+    _request(key, dead_rig, {"messages": [{"role": "user", "content": "hi"}]})
+    assert _lane(dead_rig.queue) == []
+    [task_ticket] = _task_tickets(dead_rig.queue)
+    assert task_ticket["early"] == ""
+
+
 BODIES = {
     "plain": {"messages": [{"role": "user", "content": "hi"}]},
     "samplers and history": {

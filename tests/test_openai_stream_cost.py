@@ -32,9 +32,9 @@ import pytest
 from django.conf import settings
 
 from inference.board import apikeys
-from inference.models import ChatSession, Turn
+from inference.models import ChatSession, Rig, Turn
 from rigdash.launcher import Stack, free_port, wait_http
-from tests.conftest import LOG_DIR, session_cookie_for
+from tests.conftest import LOG_DIR, TEST_QUEUE_2, session_cookie_for
 
 pytestmark = [
     pytest.mark.skipif(not os.environ.get("RIGDASH_BENCH_OPENAI"), reason="set RIGDASH_BENCH_OPENAI=1"),
@@ -43,6 +43,7 @@ pytestmark = [
 ]
 ROUNDS, TOKENS = int(os.environ.get("RIGDASH_BENCH_ROUNDS", "12")), 96
 FRESH = bool(os.environ.get("RIGDASH_BENCH_FRESH_CONNECTIONS"))
+SYNTHETIC_TTFT_MS = int(os.environ.get("RIGDASH_BENCH_SYNTHETIC_TTFT_MS", "0"))
 Reading = tuple[float, float, float]  # TTFT ms, decode tokens/s, first byte of the answer ms (submit done)
 
 
@@ -80,7 +81,7 @@ def _chat(web_url: str, cookie: str, session_id: int, body: dict) -> Reading:
     with connect(url, additional_headers={"Cookie": f"{settings.SESSION_COOKIE_NAME}={cookie}",
                                          "Origin": web_url}) as sock:  # fmt: skip
         json.loads(sock.recv(timeout=30))  # the session's snapshot
-        params = {"max_tokens": body["max_tokens"], "temperature": body["temperature"], "seed": body["seed"]}
+        params = {name: body[name] for name in ("max_tokens", "temperature", "seed") if name in body}
         started = time.perf_counter()
         sock.send(json.dumps({"type": "turn.send", "text": body["messages"][0]["content"], "params": params}))
         while (frame := json.loads(sock.recv(timeout=120)))["type"] != "turn.end":
@@ -113,10 +114,42 @@ def relay_url(llama_url: str) -> Iterator[str]:
 
 
 def test_streaming_through_v1_against_direct(web_url, celery_worker, rig, model_name, owner, llama_url, relay_url):
-    key = apikeys.api_key_create(owner=owner, name="bench")
-    cookie = session_cookie_for(owner)
     body = {"model": model_name, "max_tokens": TOKENS, "temperature": 0.7, "seed": 11, "stream": True,
             "messages": [{"role": "user", "content": "Tell me a story about a fox."}]}  # fmt: skip
+    _measure(web_url, rig, owner, llama_url, relay_url, body)
+
+
+@pytest.mark.skipif(not SYNTHETIC_TTFT_MS, reason="set RIGDASH_BENCH_SYNTHETIC_TTFT_MS (e.g. 40)")
+def test_streaming_through_v1_against_a_backend_that_reads_prompts_off_the_cpu(web_url, celery_worker, owner):
+    """The same five ways against the synthetic llama-server (bench/synthetic.py) in the place of a GPU rig: its
+    first token comes ``RIGDASH_BENCH_SYNTHETIC_TTFT_MS`` after the request, the prompt read on no CPU of this
+    machine, so what RigDash adds is measured without the backend competing for the two cores (the early lane's
+    case: docs/streaming.md, step 1a)."""
+    processes = Stack()
+    port, relay_port = free_port(), free_port()
+    try:
+        synthetic = processes.start("synthetic", [sys.executable, "-m", "bench.synthetic", "--port", str(port),
+                                                  "--slots", "2"], log_path=LOG_DIR / "synthetic.log")  # fmt: skip
+        wait_http(f"http://127.0.0.1:{port}/health", timeout_s=30, proc=synthetic)
+        relay = processes.start("relay-synthetic", [sys.executable, "-m", "bench.httprelay", "--port",
+                                                    str(relay_port), "--upstream-port", str(port)],
+                                log_path=LOG_DIR / "relay-synthetic.log")  # fmt: skip
+        wait_http(f"http://127.0.0.1:{relay_port}/health", timeout_s=30, proc=relay)
+        rig = Rig.objects.create(name="gpu-like", kind=Rig.Kind.LLAMACPP, base_url=f"http://127.0.0.1:{port}",
+                                 queue=TEST_QUEUE_2, slots=2)  # fmt: skip
+        directive = f"[synthetic rate=60 tokens={TOKENS} ttft={SYNTHETIC_TTFT_MS}]"
+        body = {"model": "synthetic", "max_tokens": TOKENS, "stream": True,
+                "messages": [{"role": "user", "content": f"Tell me a story about a fox. {directive}"}]}  # fmt: skip
+        _measure(web_url, rig, owner, f"http://127.0.0.1:{port}", f"http://127.0.0.1:{relay_port}", body)
+    finally:
+        processes.stop()
+
+
+def _measure(web_url: str, rig: Rig, owner: Any, llama_url: str, relay_url: str, body: dict[str, Any]) -> None:
+    """Read ``body``'s reply the five ways for ``ROUNDS`` rounds and print what each adds over reading directly."""
+    key = apikeys.api_key_create(owner=owner, name="bench")
+    cookie = session_cookie_for(owner)
+    model_name = body["model"]
 
     def chat() -> Reading:
         session = ChatSession.objects.create(owner=owner, rig=rig, model_name=model_name)

@@ -6,6 +6,7 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any
 
+from django.conf import settings
 from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
@@ -60,7 +61,7 @@ def _early_offer(*, key: ApiKey, rig: Rig, model: str, history: list[dict[str, A
     submit will make for it as far as this process can know it: the turn's parameters are the request's alone (an
     API session has no chat settings), the token cap is the request's within the server's (an owner's per-reply
     limit makes the tickets differ, and the worker then starts the turn without it)."""
-    if params.get("embeddings") or not rig.enabled or rig.agent_key or not rig.queue:
+    if not settings.RIGDASH_EARLY_LANE or params.get("embeddings") or not rig.enabled or rig.agent_key or not rig.queue:
         return None
     try:
         clean = turn_params(session=ChatSession(), raw=params)

@@ -413,8 +413,15 @@ async def stream_turn(
         prompt_state=prompt_state,
     )
     state.last_checkpoint = state.last_read_at = state.meter.t_request
-    reporter = asyncio.create_task(_start_progress(state, request.messages))
-    loading = asyncio.create_task(_check_loading(state, turn.session.rig, request.model))
+    side: list[asyncio.Task[None]] = []
+
+    def side_tasks() -> None:
+        side.append(asyncio.create_task(_start_progress(state, request.messages)))
+        if not state.meter.events:  # a token already read: the model was loaded, nothing to ask
+            side.append(asyncio.create_task(_check_loading(state, turn.session.rig, request.model)))
+
+    if not opened.early:  # tokens read before the claim go out before these begin (below)
+        side_tasks()
     final: StreamChunk | None = None
     status, error, finish_reason, detail = Turn.Status.DONE, "", "", ""
     refused: dict[str, Any] = {}
@@ -423,6 +430,8 @@ async def stream_turn(
             opened.bind(state)
             if state.pending:  # read before the turn was claimed: out at once
                 await state.publish()
+            if not side:
+                side_tasks()
             final = await _watch(state, opened.reader, conf)
         finish_reason = final.finish_reason or "stop"
     except TurnCancelled:
@@ -438,8 +447,9 @@ async def stream_turn(
             refused = {"status": exc.status, "message": exc.words}
     finally:
         await opened.close()  # the backend stops decoding this reply
-        loading.cancel()
-        await asyncio.gather(reporter, loading, return_exceptions=True)
+        for task in side[1:]:  # the loading check; the reporter ends with the stream
+            task.cancel()
+        await asyncio.gather(*side, return_exceptions=True)
         if state.decoding is not None:  # also when this task is cancelled: no write left running without an owner
             await asyncio.gather(state.decoding, return_exceptions=True)
     if state.pending:
