@@ -249,3 +249,23 @@ def test_a_stop_ends_an_embeddings_request_its_backend_has_not_answered(owner, s
     assert time.monotonic() - stopped_at < 2.0
     ended = Turn.objects.get(pk=turn.pk)
     assert (ended.status, ended.finish_reason) == (Turn.Status.CANCELLED, "cancelled")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_ollamas_ps_lists_what_the_sampler_last_saw_loaded_without_asking_a_hung_server(owner, silent_server):
+    """A router whose sampler kept its lists (the models it has, the one it holds): /api/ps answers from them at once,
+    where asking the server itself would wait for its timeout."""
+    from inference.backends.base import ModelInfo
+    from inference.live import served
+
+    rig = Rig.objects.create(name="router", kind=Rig.Kind.LLAMACPP, base_url=silent_server, queue="wt-router")
+    served.served_store(rig.pk, [ModelInfo(name="big"), ModelInfo(name="small")])
+    served.loaded_store(rig.pk, ["small"])
+    key = apikeys.api_key_create(owner=owner, name="ollama-client")
+    began = time.monotonic()
+    answer = Client().get("/api/ps", HTTP_AUTHORIZATION=f"Bearer {key.secret}")
+    assert answer.status_code == 200
+    assert [m["name"] for m in answer.json()["models"]] == ["small"]
+    assert time.monotonic() - began < 1.0
+    served.loaded_store(rig.pk, [])  # asleep, as its sampler saw it: it holds nothing
+    assert Client().get("/api/ps", HTTP_AUTHORIZATION=f"Bearer {key.secret}").json()["models"] == []

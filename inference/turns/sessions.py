@@ -40,9 +40,12 @@ def rig_serves(rig: Rig, model_name: str) -> bool:
 
 
 def rig_loaded_models(rig: Rig) -> list[str] | None:
-    """The models the rig's server holds in memory now, asked of its backend where it loads models on demand (a
-    llama-server router's loaded instances, Ollama's ``/api/ps``); None for any other, which holds every model it
-    serves for as long as it runs. Raises BackendError when it cannot say."""
+    """The models the rig's server holds in memory now: as its sampler last kept them (inference/live/served.py: a
+    sleeping server holds none), else asked of its backend where it loads models on demand (a llama-server router's
+    loaded instances, Ollama's ``/api/ps``); None for any other, which holds every model it serves for as long as it
+    runs. Raises BackendError when the backend cannot say."""
+    if (kept := served.loaded_get_many([rig.pk]).get(rig.pk)) is not None:
+        return sorted(kept)
     if not capabilities(rig.kind).loads_on_demand or not backend_supports(rig.kind, "loaded_models"):
         return None
     backend = backend_for(rig, timeout_s=settings.RIGDASH.backend_health_timeout_s)
