@@ -32,6 +32,7 @@ Claim = concurrent.futures.Future[Any]  # a held request's claim: the ClaimedTur
 # one this process has seen: it never connects where a ticket alone says).
 Sender = Callable[[StartTicket], tuple[Claim, concurrent.futures.Future[None]] | None]
 POLL_S = 1  # the longest a lane read blocks: the queues consumed are read again after it
+READ_GRACE_S = 5.0
 
 
 @dataclass
@@ -98,14 +99,14 @@ def accept(raw: bytes | str, send: Sender) -> None:
 async def listen(queues: Callable[[], list[str]], send: Sender) -> None:
     """Take from the early lanes of the queues this worker consumes (read again after each wait), for as long as the
     process runs."""
-    client = aioredis.Redis.from_url(settings.REDIS_URL)
+    # A read that outlasts its block by READ_GRACE_S is given up (a connection that died without a word).
+    client = aioredis.Redis.from_url(settings.REDIS_URL, socket_timeout=POLL_S + READ_GRACE_S)
     while True:
-        names = queues()
-        if not names:
-            await asyncio.sleep(POLL_S)
-            continue
         try:
-            got = await client.blpop([lane_key(name) for name in names], timeout=POLL_S)
+            names = queues()
+            got = await client.blpop([lane_key(name) for name in names], timeout=POLL_S) if names else None
+            if not names:
+                await asyncio.sleep(POLL_S)
         except (RedisError, OSError) as exc:
             log.warning("the early lane could not be read: %r", exc)
             await asyncio.sleep(POLL_S)

@@ -183,9 +183,12 @@ def early_send(ticket: StartTicket) -> tuple[Claim, concurrent.futures.Future[No
     return claim, loop.start(run_ticketed_turn(ticket, seen, claim, concurrent.futures.Future(), "early lane"))
 
 
+_listening: list[concurrent.futures.Future[None]] = []  # held: a task the loop alone refers to may be collected
+
+
 def early_lane_listen(queues: Callable[[], list[str]]) -> None:
     """Start taking early tickets for the queues ``queues()`` names (the worker's consumed queues), on the loop."""
-    loop.start(early_lane.listen(queues, early_send))
+    _listening.append(loop.start(early_lane.listen(queues, early_send)))
 
 
 def _where(rig: Rig) -> tuple[str, str, str]:
