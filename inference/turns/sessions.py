@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Iterable
 
 from django.conf import settings
 from django.contrib.auth.models import User
@@ -39,17 +40,24 @@ def rig_serves(rig: Rig, model_name: str) -> bool:
     )
 
 
-def rig_loaded_models(rig: Rig) -> list[str] | None:
-    """The models the rig's server holds in memory now: as its sampler last kept them (inference/live/served.py: a
-    sleeping server holds none), else asked of its backend where it loads models on demand (a llama-server router's
-    loaded instances, Ollama's ``/api/ps``); None for any other, which holds every model it serves for as long as it
-    runs. Raises BackendError when the backend cannot say."""
-    if (kept := served.loaded_get_many([rig.pk]).get(rig.pk)) is not None:
-        return sorted(kept)
+def rigs_loaded_models(rigs: Iterable[Rig]) -> dict[int, list[str] | None]:
+    """The models each rig's server holds in memory now, by rig id: as its sampler last kept them (one read for all:
+    inference/live/served.py; a sleeping server holds none), else asked of its backend where it loads models on
+    demand (a llama-server router's loaded instances, Ollama's ``/api/ps``; one that cannot say holds none); None for
+    any other, which holds every model it serves for as long as it runs."""
+    rigs = list(rigs)
+    kept = served.loaded_get_many([rig.pk for rig in rigs])
+    return {rig.pk: sorted(names) if (names := kept.get(rig.pk)) is not None else _loaded_asked(rig) for rig in rigs}
+
+
+def _loaded_asked(rig: Rig) -> list[str] | None:
     if not capabilities(rig.kind).loads_on_demand or not backend_supports(rig.kind, "loaded_models"):
         return None
     backend = backend_for(rig, timeout_s=settings.RIGDASH.backend_health_timeout_s)
-    return [model.name for model in asyncio.run(backend.loaded_models())]
+    try:
+        return [model.name for model in asyncio.run(backend.loaded_models())]
+    except BackendError:
+        return []  # a rig that cannot answer now holds nothing a request could use
 
 
 def _read_models(rig: Rig) -> list[ModelInfo]:

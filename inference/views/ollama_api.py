@@ -18,10 +18,10 @@ from typing import Any
 
 from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
 
-from inference.backends.base import BackendError, same_model
+from inference.backends.base import same_model
 from inference.board import apikeys
-from inference.models import Rig, Turn
-from inference.turns.sessions import rig_loaded_models
+from inference.models import Turn
+from inference.turns.sessions import rigs_loaded_models
 from inference.views.openai import CatalogueEntry, model_catalogue, model_resolve
 from inference.views.openai_chat import (
     ENDED_STATUSES,
@@ -294,19 +294,12 @@ def _tags(request: HttpRequest, body: dict[str, Any]) -> HttpResponse:
     return JsonResponse({"models": [_model_entry(entry) for entry in model_catalogue()]})
 
 
-def _held(rig: Rig) -> list[str] | None:
-    try:
-        return rig_loaded_models(rig)
-    except BackendError:
-        return []  # a rig that cannot answer now holds nothing a request could use
-
-
 def _ps(request: HttpRequest, body: dict[str, Any]) -> HttpResponse:
     """The models the enabled rigs hold in memory now: a server that loads models on demand (a llama-server router,
     Ollama) is asked which (a router lists every model of its directory, loaded or not); any other holds every model
     it serves. A model id of several rigs is held where any of them holds it."""
     catalogue = model_catalogue()
-    held = {rig.pk: _held(rig) for rig in {entry.rig for entry in catalogue}}
+    held = rigs_loaded_models({entry.rig for entry in catalogue})
 
     def loaded(entry: CatalogueEntry) -> bool:
         rigs = {e.rig.pk for e in catalogue if e.model == entry.model} if entry.placed else {entry.rig.pk}
