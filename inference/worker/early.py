@@ -102,11 +102,12 @@ async def listen(queues: Callable[[], list[str]], send: Sender) -> None:
     # A read that outlasts its block by READ_GRACE_S is given up (a connection that died without a word).
     client = aioredis.Redis.from_url(settings.REDIS_URL, socket_timeout=POLL_S + READ_GRACE_S)
     while True:
+        names = queues()
+        if not names:
+            await asyncio.sleep(POLL_S)
+            continue
         try:
-            names = queues()
-            got = await client.blpop([lane_key(name) for name in names], timeout=POLL_S) if names else None
-            if not names:
-                await asyncio.sleep(POLL_S)
+            got = await client.blpop([lane_key(name) for name in names], timeout=POLL_S)
         except (RedisError, OSError) as exc:
             log.warning("the early lane could not be read: %r", exc)
             await asyncio.sleep(POLL_S)
