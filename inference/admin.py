@@ -22,8 +22,11 @@ class RigAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
 
     form = RigForm
     list_display = ("name", "kind", "base_url", "queue", "slots", "is_default", "enabled")
-    readonly_fields = ("queue",)
-    fields = ("name", "kind", "base_url", "queue", "slots", "is_default", "enabled", "backend_key", "clear_backend_key")
+    readonly_fields = ("queue", "server_slots")
+    fields = (
+        "name", "kind", "base_url", "queue", "slots", "server_slots", "is_default", "enabled", "backend_key",
+        "clear_backend_key",
+    )  # fmt: skip
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return bool(getattr(request.user, "is_superuser", False) and super().has_add_permission(request))

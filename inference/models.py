@@ -37,8 +37,12 @@ class Rig(models.Model):
     slots = models.PositiveSmallIntegerField(
         default=4,
         validators=[MinValueValidator(1), MaxValueValidator(256)],
-        help_text="Turns the backend decodes at once (llama-server -np); more wait in RigDash's fair queue.",
+        help_text="Turns the backend decodes at once (llama-server -np); more wait in RigDash's fair queue. "
+        "Where the server reports fewer slots, RigDash hands it no more than it has.",
     )
+    # The slots the server itself reports (llama-server's /props total_slots; the sampler records it, Rig.capacity);
+    # None where it reports none (Ollama, a router whose instances each have their own, a server not read yet).
+    server_slots = models.PositiveSmallIntegerField(null=True, blank=True, editable=False)
     agent_key = models.CharField(
         max_length=128,
         blank=True,
@@ -79,6 +83,19 @@ class Rig(models.Model):
         if served != self.models_served:
             self.models_served = served
             Rig.objects.filter(pk=self.pk).update(models_served=served)
+
+    @property
+    def capacity(self) -> int:
+        """The turns RigDash hands the backend at once: its slots, and never more than the server says it has (a
+        server with fewer would queue the rest itself, out of the fair queue's reach)."""
+        return min(self.slots, self.server_slots) if self.server_slots else self.slots
+
+    def record_server_slots(self, slots: int | None) -> None:
+        """Remember the slots the server reports now; one UPDATE, only when they changed. Slots that opened take
+        waiting turns at the next dispatch (a turn's end, a submit, or Celery beat's every few seconds)."""
+        if slots != self.server_slots:
+            self.server_slots = slots
+            Rig.objects.filter(pk=self.pk).update(server_slots=slots)
 
     def serves(self, model_name: str) -> bool:
         return model_name in (self.models_served or ())

@@ -156,6 +156,15 @@ class RigSampler:
         self._roofline(sample.series, sample.detail)
         self._energy(sample.series, sample.detail)
         self._keep_loaded(sample)
+        self._keep_server_slots(sample)
+
+    def _keep_server_slots(self, sample: Sample) -> None:
+        """The slots the server reports, for the fair queue (``Rig.capacity``), and what the rig's page says of them.
+        A server that does not answer keeps the count last read."""
+        if sample.detail.get("sources", {}).get("backend", {}).get("ok"):
+            self.rig.record_server_slots(sample.detail.get("server_slots"))
+        rig = self.rig
+        sample.detail["capacity"] = {"slots": rig.slots, "server_slots": rig.server_slots, "capacity": rig.capacity}
 
     def _keep_loaded(self, sample: Sample) -> None:
         """The models the server holds now, for placement (inference/queue/placement.py): stored when they change,

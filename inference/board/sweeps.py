@@ -114,10 +114,10 @@ def sweep_plan_parse(raw: Mapping[str, Any]) -> SweepPlan:
 
 def _rig_check(rig: Rig, plan: SweepPlan) -> None:
     """What only the rig can say: its model, its context per slot, its slots, whether it is busy or sweeping."""
-    if plan.sessions[-1] > rig.slots:
+    if plan.sessions[-1] > rig.capacity:
         raise InvalidInput(
             "ladder_past_slots",
-            f"Rig {rig.name} decodes {rig.slots} turns at once; the sessions ladder goes to {plan.sessions[-1]}.",
+            f"Rig {rig.name} decodes {rig.capacity} turns at once; the sessions ladder goes to {plan.sessions[-1]}.",
         )
     if Sweep.objects.filter(rig=rig, status=Sweep.Status.RUNNING).exists():
         raise InvalidInput("sweep_running", f"A sweep of rig {rig.name} is running; wait for it or cancel it.")

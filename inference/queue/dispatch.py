@@ -1,10 +1,10 @@
 """The fair queue: turns wait in RigDash's table and go to Celery only when their rig has a free slot.
 
-A rig decodes ``Rig.slots`` turns at once. A turn is *busy* on its rig from the moment it is dispatched
-(``dispatched_at`` set, task sent) until it ends. When slots free up, waiting turns are picked round-robin
-across users: the user served least recently on that rig goes first (a user never served before goes
-before everyone), each user's own turns oldest first. So one user's burst of turns waits behind the
-single turns of others instead of starving them.
+A rig decodes ``Rig.capacity`` turns at once: its slots, never more than its server reports having. A turn is
+*busy* on its rig from the moment it is dispatched (``dispatched_at`` set, task sent) until it ends. When slots free
+up, waiting turns are picked round-robin across users: the user served least recently on that rig goes first (a user
+never served before goes before everyone), each user's own turns oldest first. So one user's burst of turns waits
+behind the single turns of others instead of starving them.
 
 Dispatch runs inside a submit's transaction, after every turn end and every few seconds from Celery beat
 (``inference.dispatch_all``). It is race-safe: the rig's row is locked (``select_for_update``) while
@@ -187,7 +187,7 @@ def rig_dispatch(*, rig_id: int, rig: Rig | None = None, tickets: Mapping[int, S
         if rig is None:
             return []
         busy, waiting = _rig_turns(rig)
-        free = rig.slots - busy
+        free = rig.capacity - busy
         reason = cannot_take_turns(rig)
         if reason:
             free = 0  # nothing consumes the rig's queue: its turns wait here, where the page can say why

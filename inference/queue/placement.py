@@ -63,7 +63,7 @@ def choose(rigs: Iterable[Rig], *, excluded: Iterable[int] = (), model: str = ""
         .order_by()
         .values_list("rig_id", flat=True)
     )
-    return min(candidates, key=lambda rig: (load_rank(rig), -(rig.slots - load[rig.pk]), load[rig.pk], rig.pk))
+    return min(candidates, key=lambda rig: (load_rank(rig), -(rig.capacity - load[rig.pk]), load[rig.pk], rig.pk))
 
 
 def placed_models_waiting() -> set[str]:

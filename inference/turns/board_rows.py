@@ -137,4 +137,7 @@ def publish_turns(turn_ids: list[int]) -> None:
 
 
 def rigs_summary() -> list[dict[str, Any]]:
-    return [{"id": r.pk, "name": r.name, "slots": r.slots, "enabled": r.enabled} for r in Rig.objects.all()]
+    return [
+        {"id": r.pk, "name": r.name, "slots": r.capacity, "server_slots": r.server_slots, "enabled": r.enabled}
+        for r in Rig.objects.all()
+    ]

@@ -36,7 +36,7 @@ def sweeps_page(request: HttpRequest) -> HttpResponse:
     rigs = calculator_selectors.enabled_rigs()
     config = {
         "start": reverse("board:api_sweep_start"),
-        "rigs": [{"id": rig.pk, "name": rig.name, "slots": rig.slots} for rig in rigs],
+        "rigs": [{"id": rig.pk, "name": rig.name, "slots": rig.capacity} for rig in rigs],
         "models": reverse("inference:api_rig_models", args=[0]).replace("/0/", "/{rig}/"),
     }
     context = {"rigs": rigs, "sweeps": sweep_rows.sweeps_recent(), "page_config": config}

@@ -172,7 +172,7 @@
       sweeps.clear();
       (msg.sweeps || []).forEach(showSweep);
       sweepsList.hidden = sweeps.size === 0;
-      rigsLabel.textContent = msg.rigs.map((r) => `${r.name}: ${r.slots} slots${r.enabled ? "" : " (disabled)"}`).join(" · ");
+      rigsLabel.textContent = msg.rigs.map((r) => `${r.name}: ${r.slots} slots${r.server_slots != null && r.server_slots > r.slots ? ` (the server has ${r.server_slots})` : ""}${r.enabled ? "" : " (disabled)"}`).join(" · ");
     },
     turn: (msg) => render(msg.turn),
     sweep: (msg) => showSweep(msg.sweep),

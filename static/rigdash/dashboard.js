@@ -87,6 +87,15 @@
     return "not reported by the backend";
   }
 
+  // The fair queue hands a server no more turns than it has slots (Rig.capacity): more would wait inside the server.
+  function capacityText(c) {
+    if (!c) return "–";
+    if (c.server_slots == null) return `${c.capacity} (the rig's slots; the server reports none)`;
+    if (c.server_slots === c.slots) return `${c.capacity} (the rig's slots, as the server's)`;
+    if (c.server_slots < c.slots) return `${c.capacity}: the server has ${c.server_slots} slots, the rig is set to ${c.slots}`;
+    return `${c.capacity}: the rig is set to ${c.slots}, the server has ${c.server_slots} (raise the rig's slots to use them)`;
+  }
+
   function showSpeculative(spec) {
     const el = $("[data-testid=speculative]");
     if (!spec) return;
@@ -160,6 +169,7 @@
 
     const signals = [
       ["busy slots", s.total_slots === undefined ? "–" : `${s.busy_slots} / ${s.total_slots}`],
+      ["turns RigDash hands the server at once", capacityText(d.capacity)],
       ["deferred requests", fmt(s.deferred_requests, 0)],
       ["queued in Celery", fmt(s.queue_depth, 0)],
       ["prompt tokens (finished requests)", fmt(s.llamacpp_prompt_tokens_total, 0)],

@@ -99,6 +99,9 @@ class LlamaCppMonitor(BackendMonitor):
         if self.router:
             await self._read_router(now, series, detail)
             return
+        total = self.props.get("total_slots")
+        if isinstance(total, int) and not isinstance(total, bool) and total > 0:
+            detail["server_slots"] = total  # the server's -np, whatever it was started with (Rig.capacity)
         await self._model_facts()
         await self._arch(self.main, self.props.get("model_path"))
         if reading.sleeping:
