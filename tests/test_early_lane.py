@@ -42,6 +42,10 @@ def _lane(queue: str) -> list[dict[str, Any]]:
     return [json.loads(raw) for raw in live.sync_client().lrange(early.lane_key(queue), 0, -1)]
 
 
+def _control(early_id: str) -> list[dict[str, Any]]:
+    return [json.loads(raw) for raw in live.sync_client().lrange(early.control_key(early_id), 0, -1)]
+
+
 def _task_tickets(queue: str) -> list[dict[str, Any]]:
     import base64
 
@@ -162,6 +166,7 @@ def test_an_api_request_sends_an_early_ticket_that_its_turns_task_names_and_the_
     [offer] = _lane(dead_rig.queue)
     [task_ticket] = _task_tickets(dead_rig.queue)
     assert task_ticket["turn_id"] == turn.pk and task_ticket["early"] == offer["id"]
+    assert _control(offer["id"]) == [{"confirm": task_ticket}]  # after the commit, for the process holding it
     held = _hold(offer)
     assert worker_early.take(ticket_from_message(task_ticket)) is held
     assert not held.claim.done()  # left to the claim
@@ -186,8 +191,8 @@ def test_an_owners_per_reply_limit_the_web_did_not_know_withdraws_the_early_tick
     key = apikeys.api_key_create(owner=owner, name="tool").key
     early.open_slots_set(dead_rig.pk, 2)
     _request(key, dead_rig, BODIES["plain"])  # no max_tokens: the reply's cap is the owner's 5
-    offer, withdrawal = _lane(dead_rig.queue)
-    assert withdrawal == {"withdraw": offer["id"]}
+    [offer] = _lane(dead_rig.queue)
+    assert _control(offer["id"]) == [{"withdraw": True}]
     [task_ticket] = _task_tickets(dead_rig.queue)
     assert (task_ticket["max_tokens"], task_ticket["early"]) == (5, "")
     assert offer["ticket"]["max_tokens"] == settings.RIGDASH.max_reply_tokens
@@ -206,13 +211,13 @@ def test_a_refused_request_withdraws_its_early_ticket_and_its_key_waits_for_the_
     early.open_slots_set(dead_rig.pk, 2)
     with pytest.raises(QuotaExceeded):
         _request(key, dead_rig, BODIES["plain"])
-    offer, withdrawal = _lane(dead_rig.queue)
-    assert withdrawal == {"withdraw": offer["id"]}
+    [offer] = _lane(dead_rig.queue)
+    assert _control(offer["id"]) == [{"withdraw": True}]
     assert Turn.objects.count() == 0
     quota.delete()
     early.open_slots_set(dead_rig.pk, 2)
     _request(key, dead_rig, BODIES["plain"])  # accepted, but with no early ticket for a while
-    assert len(_lane(dead_rig.queue)) == 2
+    assert len(_lane(dead_rig.queue)) == 1
     [task_ticket] = _task_tickets(dead_rig.queue)
     assert task_ticket["early"] == ""
     early._paused_until.pop(key.pk)
@@ -228,8 +233,8 @@ def test_a_request_that_must_wait_withdraws_its_early_ticket(dead_rig):
     early.open_slots_set(dead_rig.pk, 1)
     key = apikeys.api_key_create(owner=owner, name="tool").key
     turn = _request(key, dead_rig, BODIES["plain"])
-    offer, withdrawal = _lane(dead_rig.queue)
-    assert withdrawal == {"withdraw": offer["id"]}
+    [offer] = _lane(dead_rig.queue)
+    assert _control(offer["id"]) == [{"withdraw": True}]
     assert Turn.objects.get(pk=turn.pk).dispatched_at is None  # waiting
     assert live.sync_client().get(early.open_slots_key(dead_rig.pk)) == b"0"
     early._paused_until.pop(key.pk)
@@ -252,7 +257,7 @@ def live_rig(rig: Rig, model_name: str, monkeypatch: Any) -> Rig:
 
 def _accept(raw: dict[str, Any]) -> None:
     async def accept() -> None:
-        worker_early.accept(json.dumps(raw), starts.early_send)
+        worker_early.accept(json.dumps(raw), starts.early_send, starts.early_claim)
 
     loop.run(accept())
 
@@ -292,8 +297,13 @@ def test_an_early_request_reaches_the_backend_before_the_turn_is_stored_and_its_
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(api_module, "turn_submit", submit_once_the_backend_has_it)
         turn = _request(key, live_rig, COUNT)
+    # The commit's confirmation reaches this process, which holds the request: it claims and runs the turn with no
+    # task at all. The task, delivered after, finds it claimed and sends the backend nothing.
+    wait_until(lambda: Turn.objects.get(pk=turn.pk).status == Turn.Status.DONE, timeout_s=60, what="the reply")
     [ticket] = _task_tickets(live_rig.queue)
-    assert starts.turns_run([turn.pk], tickets=[ticket]) == {turn.pk: "ran"}
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(starts, "open_stream", lambda *_, **__: pytest.fail("the task sent a second request"))
+        assert starts.turns_run([turn.pk], tickets=[ticket]) == {turn.pk: "not-claimed"}
     first, second = Turn.objects.get(pk=plain.pk), Turn.objects.get(pk=turn.pk)
     assert second.status == Turn.Status.DONE, second.error
     assert (first.stats["request_sent_by"], second.stats["request_sent_by"]) == ("ticket", "early lane")
@@ -312,7 +322,7 @@ def test_an_early_request_no_turn_takes_is_closed_and_publishes_nothing(live_rig
     wait_until(lambda: llama_busy_slots(live_rig.base_url) > 0, timeout_s=10, what="the request in a slot")
     held = worker_early._held[offer["id"]]
     if how == "withdrawn":
-        _accept({"withdraw": offer["id"]})
+        live.sync_client().rpush(early.control_key(offer["id"]), json.dumps({"withdraw": True}))
     held.run.result(timeout=10)
     assert held.claim.result() is None and offer["id"] not in worker_early._held
     wait_until(lambda: llama_busy_slots(live_rig.base_url) == 0, timeout_s=10, what="llama-server to drop it")
@@ -326,15 +336,18 @@ def test_a_stale_or_broken_lane_message_starts_nothing(dead_rig, monkeypatch):
     def send(ticket: StartTicket) -> None:
         sent.append(ticket)
 
+    def claim(ticket: StartTicket) -> Any:
+        raise AssertionError("nothing to claim")
+
     async def accept_all() -> None:
         for raw in (
             json.dumps({"id": "old", "at": time.time() - 5, "ticket": _ticket(dead_rig.pk).as_message()}),
             json.dumps({"id": "bad", "at": time.time(), "ticket": {"turn_id": "x"}}),
             "not json",
             json.dumps(["a list"]),
-            json.dumps({"withdraw": "nothing held"}),
+            json.dumps({"withdraw": True}),
         ):
-            worker_early.accept(raw, send)
+            worker_early.accept(raw, send, claim)
 
     loop.run(accept_all())
     assert sent == [] and worker_early._held == {}

@@ -270,6 +270,7 @@ def _send(turn_ids: list[int], queue: str, tickets: Sequence[StartTicket] = (), 
     except Exception as exc:
         Turn.objects.filter(pk__in=turn_ids, status=Turn.Status.QUEUED).update(dispatched_at=None)
         raise QueueUnavailable(turn_ids) from exc
+    early.confirm(tickets)  # a turn whose request went out early is claimed where it is held, before the task lands
 
 
 def waiting_reason(rig: Rig) -> str:

@@ -8,11 +8,14 @@ waits for, the web process pushes an *early ticket* straight to the worker servi
 and stores the turn as before. The worker sends the backend request at once and holds what it streams
 (inference/worker/early.py).
 
-The database still decides. The turn's Celery task names the early ticket (``StartTicket.early``); the worker uses
-the early request only when its ticket is the turn's own (same rig, model, conversation, parameters and token cap)
-and the claim succeeds. Anything else closes it before any of it is published: a refusal (a quota, a rate limit: the
-submit withdraws it at once), a dispatch that makes the turn wait, a ticket that differs (an owner's per-reply limit
-the web process did not know), or no task naming it within ``HOLD_S`` (the turn went to another worker process).
+The database still decides. Once the submit's dispatch has handed the turn out and committed, the web process
+confirms the early ticket on the holder's own control list (``confirm``), beside the turn's Celery task: the
+process that holds the request claims the turn at once, without waiting for the task's delivery, wherever the task
+goes. Both name the early ticket (``StartTicket.early``); the worker uses the early request only when the turn's
+ticket is the one it was sent for (same rig, model, conversation, parameters and token cap) and its claim succeeds.
+Anything else closes it before any of it is published: a refusal (a quota, a rate limit: the submit withdraws it at
+once, on the same control list), a dispatch that makes the turn wait, a ticket that differs (an owner's per-reply
+limit the web process did not know), or no word within ``HOLD_S``.
 
 Slots: the rig's free slot count, with nobody waiting, is kept in Redis by every dispatch of the rig
 (``open_slots_set``), and an early ticket takes one atomically (``_OFFER``), so concurrent requests never send more
@@ -26,6 +29,7 @@ import json
 import logging
 import time
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -39,6 +43,7 @@ log = logging.getLogger(__name__)
 HOLD_S = 2.0  # an early request no task names within this long is closed (a worker's clock, from its arrival)
 STALE_S = 1.0  # an early ticket older than this when a worker takes it is dropped (it waited for a busy worker)
 LIST_TTL_S = 30  # a rig queue's early list expires when no worker takes from it
+CONTROL_TTL_S = 10  # an early request's control list, which its holder reads within HOLD_S of taking it
 PAUSE_S = 10.0  # a key whose request did not use its early ticket gets none for this long (refused, or did not fit)
 
 # KEYS: the rig's open-slot count, the rig queue's early list. ARGV: the message, the list's TTL.
@@ -61,6 +66,11 @@ def open_slots_key(rig_id: int) -> str:
 
 def lane_key(queue: str) -> str:
     return f"rigdash:early:{queue}"
+
+
+def control_key(early_id: str) -> str:
+    """The list the process holding early request ``early_id`` reads its confirmation or withdrawal from."""
+    return f"rigdash:early:control:{early_id}"
 
 
 @dataclass
@@ -104,13 +114,30 @@ def withdraw(early: EarlyStart, *, key_id: int) -> None:
     for ``PAUSE_S`` (a key whose requests are refused, or never fit, costs the backend nothing)."""
     _paused_until[key_id] = time.monotonic() + PAUSE_S
     try:
-        with sync_client().pipeline(transaction=False) as pipe:
-            pipe.rpush(lane_key(early.queue), json.dumps({"withdraw": early.id}))
-            pipe.expire(lane_key(early.queue), LIST_TTL_S)
-            pipe.execute()
+        _control_push({early.id: {"withdraw": True}})
     except RedisError as exc:
         log.warning("early request %s could not be withdrawn (its worker closes it after %g s): %r", early.id, HOLD_S,
                     exc)  # fmt: skip
+
+
+def confirm(tickets: Sequence[StartTicket]) -> None:
+    """After the commit that handed these turns out: each early request a ticket names may be claimed by the process
+    holding it now. Without the word (Redis refused it), the turn's task still claims it where it is delivered."""
+    words = {ticket.early: {"confirm": ticket.as_message()} for ticket in tickets if ticket.early}
+    if not words:
+        return
+    try:
+        _control_push(words)
+    except RedisError as exc:
+        log.warning("early requests %s could not be confirmed (their tasks claim them): %r", sorted(words), exc)
+
+
+def _control_push(words: dict[str, dict[str, Any]]) -> None:
+    with sync_client().pipeline(transaction=False) as pipe:
+        for early_id, word in words.items():
+            pipe.rpush(control_key(early_id), json.dumps(word, separators=(",", ":")))
+            pipe.expire(control_key(early_id), CONTROL_TTL_S)
+        pipe.execute()
 
 
 def fits(sent: StartTicket, ticket: StartTicket) -> bool:
@@ -120,18 +147,24 @@ def fits(sent: StartTicket, ticket: StartTicket) -> bool:
     return replace(sent, turn_id=ticket.turn_id, context_limit=ticket.context_limit, early=ticket.early) == ticket
 
 
-def message_parse(raw: bytes | str) -> tuple[str, str, float, dict[str, Any] | None] | None:
-    """A lane message as the worker reads it: ("offer", id, sent at, ticket) or ("withdraw", id, 0, None); None for
-    one that is neither."""
+def message_parse(raw: bytes | str) -> tuple[str, float, dict[str, Any]] | None:
+    """A lane message (an offer) as the worker reads it: (id, sent at, ticket); None for one that is not."""
+    message = _json_object(raw)
+    at, ticket = message.get("at"), message.get("ticket")
+    if isinstance(message.get("id"), str) and isinstance(at, int | float) and isinstance(ticket, dict):
+        return message["id"], float(at), ticket
+    return None
+
+
+def control_parse(raw: bytes | str) -> dict[str, Any] | None:
+    """A control list's word: the turn's start ticket (confirmed), or None (withdrawn, or not a word)."""
+    ticket = _json_object(raw).get("confirm")
+    return ticket if isinstance(ticket, dict) else None
+
+
+def _json_object(raw: bytes | str) -> dict[str, Any]:
     try:
         message = json.loads(raw)
     except ValueError:
-        return None
-    if not isinstance(message, dict):
-        return None
-    if isinstance(message.get("withdraw"), str):
-        return "withdraw", message["withdraw"], 0.0, None
-    at, ticket = message.get("at"), message.get("ticket")
-    if isinstance(message.get("id"), str) and isinstance(at, int | float) and isinstance(ticket, dict):
-        return "offer", message["id"], float(at), ticket
-    return None
+        return {}
+    return message if isinstance(message, dict) else {}

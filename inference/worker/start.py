@@ -183,12 +183,25 @@ def early_send(ticket: StartTicket) -> tuple[Claim, concurrent.futures.Future[No
     return claim, loop.start(run_ticketed_turn(ticket, seen, claim, concurrent.futures.Future(), "early lane"))
 
 
+def early_claim(ticket: StartTicket) -> Claim:
+    """Claim a turn whose early request this process holds, once the web process has confirmed it (on the claim
+    thread, as a task's claim): the turn's task, wherever it lands, then finds it claimed."""
+
+    def claim_one() -> claims.ClaimedTurn | None:
+        claimed = _claim([ticket.turn_id], {ticket.turn_id: ticket}, ticket.rig_id)[ticket.turn_id]
+        if claimed is not None:
+            _rigs_seen[claimed.turn.session.rig_id] = _where(claimed.turn.session.rig)
+        return claimed
+
+    return _claim_thread().submit(claim_one)
+
+
 _listening: list[concurrent.futures.Future[None]] = []  # held: a task the loop alone refers to may be collected
 
 
 def early_lane_listen(queues: Callable[[], list[str]]) -> None:
     """Start taking early tickets for the queues ``queues()`` names (the worker's consumed queues), on the loop."""
-    _listening.append(loop.start(early_lane.listen(queues, early_send)))
+    _listening.append(loop.start(early_lane.listen(queues, early_send, early_claim)))
 
 
 def _where(rig: Rig) -> tuple[str, str, str]:
@@ -213,6 +226,8 @@ def turns_run(turn_ids: list[int], tickets: Any = None, rig_id: int | None = Non
     for turn_id, ticket in ticketed.items():
         if (held := early_lane.take(ticket)) is not None:  # its request went out while the turn was stored
             early[turn_id] = held.claim, held.run
+        elif ticket.early:
+            continue  # its early request is held elsewhere (or was): that process claims it, else this claim starts it
         elif (seen := _rigs_seen.get(ticket.rig_id)) is not None:
             claim: Claim = concurrent.futures.Future()
             sent.append(concurrent.futures.Future())
