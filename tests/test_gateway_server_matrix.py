@@ -1,7 +1,8 @@
 """The gateway (``/v1/`` and Ollama's ``/api/``) in front of llama-server as people start it: default flags (only
 ``-m``: no ``--metrics``, ``/slots`` on, ``-np`` auto, no ``--embeddings``), ``-np 1`` (one slot: a second request
-waits in RigDash's fair queue) and router mode (``--models-dir``, no ``-m``: the request's ``model`` picks the
-instance, loaded on demand; tools/server/server-models.cpp ``proxy_post``).
+waits in RigDash's fair queue) and router
+mode (``--models-dir``, no ``-m``: the request's ``model`` picks the instance, loaded on demand;
+tools/server/server-models.cpp ``proxy_post``).
 
 Each request goes through RigDash's web server and worker with a real key and is a turn of that key; its text equals
 what the server answers directly to the same request (temperature 0, a seed). Short replies, one thread: SmolLM2 for
@@ -19,6 +20,7 @@ import httpx
 import pytest
 
 from inference.board import apikeys
+from inference.live import served
 from inference.models import Rig, Turn
 from rigdash.launcher import Stack, free_port, wait_http
 from tests import tiny_gguf
@@ -31,6 +33,7 @@ SKY = [{"role": "system", "content": "Reply with a JSON object of one key."},
 WEATHER = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "The weather", "parameters": WEATHER}}]
 GREEDY = {"temperature": 0, "seed": 7}
+TINY_TRAINED = 1024  # the tiny model's trained context
 
 
 class Server:
@@ -53,7 +56,9 @@ class Server:
 def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Server]]:
     models = tmp_path_factory.mktemp("router-models")
     (models / "smol.gguf").symlink_to(os.environ["LLAMA_MODEL_PATH"])
-    tiny_gguf.write_gguf(models / "tiny.gguf", *tiny_gguf.llama_gqa(layers=2, kv_heads=1))
+    meta, tensors = tiny_gguf.llama_gqa(layers=2, kv_heads=1)
+    # Trained on less than the router's -c: its slots get its trained context (tools/server n_ctx_slot).
+    tiny_gguf.write_gguf(models / "tiny.gguf", {**meta, "llama.context_length": TINY_TRAINED}, tensors)
     stack = Stack()
     smol = os.environ["LLAMA_MODEL_PATH"]
     try:
@@ -221,6 +226,11 @@ def test_router_mode_routes_by_model_and_lists_the_routers_models(servers, web_u
     assert sorted(m["id"] for m in listed) == ["smol", "tiny"] and {m["owned_by"] for m in listed} == {"router"}
     assert sorted(m["name"] for m in gateway.http.get("/api/tags").json()["models"]) == ["smol", "tiny"]
     assert _running(gateway) == []  # Ollama's /api/ps: the models held in memory, none before a request
+    # Before a load the router lists no meta: the context is what its -c gives a slot, capped by the file's training.
+    assert _listed(gateway) == {"smol": (2048, "router_args", False), "tiny": (TINY_TRAINED, "router_args", False)}
+    shown = gateway.http.post("/api/show", json={"model": "tiny"}).json()
+    assert shown["model_info"]["general.context_length"] == TINY_TRAINED, shown
+    assert shown["context_length_source"] == "router_args", shown
 
     for model in ("smol", "tiny"):  # each loaded on demand by the request naming it
         chat = {"model": model, "messages": HI, "max_tokens": 6, **GREEDY}
@@ -237,11 +247,21 @@ def test_router_mode_routes_by_model_and_lists_the_routers_models(servers, web_u
     tiny = _text(server.post("/v1/chat/completions", {"model": "tiny", "messages": HI, "max_tokens": 6,
                                                       **GREEDY}).json())  # fmt: skip
     assert smol != tiny  # the two models answer differently: the text tells which one the router ran
+    served.served_forget(rig.pk)  # as the sampler's next refresh of the kept list: loaded, each says its own n_ctx
+    assert _listed(gateway) == {"smol": (2048, "server", True), "tiny": (TINY_TRAINED, "server", True)}
+    assert {m["id"]: m["meta"]["n_ctx"] for m in httpx.get(f"{server.url}/v1/models").json()["data"]} == {
+        "smol": 2048, "tiny": TINY_TRAINED}  # fmt: skip
     suffix = gateway.post("/v1/completions", {"model": "smol", "prompt": "def f(", "suffix": ")", "max_tokens": 4})
     _openai_error(suffix, 501, "Infill is not supported")  # /infill, routed by the body's model
     _embeddings_refused(gateway, "smol")
     turns = _all_turns_of_the_key(gateway, rig, done=gateway.sent - 3)
     assert {t.session.model_name for t in turns} == {"smol", "tiny"}
+
+
+def _listed(gateway: Gateway) -> dict[str, tuple[int | None, str | None, bool]]:
+    """Each model of ``/v1/models``: its context, that figure's source, and whether it is loaded."""
+    listed = gateway.http.get("/v1/models").json()["data"]
+    return {m["id"]: (m["context_length"], m["context_length_source"], m["loaded"]) for m in listed}
 
 
 def _running(gateway: Gateway) -> list[str]:

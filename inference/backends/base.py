@@ -157,12 +157,18 @@ def user_message(rig_name: str, exc: BackendError) -> str:
     return f"Rig {rig_name}: {PLAIN_REASONS.get(exc.code, 'the backend refused the request')}."
 
 
+# Where a model's ``context_length`` comes from (``ModelInfo.context_source``): the running server's own context for
+# a request; the command line a llama-server router will start the model with; the model file's trained context.
+CONTEXT_FROM_SERVER, CONTEXT_FROM_ROUTER_ARGS, CONTEXT_FROM_MODEL_FILE = "server", "router_args", "model_file"
+
+
 @dataclass(frozen=True)
 class ModelInfo:
     name: str
     context_length: int | None = None
     size_bytes: int | None = None
     details: dict[str, Any] = field(default_factory=dict)
+    context_source: str | None = None  # CONTEXT_FROM_*; None where the backend does not say
 
 
 @dataclass(frozen=True)
