@@ -2,7 +2,8 @@
 ``-m``: no ``--metrics``, ``/slots`` on, ``-np`` auto, no ``--embeddings``), ``-np 1`` (one slot: a second request
 waits in RigDash's fair queue) and router
 mode (``--models-dir``, no ``-m``: the request's ``model`` picks the instance, loaded on demand;
-tools/server/server-models.cpp ``proxy_post``).
+tools/server/server-models.cpp ``proxy_post``) and a router that loads only what it is told to
+(``--no-models-autoload``).
 
 Each request goes through RigDash's web server and worker with a real key and is a turn of that key; its text equals
 what the server answers directly to the same request (temperature 0, a seed). Short replies, one thread: SmolLM2 for
@@ -34,6 +35,7 @@ WEATHER = {"type": "object", "properties": {"city": {"type": "string"}}, "requir
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "The weather", "parameters": WEATHER}}]
 GREEDY = {"temperature": 0, "seed": 7}
 TINY_TRAINED = 1024  # the tiny model's trained context
+SMOL_TRAINED = 8192  # SmolLM2's
 
 
 class Server:
@@ -66,6 +68,7 @@ def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Serv
             "defaults": Server(stack, "defaults", "-m", smol),
             "np1": Server(stack, "np1", "-m", smol, "-np", "1", "-c", "2048"),
             "router": Server(stack, "router", "--models-dir", str(models), "-c", "2048"),
+            "router-manual": Server(stack, "router-manual", "--models-dir", str(models), "--no-models-autoload"),
         }
     finally:
         stack.stop()
@@ -258,10 +261,53 @@ def test_router_mode_routes_by_model_and_lists_the_routers_models(servers, web_u
     assert {t.session.model_name for t in turns} == {"smol", "tiny"}
 
 
+def test_router_without_autoload_refuses_an_unloaded_model_by_name(servers, web_url, celery_worker, owner) -> None:
+    """``--no-models-autoload``: the router answers a request for a model it has not loaded with 400 "model is not
+    loaded" (server-models.cpp ``router_validate_model``), words that do not say why. RigDash's client gets 400
+    ``model_not_loaded`` saying what to do, in OpenAI's shape and Ollama's, streamed or not, chat or embeddings, and
+    the model lists say which models are loaded. Started without ``-c``, an unloaded model's context is its file's
+    trained context (read on this host), which the server then takes."""
+    server = servers["router-manual"]
+    direct = server.post("/v1/chat/completions", {"model": "smol", "messages": HI, "max_tokens": 4})
+    assert direct.status_code == 400 and direct.json()["error"]["message"] == "model is not loaded", direct.text
+    rig = _rig("manual", server)
+    gateway = Gateway(web_url, owner, "matrix")
+    assert _listed(gateway) == {"smol": (SMOL_TRAINED, "model_file", False),
+                                "tiny": (TINY_TRAINED, "model_file", False)}  # fmt: skip
+    assert server.post("/models/load", {"model": "tiny"}).json() == {"success": True}
+    _wait(lambda: _router_status(server)["tiny"] == "loaded", "the router loading tiny")
+    served.served_forget(rig.pk)  # as the sampler's next refresh of the kept list
+    assert _listed(gateway) == {"smol": (SMOL_TRAINED, "model_file", False), "tiny": (TINY_TRAINED, "server", True)}
+    assert _running(gateway) == ["tiny"]
+    _same_answers(server, gateway, "/v1/chat/completions", {"model": "tiny", "messages": HI, "max_tokens": 6,
+                                                           **GREEDY})  # fmt: skip
+
+    chat = {"model": "smol", "messages": HI, "max_tokens": 6}
+    for body in (chat, {**chat, "stream": True}):  # a stream waits for its first piece: the refusal is its status
+        refused = gateway.post("/v1/chat/completions", body)
+        _openai_error(refused, 400, "not loaded")
+        assert refused.json()["error"]["code"] == "model_not_loaded", refused.text
+    ollama_chat = {"model": "smol", "messages": HI}
+    for path, body in (("/api/chat", {**ollama_chat, "stream": False}), ("/api/chat", ollama_chat),
+                       ("/api/embed", {"model": "smol", "input": "hi"})):  # fmt: skip
+        ollama = gateway.post(path, body)
+        assert ollama.status_code == 400 and "not loaded" in ollama.json()["error"], ollama.text
+    embeddings = gateway.post("/v1/embeddings", {"model": "smol", "input": "hi"})  # refused before any instance
+    _openai_error(embeddings, 400, "not loaded")
+    assert embeddings.json()["error"]["code"] == "model_not_loaded", embeddings.text
+    assert _running(gateway) == ["tiny"] and _router_status(server)["smol"] == "unloaded"  # nothing was loaded
+    turns = _all_turns_of_the_key(gateway, rig, done=2)
+    assert {t.finish_reason for t in turns if t.status == Turn.Status.FAILED} == {"model_not_loaded"}
+
+
 def _listed(gateway: Gateway) -> dict[str, tuple[int | None, str | None, bool]]:
     """Each model of ``/v1/models``: its context, that figure's source, and whether it is loaded."""
     listed = gateway.http.get("/v1/models").json()["data"]
     return {m["id"]: (m["context_length"], m["context_length_source"], m["loaded"]) for m in listed}
+
+
+def _router_status(server: Server) -> dict[str, str]:
+    return {m["id"]: m["status"]["value"] for m in httpx.get(f"{server.url}/v1/models").json()["data"]}
 
 
 def _running(gateway: Gateway) -> list[str]:

@@ -243,10 +243,13 @@ class LlamaCppBackend(Backend):
         return loaded
 
     async def needs_load(self, model: str) -> bool:
-        """Router mode: the model's status is not ``loaded`` (a request for it loads it); one model: the server
-        sleeps (``--sleep-idle-seconds``: the request wakes it, which loads the model again)."""
+        """Router mode: the model's status is not ``loaded`` (a request for it loads it; never with
+        ``--no-models-autoload``, whose router refuses it instead); one model: the server sleeps
+        (``--sleep-idle-seconds``: the request wakes it, which loads the model again)."""
         props = await self.props()
         if props.get("role") == "router":
+            if props.get("models_autoload") is False:
+                return False
             status = next((m.details.get("status") for m in await self.list_models() if m.name == model), None)
             return status not in (None, "loaded")
         return bool(props.get("is_sleeping"))
