@@ -1,6 +1,6 @@
 """The gateway (``/v1/`` and Ollama's ``/api/``) in front of llama-server as people start it: default flags (only
 ``-m``: no ``--metrics``, ``/slots`` on, ``-np`` auto, no ``--embeddings``), ``-np 1`` (one slot: a second request
-waits in RigDash's fair queue) and router
+waits in RigDash's fair queue), ``-np 1 --embeddings`` (a chat and an embeddings request share the one slot), router
 mode (``--models-dir``, no ``-m``: the request's ``model`` picks the instance, loaded on demand;
 tools/server/server-models.cpp ``proxy_post``) and a router that loads only what it is told to
 (``--no-models-autoload``).
@@ -67,6 +67,11 @@ def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Serv
         yield {
             "defaults": Server(stack, "defaults", "-m", smol),
             "np1": Server(stack, "np1", "-m", smol, "-np", "1", "-c", "2048"),
+            # A chat model's GGUF names no pooling: without --pooling, b11434 refuses /v1/embeddings with 400 "Pooling
+            # type 'none' is not OAI compatible. Please use a different pooling type".
+            "np1-embeddings": Server(
+                stack, "np1-embeddings", "-m", smol, "-np", "1", "-c", "2048", "--embeddings", "--pooling", "mean"
+            ),
             "router": Server(stack, "router", "--models-dir", str(models), "-c", "2048"),
             "router-manual": Server(stack, "router-manual", "--models-dir", str(models), "--no-models-autoload"),
         }
@@ -298,6 +303,46 @@ def test_router_without_autoload_refuses_an_unloaded_model_by_name(servers, web_
     assert _running(gateway) == ["tiny"] and _router_status(server)["smol"] == "unloaded"  # nothing was loaded
     turns = _all_turns_of_the_key(gateway, rig, done=2)
     assert {t.finish_reason for t in turns if t.status == Turn.Status.FAILED} == {"model_not_loaded"}
+
+
+def test_one_slot_embeddings_server_serves_a_chat_and_embeddings_in_turn(servers, web_url, celery_worker,
+                                                                          owner) -> None:  # fmt: skip
+    """``-np 1 --embeddings``: one slot for chats and embeddings. Through RigDash the embeddings request sent while a
+    chat runs waits in the fair queue until the chat ends, then gets the vectors the server gives directly; nothing
+    hangs, on ``/v1/`` or Ollama's ``/api/embed``."""
+    server = servers["np1-embeddings"]
+    rig = _rig("np1-embeddings", server, slots=1)
+    gateway = Gateway(web_url, owner, "matrix")
+    (model,) = server.models
+    story = {"model": model, "messages": [{"role": "user", "content": "Write a story about a cat."}],
+             "max_tokens": 60, **GREEDY}  # fmt: skip
+    inputs = {"model": model, "input": ["a cat", "a dog"]}
+    expected_text = _text(server.post("/v1/chat/completions", story).json())
+    expected = [item["embedding"] for item in server.post("/v1/embeddings", inputs).json()["data"]]
+    answers: dict[str, httpx.Response] = {}
+
+    def send(name: str, path: str, body: dict[str, Any]) -> None:
+        answers[name] = gateway.post(path, body)
+
+    chat = threading.Thread(target=send, args=("chat", "/v1/chat/completions", story))
+    chat.start()
+    _wait(lambda: Turn.objects.filter(status__in=Turn.RUNNING).exists(), "the chat running")
+    embed = threading.Thread(target=send, args=("embeddings", "/v1/embeddings", inputs))
+    embed.start()
+    for thread in (chat, embed):
+        thread.join(120)
+        assert not thread.is_alive(), "a request hung"
+    assert answers["chat"].status_code == 200 and _text(answers["chat"].json()) == expected_text, answers["chat"].text
+    assert answers["embeddings"].status_code == 200, answers["embeddings"].text
+    vectors = [item["embedding"] for item in answers["embeddings"].json()["data"]]
+    assert len(vectors) == 2 and all(v == pytest.approx(e, abs=1e-5) for v, e in zip(vectors, expected, strict=True))
+    one, two = _all_turns_of_the_key(gateway, rig, done=2)
+    assert one.finished_at is not None and two.dispatched_at is not None
+    assert two.created_at < one.finished_at <= two.dispatched_at  # sent while the chat ran, held until it ended
+    assert two.prompt_tokens and not two.output_tokens
+    ollama = gateway.post("/api/embed", {"model": model, "input": ["a cat"]})
+    assert ollama.status_code == 200, ollama.text
+    assert ollama.json()["embeddings"][0] == pytest.approx(expected[0], abs=1e-5)
 
 
 def _listed(gateway: Gateway) -> dict[str, tuple[int | None, str | None, bool]]:
