@@ -23,6 +23,7 @@ from inference.backends.base import (
     ModelLoadFailed,
     ModelLoading,
     ModelNotFound,
+    ModelNotLoaded,
     ThinkingNotSupported,
     user_message,
 )
@@ -56,6 +57,7 @@ OOM = "model requires more system memory (12.3 GiB) than is available (7.6 GiB)"
         ),
         ("model 'x' not found", 404, ModelNotFound, False),
         ("model name=broken failed to load", 500, ModelLoadFailed, False),  # llama-server's router
+        ("model is not loaded", 400, ModelNotLoaded, False),  # a router started with --no-models-autoload
         (
             "llama runner process has terminated: error loading model: unable to load model: /m/x",
             500,

@@ -1,7 +1,9 @@
 """The gateway (``/v1/`` and Ollama's ``/api/``) in front of llama-server as people start it: default flags (only
 ``-m``: no ``--metrics``, ``/slots`` on, ``-np`` auto, no ``--embeddings``), ``-np 1`` (one slot: a second request
-waits in RigDash's fair queue) and router mode (``--models-dir``, no ``-m``: the request's ``model`` picks the
-instance, loaded on demand; tools/server/server-models.cpp ``proxy_post``).
+waits in RigDash's fair queue), ``-np 1 --embeddings`` (a chat and an embeddings request share the one slot), router
+mode (``--models-dir``, no ``-m``: the request's ``model`` picks the instance, loaded on demand;
+tools/server/server-models.cpp ``proxy_post``) and a router that loads only what it is told to
+(``--no-models-autoload``).
 
 Each request goes through RigDash's web server and worker with a real key and is a turn of that key; its text equals
 what the server answers directly to the same request (temperature 0, a seed). Short replies, one thread: SmolLM2 for
@@ -19,6 +21,7 @@ import httpx
 import pytest
 
 from inference.board import apikeys
+from inference.live import served
 from inference.models import Rig, Turn
 from rigdash.launcher import Stack, free_port, wait_http
 from tests import tiny_gguf
@@ -31,6 +34,8 @@ SKY = [{"role": "system", "content": "Reply with a JSON object of one key."},
 WEATHER = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "The weather", "parameters": WEATHER}}]
 GREEDY = {"temperature": 0, "seed": 7}
+TINY_TRAINED = 1024  # the tiny model's trained context
+SMOL_TRAINED = 8192  # SmolLM2's
 
 
 class Server:
@@ -53,14 +58,22 @@ class Server:
 def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Server]]:
     models = tmp_path_factory.mktemp("router-models")
     (models / "smol.gguf").symlink_to(os.environ["LLAMA_MODEL_PATH"])
-    tiny_gguf.write_gguf(models / "tiny.gguf", *tiny_gguf.llama_gqa(layers=2, kv_heads=1))
+    meta, tensors = tiny_gguf.llama_gqa(layers=2, kv_heads=1)
+    # Trained on less than the router's -c: its slots get its trained context (tools/server n_ctx_slot).
+    tiny_gguf.write_gguf(models / "tiny.gguf", {**meta, "llama.context_length": TINY_TRAINED}, tensors)
     stack = Stack()
     smol = os.environ["LLAMA_MODEL_PATH"]
     try:
         yield {
             "defaults": Server(stack, "defaults", "-m", smol),
             "np1": Server(stack, "np1", "-m", smol, "-np", "1", "-c", "2048"),
+            # A chat model's GGUF names no pooling: without --pooling, b11434 refuses /v1/embeddings with 400 "Pooling
+            # type 'none' is not OAI compatible. Please use a different pooling type".
+            "np1-embeddings": Server(
+                stack, "np1-embeddings", "-m", smol, "-np", "1", "-c", "2048", "--embeddings", "--pooling", "mean"
+            ),
             "router": Server(stack, "router", "--models-dir", str(models), "-c", "2048"),
+            "router-manual": Server(stack, "router-manual", "--models-dir", str(models), "--no-models-autoload"),
         }
     finally:
         stack.stop()
@@ -221,6 +234,11 @@ def test_router_mode_routes_by_model_and_lists_the_routers_models(servers, web_u
     assert sorted(m["id"] for m in listed) == ["smol", "tiny"] and {m["owned_by"] for m in listed} == {"router"}
     assert sorted(m["name"] for m in gateway.http.get("/api/tags").json()["models"]) == ["smol", "tiny"]
     assert _running(gateway) == []  # Ollama's /api/ps: the models held in memory, none before a request
+    # Before a load the router lists no meta: the context is what its -c gives a slot, capped by the file's training.
+    assert _listed(gateway) == {"smol": (2048, "router_args", False), "tiny": (TINY_TRAINED, "router_args", False)}
+    shown = gateway.http.post("/api/show", json={"model": "tiny"}).json()
+    assert shown["model_info"]["general.context_length"] == TINY_TRAINED, shown
+    assert shown["context_length_source"] == "router_args", shown
 
     for model in ("smol", "tiny"):  # each loaded on demand by the request naming it
         chat = {"model": model, "messages": HI, "max_tokens": 6, **GREEDY}
@@ -237,11 +255,104 @@ def test_router_mode_routes_by_model_and_lists_the_routers_models(servers, web_u
     tiny = _text(server.post("/v1/chat/completions", {"model": "tiny", "messages": HI, "max_tokens": 6,
                                                       **GREEDY}).json())  # fmt: skip
     assert smol != tiny  # the two models answer differently: the text tells which one the router ran
+    served.served_forget(rig.pk)  # as the sampler's next refresh of the kept list: loaded, each says its own n_ctx
+    assert _listed(gateway) == {"smol": (2048, "server", True), "tiny": (TINY_TRAINED, "server", True)}
+    assert {m["id"]: m["meta"]["n_ctx"] for m in httpx.get(f"{server.url}/v1/models").json()["data"]} == {
+        "smol": 2048, "tiny": TINY_TRAINED}  # fmt: skip
     suffix = gateway.post("/v1/completions", {"model": "smol", "prompt": "def f(", "suffix": ")", "max_tokens": 4})
     _openai_error(suffix, 501, "Infill is not supported")  # /infill, routed by the body's model
     _embeddings_refused(gateway, "smol")
     turns = _all_turns_of_the_key(gateway, rig, done=gateway.sent - 3)
     assert {t.session.model_name for t in turns} == {"smol", "tiny"}
+
+
+def test_router_without_autoload_refuses_an_unloaded_model_by_name(servers, web_url, celery_worker, owner) -> None:
+    """``--no-models-autoload``: the router answers a request for a model it has not loaded with 400 "model is not
+    loaded" (server-models.cpp ``router_validate_model``), words that do not say why. RigDash's client gets 400
+    ``model_not_loaded`` saying what to do, in OpenAI's shape and Ollama's, streamed or not, chat or embeddings, and
+    the model lists say which models are loaded. Started without ``-c``, an unloaded model's context is its file's
+    trained context (read on this host), which the server then takes."""
+    server = servers["router-manual"]
+    direct = server.post("/v1/chat/completions", {"model": "smol", "messages": HI, "max_tokens": 4})
+    assert direct.status_code == 400 and direct.json()["error"]["message"] == "model is not loaded", direct.text
+    rig = _rig("manual", server)
+    gateway = Gateway(web_url, owner, "matrix")
+    assert _listed(gateway) == {"smol": (SMOL_TRAINED, "model_file", False),
+                                "tiny": (TINY_TRAINED, "model_file", False)}  # fmt: skip
+    assert server.post("/models/load", {"model": "tiny"}).json() == {"success": True}
+    _wait(lambda: _router_status(server)["tiny"] == "loaded", "the router loading tiny")
+    served.served_forget(rig.pk)  # as the sampler's next refresh of the kept list
+    assert _listed(gateway) == {"smol": (SMOL_TRAINED, "model_file", False), "tiny": (TINY_TRAINED, "server", True)}
+    assert _running(gateway) == ["tiny"]
+    _same_answers(server, gateway, "/v1/chat/completions", {"model": "tiny", "messages": HI, "max_tokens": 6,
+                                                           **GREEDY})  # fmt: skip
+
+    chat = {"model": "smol", "messages": HI, "max_tokens": 6}
+    for body in (chat, {**chat, "stream": True}):  # a stream waits for its first piece: the refusal is its status
+        refused = gateway.post("/v1/chat/completions", body)
+        _openai_error(refused, 400, "not loaded")
+        assert refused.json()["error"]["code"] == "model_not_loaded", refused.text
+    ollama_chat = {"model": "smol", "messages": HI}
+    for path, body in (("/api/chat", {**ollama_chat, "stream": False}), ("/api/chat", ollama_chat),
+                       ("/api/embed", {"model": "smol", "input": "hi"})):  # fmt: skip
+        ollama = gateway.post(path, body)
+        assert ollama.status_code == 400 and "not loaded" in ollama.json()["error"], ollama.text
+    embeddings = gateway.post("/v1/embeddings", {"model": "smol", "input": "hi"})  # refused before any instance
+    _openai_error(embeddings, 400, "not loaded")
+    assert embeddings.json()["error"]["code"] == "model_not_loaded", embeddings.text
+    assert _running(gateway) == ["tiny"] and _router_status(server)["smol"] == "unloaded"  # nothing was loaded
+    turns = _all_turns_of_the_key(gateway, rig, done=2)
+    assert {t.finish_reason for t in turns if t.status == Turn.Status.FAILED} == {"model_not_loaded"}
+
+
+def test_one_slot_embeddings_server_serves_a_chat_and_embeddings_in_turn(servers, web_url, celery_worker,
+                                                                          owner) -> None:  # fmt: skip
+    """``-np 1 --embeddings``: one slot for chats and embeddings. Through RigDash the embeddings request sent while a
+    chat runs waits in the fair queue until the chat ends, then gets the vectors the server gives directly; nothing
+    hangs, on ``/v1/`` or Ollama's ``/api/embed``."""
+    server = servers["np1-embeddings"]
+    rig = _rig("np1-embeddings", server, slots=1)
+    gateway = Gateway(web_url, owner, "matrix")
+    (model,) = server.models
+    story = {"model": model, "messages": [{"role": "user", "content": "Write a story about a cat."}],
+             "max_tokens": 60, **GREEDY}  # fmt: skip
+    inputs = {"model": model, "input": ["a cat", "a dog"]}
+    expected_text = _text(server.post("/v1/chat/completions", story).json())
+    expected = [item["embedding"] for item in server.post("/v1/embeddings", inputs).json()["data"]]
+    answers: dict[str, httpx.Response] = {}
+
+    def send(name: str, path: str, body: dict[str, Any]) -> None:
+        answers[name] = gateway.post(path, body)
+
+    chat = threading.Thread(target=send, args=("chat", "/v1/chat/completions", story))
+    chat.start()
+    _wait(lambda: Turn.objects.filter(status__in=Turn.RUNNING).exists(), "the chat running")
+    embed = threading.Thread(target=send, args=("embeddings", "/v1/embeddings", inputs))
+    embed.start()
+    for thread in (chat, embed):
+        thread.join(120)
+        assert not thread.is_alive(), "a request hung"
+    assert answers["chat"].status_code == 200 and _text(answers["chat"].json()) == expected_text, answers["chat"].text
+    assert answers["embeddings"].status_code == 200, answers["embeddings"].text
+    vectors = [item["embedding"] for item in answers["embeddings"].json()["data"]]
+    assert len(vectors) == 2 and all(v == pytest.approx(e, abs=1e-5) for v, e in zip(vectors, expected, strict=True))
+    one, two = _all_turns_of_the_key(gateway, rig, done=2)
+    assert one.finished_at is not None and two.dispatched_at is not None
+    assert two.created_at < one.finished_at <= two.dispatched_at  # sent while the chat ran, held until it ended
+    assert two.prompt_tokens and not two.output_tokens
+    ollama = gateway.post("/api/embed", {"model": model, "input": ["a cat"]})
+    assert ollama.status_code == 200, ollama.text
+    assert ollama.json()["embeddings"][0] == pytest.approx(expected[0], abs=1e-5)
+
+
+def _listed(gateway: Gateway) -> dict[str, tuple[int | None, str | None, bool]]:
+    """Each model of ``/v1/models``: its context, that figure's source, and whether it is loaded."""
+    listed = gateway.http.get("/v1/models").json()["data"]
+    return {m["id"]: (m["context_length"], m["context_length_source"], m["loaded"]) for m in listed}
+
+
+def _router_status(server: Server) -> dict[str, str]:
+    return {m["id"]: m["status"]["value"] for m in httpx.get(f"{server.url}/v1/models").json()["data"]}
 
 
 def _running(gateway: Gateway) -> list[str]:

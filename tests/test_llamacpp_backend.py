@@ -18,7 +18,9 @@ def test_health_and_models(llama_url, model_name):
     assert asyncio.run(backend.health()).ok
     models = asyncio.run(backend.list_models())
     assert [m.name for m in models] == [model_name]
-    assert models[0].context_length == 8192  # SmolLM2's n_ctx_train
+    # The server's own context for a request (-c 4096 over 2 slots), not SmolLM2's trained 8192.
+    assert (models[0].context_length, models[0].context_source) == (2048, "server")
+    assert models[0].details["n_ctx_train"] == 8192
     assert models[0].size_bytes and models[0].size_bytes > 50_000_000
 
 

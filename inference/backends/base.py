@@ -52,6 +52,14 @@ class ModelLoadFailed(BackendError):
     code = "model_load_failed"
 
 
+class ModelNotLoaded(BackendError):
+    """The server has the model but does not load it for a request (a llama-server router started with
+    ``--no-models-autoload`` answers 400 "model is not loaded": tools/server/server-models.cpp,
+    ``router_validate_model``): the same request fails until someone loads the model."""
+
+    code = "model_not_loaded"
+
+
 class ContextOverflow(BackendError):
     """The prompt is longer than the context the model runs with: llama-server's ``exceed_context_size_error``
     (HTTP 400 with ``n_prompt_tokens`` and ``n_ctx``), Ollama's "the prompt is longer than the context length"
@@ -139,6 +147,8 @@ PLAIN_REASONS = {
     "model_load_failed": "the backend could not load this model (its file may be broken); trying again will fail the"
     " same way until an admin fixes the rig",
     "not_supported": "the backend cannot do this",
+    "model_not_loaded": "this model is not loaded, and the rig's server loads models only when asked (llama-server"
+    " --no-models-autoload): an admin can load it on the rig's Models page, or pick a loaded model",
 }
 
 
@@ -157,12 +167,18 @@ def user_message(rig_name: str, exc: BackendError) -> str:
     return f"Rig {rig_name}: {PLAIN_REASONS.get(exc.code, 'the backend refused the request')}."
 
 
+# Where a model's ``context_length`` comes from (``ModelInfo.context_source``): the running server's own context for
+# a request; the command line a llama-server router will start the model with; the model file's trained context.
+CONTEXT_FROM_SERVER, CONTEXT_FROM_ROUTER_ARGS, CONTEXT_FROM_MODEL_FILE = "server", "router_args", "model_file"
+
+
 @dataclass(frozen=True)
 class ModelInfo:
     name: str
     context_length: int | None = None
     size_bytes: int | None = None
     details: dict[str, Any] = field(default_factory=dict)
+    context_source: str | None = None  # CONTEXT_FROM_*; None where the backend does not say
 
 
 @dataclass(frozen=True)

@@ -4,10 +4,11 @@ sends the same words with HTTP 200 (Ollama's ``{"error": ...}`` line mid-stream)
 The phrases are the servers' own: Ollama's ``llm/status.go`` (out-of-memory substrings), ``server/sched.go``
 (``server busy``), ``llm/llama_server.go`` (runner start and stop; ``completionPromptForRequest``: "the prompt is
 longer than the context length ..."), ``server/routes.go`` (``"x" does not support thinking``, "the input length
-exceeds the context length"); llama-server's 503 ``Loading model`` and its ``exceed_context_size_error`` (HTTP 400
-``{"error": {"code": 400, "type": "exceed_context_size_error", "message": "request (631 tokens) exceeds the
-available context size (256 tokens), try increasing it", "n_prompt_tokens": 631, "n_ctx": 256}}``, as the b11434
-server answers: tests/test_context_overflow.py holds RigDash to the real one).
+exceeds the context length"); llama-server's 503 ``Loading model``, its router's 400 "model is not loaded"
+(tests/test_gateway_server_matrix.py) and its ``exceed_context_size_error`` (HTTP 400 ``{"error": {"code": 400,
+"type": "exceed_context_size_error", "message": "request (631 tokens) exceeds the available context size (256
+tokens), try increasing it", "n_prompt_tokens": 631, "n_ctx": 256}}``, as the b11434 server answers:
+tests/test_context_overflow.py holds RigDash to the real one).
 
 Statuses inside a stream: llama-server's error event carries its status as ``error.code`` (the 500 of a failed
 decode stays a 500, so retryable); Ollama's ``{"error"}`` line carries none, and its ``streamResponse``
@@ -27,6 +28,7 @@ from inference.backends.base import (
     ModelLoadFailed,
     ModelLoading,
     ModelNotFound,
+    ModelNotLoaded,
     ThinkingNotSupported,
 )
 
@@ -51,6 +53,9 @@ LOADING = (
     "server busy",
     "maximum pending requests exceeded",
 )
+# The server will not load the model for a request: a llama-server router started with --no-models-autoload
+# (server-models.cpp, router_validate_model).
+NOT_LOADED = "model is not loaded"
 # The server could not load the model: llama-server's router ("model name=X failed to load", server-models.cpp),
 # Ollama's runner ("error loading model", "unable to load model", llm/server.go). Before LOADING: "error loading
 # model" holds "loading model".
@@ -108,6 +113,8 @@ def classify(
             f"{server} has not enough memory for this model and its context ({message}). Unload other models, "
             "or use a smaller model, quantisation or context; trying again as is will fail the same way."
         )
+    if NOT_LOADED in said:
+        return ModelNotLoaded(f"{server} does not load models on request, and this one is not loaded ({message})")
     if any(phrase in said for phrase in LOAD_FAILED):
         return ModelLoadFailed(f"{server} could not load the model: {message}")
     if any(phrase in said for phrase in LOADING):

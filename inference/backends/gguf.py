@@ -6,6 +6,8 @@ tensor count (u64), metadata count (u64), then key (string) / value-type (u32) /
 
 from __future__ import annotations
 
+import functools
+import os
 import struct
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -62,6 +64,37 @@ def read_metadata(path: str | Path, *, prefixes: tuple[str, ...] = ("general.", 
             if value is not None:
                 metadata[key] = value
         return metadata
+
+
+def trained_context(path: str | Path) -> int | None:
+    """The context a GGUF model was trained with (``<arch>.context_length``), or None where the file is not readable
+    here or does not say. Kept per file version (path, size, mtime): a router's listing asks again every sample."""
+    try:
+        stat = os.stat(path)
+        return _trained_context(str(path), stat.st_size, stat.st_mtime_ns)
+    except (OSError, ValueError, UnicodeDecodeError):
+        return None
+
+
+@functools.lru_cache(maxsize=256)
+def _trained_context(path: str, size: int, mtime_ns: int) -> int | None:
+    """Reads the metadata up to the key it needs: the architecture comes first in every GGUF writer's order, the
+    tokenizer's large arrays last."""
+    found: dict[str, Any] = {}
+    with open(path, "rb") as fh:
+        if fh.read(4) != b"GGUF" or _read(fh, "<I") < 2:
+            return None
+        _read(fh, "<Q")  # tensor count
+        for _ in range(_read(fh, "<Q")):
+            key = _string(fh)
+            value = _value(fh, _read(fh, "<I"), keep=False)
+            if key == "general.architecture" or key.endswith(".context_length"):
+                found[key] = value
+            arch = found.get("general.architecture")
+            if arch is not None and f"{arch}.context_length" in found:
+                break
+    value = found.get(f"{found.get('general.architecture')}.context_length")
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
 
 
 def architecture_from_metadata(meta: dict[str, Any]) -> ModelArchitecture:

@@ -18,11 +18,9 @@ from typing import Any
 
 from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
 
-from inference.backends.base import same_model
 from inference.board import apikeys
 from inference.models import Turn
-from inference.turns.sessions import rigs_loaded_models
-from inference.views.openai import CatalogueEntry, model_catalogue, model_resolve
+from inference.views.openai import CatalogueEntry, catalogue_loaded, model_catalogue, model_resolve
 from inference.views.openai_chat import (
     ENDED_STATUSES,
     Piece,
@@ -295,18 +293,11 @@ def _tags(request: HttpRequest, body: dict[str, Any]) -> HttpResponse:
 
 
 def _ps(request: HttpRequest, body: dict[str, Any]) -> HttpResponse:
-    """The models the enabled rigs hold in memory now: a server that loads models on demand (a llama-server router,
-    Ollama) is asked which (a router lists every model of its directory, loaded or not); any other holds every model
-    it serves. A model id of several rigs is held where any of them holds it."""
+    """The models the enabled rigs hold in memory now (``catalogue_loaded``)."""
     catalogue = model_catalogue()
-    held = rigs_loaded_models({entry.rig for entry in catalogue})
-
-    def loaded(entry: CatalogueEntry) -> bool:
-        rigs = {e.rig.pk for e in catalogue if e.model == entry.model} if entry.placed else {entry.rig.pk}
-        return any(held[pk] is None or any(same_model(name, entry.model) for name in held[pk] or []) for pk in rigs)
-
+    held = catalogue_loaded(catalogue)
     models = [{**_model_entry(entry), "size_vram": 0, "expires_at": "0001-01-01T00:00:00Z",
-               "context_length": entry.context_length} for entry in catalogue if loaded(entry)]  # fmt: skip
+               "context_length": entry.context_length} for entry in catalogue if entry.id in held]  # fmt: skip
     return JsonResponse({"models": models})
 
 
@@ -314,9 +305,12 @@ def _show(request: HttpRequest, body: dict[str, Any]) -> HttpResponse:
     entry = model_resolve(str(body.get("model") or body.get("name") or ""), model_catalogue())
     if entry is None:
         return _error(404, f"model '{body.get('model')}' not found")
+    """The model's context as ``model_info["general.context_length"]`` where known, and (RigDash's addition, as on
+    ``/v1/models``) where that figure comes from."""
     info = {"general.context_length": entry.context_length} if entry.context_length else {}
     return JsonResponse({**_model_entry(entry), "modelfile": "", "parameters": "", "template": "",
-                         "model_info": info, "capabilities": ["completion", "tools"]})  # fmt: skip
+                         "model_info": info, "capabilities": ["completion", "tools"],
+                         "context_length_source": entry.context_source if info else None})  # fmt: skip
 
 
 def _embed_submit(request: HttpRequest, body: dict[str, Any]) -> Any:

@@ -8,6 +8,7 @@ which is why these views need no CSRF token.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -17,11 +18,11 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 
 from inference.backends import backend_supports
-from inference.backends.base import BackendError
+from inference.backends.base import BackendError, ModelInfo, same_model
 from inference.board import apikeys
 from inference.models import Rig
 from inference.turns.selectors import rig_list_enabled
-from inference.turns.sessions import rig_models
+from inference.turns.sessions import rig_models, rigs_loaded_models
 from inference.views.openai_request import BadRequest, chat_request_parse
 
 __all__ = ["BadRequest", "chat_request_parse"]  # read here by the API's views and tests
@@ -66,23 +67,26 @@ class CatalogueEntry:
     model: str
     context_length: int | None = None
     placed: bool = False
+    context_source: str | None = None  # where context_length comes from (ModelInfo.context_source)
 
 
 def model_catalogue() -> list[CatalogueEntry]:
     """Every model the enabled rigs serve (a rig whose backend cannot say is left out); the rigs' lists are the ones
     kept for pages (inference/live/served.py), not a backend round trip per request."""
-    found: list[tuple[Rig, str, int | None]] = []
+    found: list[tuple[Rig, ModelInfo]] = []
     for rig in rig_list_enabled().order_by("-is_default", "name"):
         try:
-            found.extend((rig, m.name, m.context_length) for m in rig_models(rig))
+            found.extend((rig, m) for m in rig_models(rig))
         except BackendError:
             continue
     entries: dict[str, CatalogueEntry] = {}
-    for rig, model, ctx in found:
-        entries.setdefault(model, CatalogueEntry(model, rig, model, ctx, placed=True))
-    names = [model for _, model, _ in found]
+    for rig, m in found:
+        entries.setdefault(m.name, CatalogueEntry(m.name, rig, m.name, m.context_length, True, m.context_source))
+    names = [m.name for _, m in found]
     pinned = [
-        CatalogueEntry(f"{rig.name}/{model}", rig, model, ctx) for rig, model, ctx in found if names.count(model) > 1
+        CatalogueEntry(f"{rig.name}/{m.name}", rig, m.name, m.context_length, context_source=m.context_source)
+        for rig, m in found
+        if names.count(m.name) > 1
     ]
     return [*entries.values(), *pinned]
 
@@ -93,15 +97,32 @@ def model_resolve(model_id: str, catalogue: list[CatalogueEntry]) -> CatalogueEn
     if by_id is not None:
         return by_id
     pinned = next((e for e in catalogue if f"{e.rig.name}/{e.model}" == model_id), None)
-    return None if pinned is None else CatalogueEntry(model_id, pinned.rig, pinned.model, pinned.context_length)
+    return None if pinned is None else dataclasses.replace(pinned, id=model_id, placed=False)
 
 
-def model_object(entry: CatalogueEntry) -> dict[str, Any]:
-    """OpenAI's model object, with RigDash's additions: the model's context (as its rig's list says: llama-server's
-    trained context, Ollama's when known) and what its rig's backend can be asked (an embeddings request may still
-    be refused by a rig that does not serve them: llama-server without ``--embeddings``)."""
+def catalogue_loaded(catalogue: list[CatalogueEntry]) -> set[str]:
+    """The ids of ``catalogue`` held in memory now: a server that loads models on demand (a llama-server router,
+    Ollama) is asked which (a router lists every model of its directory, loaded or not); any other holds every model
+    it serves. A placed id is held where any rig serving its model holds it."""
+    held = rigs_loaded_models({entry.rig for entry in catalogue})
+
+    def loaded(entry: CatalogueEntry) -> bool:
+        rigs = {e.rig.pk for e in catalogue if e.model == entry.model} if entry.placed else {entry.rig.pk}
+        return any(held[pk] is None or any(same_model(name, entry.model) for name in held[pk] or []) for pk in rigs)
+
+    return {entry.id for entry in catalogue if loaded(entry)}
+
+
+def model_object(entry: CatalogueEntry, loaded: set[str]) -> dict[str, Any]:
+    """OpenAI's model object, with RigDash's additions: the model's context for a request and where that figure comes
+    from (``context_length_source``: the running server, a router's command line for it, its file's trained context;
+    null where unknown), whether a server holds it in memory now (``loaded``), and what its rig's backend can be asked
+    (an embeddings request may still be refused by a rig that does not serve them: llama-server without
+    ``--embeddings``)."""
     return {"id": entry.id, "object": "model", "created": int(entry.rig.created_at.timestamp()),
             "owned_by": entry.rig.name, "context_length": entry.context_length,
+            "context_length_source": entry.context_source if entry.context_length else None,
+            "loaded": entry.id in loaded,
             "capabilities": {"chat_completions": True,
                              "embeddings": backend_supports(entry.rig.kind, "embeddings")}}  # fmt: skip
 
@@ -110,14 +131,17 @@ def model_object(entry: CatalogueEntry) -> dict[str, Any]:
 def models_list(request: HttpRequest) -> HttpResponse:
     if request.method != "GET":
         return openai_error(405, "Use GET.", code="method_not_allowed")
-    return JsonResponse({"object": "list", "data": [model_object(entry) for entry in model_catalogue()]})
+    catalogue = model_catalogue()
+    loaded = catalogue_loaded(catalogue)
+    return JsonResponse({"object": "list", "data": [model_object(entry, loaded) for entry in catalogue]})
 
 
 @key_required
 def model_detail(request: HttpRequest, model_id: str) -> HttpResponse:
     if request.method != "GET":
         return openai_error(405, "Use GET.", code="method_not_allowed")
-    entry = model_resolve(model_id, model_catalogue())
+    catalogue = model_catalogue()
+    entry = model_resolve(model_id, catalogue)
     if entry is None:
         return openai_error(404, f"The model '{model_id}' does not exist", code="model_not_found", param="model")
-    return JsonResponse(model_object(entry))
+    return JsonResponse(model_object(entry, catalogue_loaded([entry, *catalogue])))

@@ -29,6 +29,8 @@ from inference.views.openai_request import ChatCompletionRequest
 from inference.views.turn_listener import Extras, TurnListener, on_db_thread, reply_pieces
 
 ENDED_STATUSES: dict[str, int] = {"failed": 502, "interrupted": 502, "cancelled": 409}
+# A failed turn whose cause is the request's to change, not the rig's fault: its status, and its kind as the code.
+FAILED_BY_REQUEST: dict[str, int] = {"model_not_loaded": 400}
 # Finish reasons passed to the client as the backend said them; any other is "stop".
 FINISH_REASONS = frozenset({"length", "tool_calls", "content_filter", "function_call"})
 USER_AGENT_CHARS = 200
@@ -45,12 +47,15 @@ def finish_reason_of(turn: Turn) -> str:
 
 def ended_error(turn: Turn) -> HttpResponse | None:
     """The error answer of a turn that did not finish: the backend's own status and words where it refused the
-    request (a field it does not take), else 502 (failed, interrupted) or 409 (cancelled)."""
+    request (a field it does not take), a 4xx with its kind as the code where another model must be asked for (one
+    the rig's server will not load on request), else 502 (failed, interrupted) or 409 (cancelled)."""
     if turn.status not in ENDED_STATUSES:
         return None
     refused = (turn.stats or {}).get("backend_refused")
     if isinstance(refused, dict) and isinstance(refused.get("status"), int):
         return error(refused["status"], str(refused.get("message") or turn.error), code="backend_refused")
+    if turn.status == Turn.Status.FAILED and (status := FAILED_BY_REQUEST.get(turn.finish_reason)) is not None:
+        return error(status, turn.error, code=turn.finish_reason, param="model")
     return error(ENDED_STATUSES[turn.status], turn.error or f"The reply was {turn.status}.", code=turn.status,
                  kind="server_error")  # fmt: skip
 

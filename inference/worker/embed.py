@@ -19,19 +19,28 @@ from inference.backends.base import BackendError, BackendRefused, user_message
 from inference.live import answers, state
 from inference.models import Rig, Turn
 from inference.turns import lifecycle
+from inference.worker.loading import first_answer_limit_s, model_needs_load
 
 T = TypeVar("T")
 CANCEL_POLL_S = 0.2  # how often a waiting embeddings request reads its turn's cancel flag (a Stop on the board)
+BACKSTOP_S = 1.0  # how far past the longest wait _answered allows the HTTP client's own timeout lies
 
 
 class _Cancelled(Exception):
     pass
 
 
-async def _unless_cancelled(turn_id: int, redis: Any, request: Coroutine[Any, Any, T]) -> T:
-    """``request``'s result, unless the turn's cancel flag is set while it waits: the request is then dropped (its
-    connection closed, so the backend stops) and _Cancelled raised. A flag that cannot be read counts as unset."""
+class _TimedOut(Exception):
+    pass
+
+
+async def _answered(turn_id: int, redis: Any, request: Coroutine[Any, Any, T], loading: asyncio.Task[bool]) -> T:
+    """``request``'s result, unless while it waits the turn's cancel flag is set (_Cancelled; a flag that cannot be
+    read counts as unset) or the server has not answered within ``first_answer_limit_s`` (_TimedOut), which grants
+    the model's load once ``loading`` says the server loads it first. Either drops the request (its connection
+    closed, so the backend stops)."""
     task = asyncio.ensure_future(request)
+    started = time.perf_counter()
     try:
         while not (await asyncio.wait({task}, timeout=CANCEL_POLL_S))[0]:
             try:
@@ -40,6 +49,9 @@ async def _unless_cancelled(turn_id: int, redis: Any, request: Coroutine[Any, An
                 flagged = None
             if flagged:
                 raise _Cancelled
+            limit = first_answer_limit_s(settings.RIGDASH, loading=_said(loading))
+            if time.perf_counter() - started > limit:
+                raise _TimedOut(f"The backend sent nothing for {limit:g} s while waiting for the embeddings.")
         return task.result()
     finally:
         if not task.done():
@@ -47,35 +59,57 @@ async def _unless_cancelled(turn_id: int, redis: Any, request: Coroutine[Any, An
             await asyncio.gather(task, return_exceptions=True)
 
 
+def _said(loading: asyncio.Task[bool]) -> bool:
+    return loading.done() and not loading.cancelled() and loading.exception() is None and loading.result()
+
+
 async def embeddings_outcome(turn: Turn, rig: Rig, redis: Any) -> lifecycle.TurnOutcome:
     """Ask the rig for the turn's vectors; the answer goes to Redis, the turn's end says how it went (a backend's
-    refusal keeps its status and words for the API client, as a reply's does)."""
-    body = {**((turn.params or {}).get("passthrough") or {}), "model": turn.session.model_name}
-    backend = backend_for(rig, timeout_s=settings.RIGDASH.first_token_timeout_s)
+    refusal keeps its status and words for the API client, as a reply's does). Whether the server loads the model
+    first is asked beside the request, as for a reply (inference/worker/loading.py)."""
+    model = turn.session.model_name
+    body = {**((turn.params or {}).get("passthrough") or {}), "model": model}
+    # _answered ends the wait; the HTTP client's own timeout is only a backstop.
+    backend = backend_for(rig, timeout_s=first_answer_limit_s(settings.RIGDASH, loading=True) + BACKSTOP_S)
     started = time.perf_counter()
     stats: dict[str, Any] = {"output_events": 0, "output_tokens": 0}
+    request = backend.embeddings(body)
+    loading = asyncio.ensure_future(model_needs_load(rig, model))
     try:
-        answer = await _unless_cancelled(turn.pk, redis, backend.embeddings(body))
+        answer = await _answered(turn.pk, redis, request, loading)
         if not isinstance(answer, dict) or not isinstance(data := answer.get("data"), list):
             raise BackendError(f"the backend's embeddings answer has no data list: {str(answer)[:200]}")
         await answers.answer_put(redis, turn.pk, answer)
     except BackendError as exc:
-        stats |= {"e2e_ms": round((time.perf_counter() - started) * 1000, 3), "error_detail": str(exc)}
+        stats |= {"e2e_ms": _ms_since(started), "error_detail": str(exc)}
         if isinstance(exc, BackendRefused):
             stats["backend_refused"] = {"status": exc.status, "message": exc.words}
         return lifecycle.TurnOutcome(status=Turn.Status.FAILED, reply_text="", finish_reason=exc.code, stats=stats,
                                      error=user_message(rig.name, exc))  # fmt: skip
+    except _TimedOut as exc:
+        stats["e2e_ms"] = _ms_since(started)
+        return lifecycle.TurnOutcome(status=Turn.Status.FAILED, reply_text="", finish_reason="timeout", stats=stats,
+                                     error=str(exc))  # fmt: skip
     except _Cancelled:
-        stats["e2e_ms"] = round((time.perf_counter() - started) * 1000, 3)
+        stats["e2e_ms"] = _ms_since(started)
         return lifecycle.TurnOutcome(status=Turn.Status.CANCELLED, reply_text="", finish_reason="cancelled",
                                      stats=stats)  # fmt: skip
     except (OSError, RedisError) as exc:
         stats["error_detail"] = repr(exc)
         return lifecycle.TurnOutcome(status=Turn.Status.FAILED, reply_text="", finish_reason="redis_unavailable",
                                      stats=stats, error="The answer could not be kept for its request.")  # fmt: skip
+    finally:
+        loading.cancel()
+        await asyncio.gather(loading, return_exceptions=True)
+        if _said(loading):  # the server loaded the model first: each outcome above holds this dict
+            stats["model_loading"] = True
     usage = answer.get("usage")
     prompt_tokens = usage.get("prompt_tokens") if isinstance(usage, dict) else None
-    stats |= {"e2e_ms": round((time.perf_counter() - started) * 1000, 3), "embeddings": len(data)}
+    stats |= {"e2e_ms": _ms_since(started), "embeddings": len(data)}
     if isinstance(prompt_tokens, int) and not isinstance(prompt_tokens, bool) and prompt_tokens >= 0:
         stats["prompt_tokens"] = prompt_tokens
     return lifecycle.TurnOutcome(status=Turn.Status.DONE, reply_text="", finish_reason="stop", stats=stats)
+
+
+def _ms_since(started: float) -> float:
+    return round((time.perf_counter() - started) * 1000, 3)

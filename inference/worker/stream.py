@@ -31,7 +31,6 @@ from django.db import DatabaseError
 from redis.exceptions import RedisError
 
 from inference import events
-from inference.backends import backend_for, capabilities
 from inference.backends.base import BackendError, BackendRefused, ChatRequest, StreamChunk, user_message
 from inference.backends.openai.stream import tool_calls_merged
 from inference.db import gated
@@ -45,6 +44,7 @@ from inference.models import Rig, Turn
 from inference.queue import quotas
 from inference.tokens import estimate_prompt_tokens, history_truncated
 from inference.turns import lifecycle
+from inference.worker.loading import first_answer_limit_s, model_needs_load
 from inference.worker.loop import link_for_loop
 from inference.worker.pace import TICK_EPSILON_S, FlushPace, StreamMeter, pace_for_loop
 from inference.worker.prompt import PromptState
@@ -345,27 +345,11 @@ async def _start_progress(state: TurnStream, messages: list[dict[str, Any]]) -> 
     state.progress, state.context_window = progress, progress.n_ctx
 
 
-LOADED_CHECK_S = 1.0
-
-
 async def _check_loading(state: TurnStream, rig: Rig, model: str) -> None:
-    """Whether the server has to load the model first (a server that loads on demand: Ollama, llama-server in router
-    or sleep mode; ``Backend.needs_load``), asked as the request goes out. Then the page shows "loading the model"
-    and the turn waits RIGDASH_MODEL_LOAD_TIMEOUT_S more for its first token: the server is loading, not stuck
-    (Ollama calls a load stalled only after OLLAMA_LOAD_TIMEOUT, 5 minutes). No answer within LOADED_CHECK_S means
-    a load only where the backend says so (``Backend.silent_while_loading``: Ollama's /api/ps waits while a runner
-    loads, server/sched.go ``loadedModels``); a llama-server that does not answer is stuck, and its turn times out."""
-    if not capabilities(rig.kind).loads_on_demand:
-        return
-    backend = backend_for(rig, timeout_s=LOADED_CHECK_S)
-    try:
-        async with asyncio.timeout(LOADED_CHECK_S):
-            if not await backend.needs_load(model):
-                return
-    except TimeoutError:
-        if not backend.silent_while_loading:
-            return
-    except BackendError:
+    """Whether the server has to load the model first (``loading.model_needs_load``), asked as the request goes out.
+    Then the page shows "loading the model" and the turn waits longer for its first token
+    (``loading.first_answer_limit_s``)."""
+    if not await model_needs_load(rig, model):
         return
     if state.meter.events:  # the first token came meanwhile: it was loaded after all
         return
@@ -510,9 +494,8 @@ async def _watch(state: TurnStream, reader: asyncio.Task[StreamChunk], conf: Rig
             await state.check_cancel()
         if state.cancelled:
             await _stop(state, reader, TurnCancelled())
-        limit = conf.first_token_timeout_s if state.meter.events == 0 else conf.stall_timeout_s
-        if state.loading and state.meter.events == 0:  # the server is loading the model (_check_loading)
-            limit += conf.model_load_timeout_s
+        # Before the first token, longer while the server loads the model (_check_loading).
+        limit = first_answer_limit_s(conf, loading=state.loading) if state.meter.events == 0 else conf.stall_timeout_s
         if now - state.last_read_at > limit:
             phase = "the first token" if state.meter.events == 0 else "the next token"
             await _stop(

@@ -20,6 +20,9 @@ import httpx
 
 from inference.backends import failures
 from inference.backends.base import (
+    CONTEXT_FROM_MODEL_FILE,
+    CONTEXT_FROM_ROUTER_ARGS,
+    CONTEXT_FROM_SERVER,
     Backend,
     BackendBadEvent,
     BackendError,
@@ -38,6 +41,8 @@ from inference.backends.base import (
     StreamChunk,
     refusal_or,
 )
+from inference.backends.gguf import trained_context
+from inference.backends.llamacpp import flags as server_flags
 from inference.backends.openai.embeddings import embeddings_post
 from inference.backends.openai.stream import (
     EventReader,
@@ -48,6 +53,7 @@ from inference.backends.openai.stream import (
 )
 
 LOAD_WAIT_S = 300.0  # a router's model load: the weights read from disk
+ContextFigure = tuple[int | None, str | None]  # a model's context in tokens, and where the figure comes from
 
 
 def _positive(value: Any) -> int | None:
@@ -71,6 +77,25 @@ def draft_counts(timings: dict[str, Any]) -> tuple[int | None, int | None]:
 
 def _count(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+
+
+def _context_of(meta: dict[str, Any], details: dict[str, Any], trained: dict[str, int | None]) -> ContextFigure:
+    """A listed model's context and its source. A running server's ``meta`` says its slots' context (``n_ctx``; an
+    older server only its trained ``n_ctx_train``). A router's unloaded model has no ``meta``, only the command line
+    its instance will run (``status.args``): the slot context it sizes, capped by the model file's trained context
+    where the file is readable on RigDash's host (``trained``, by path). Otherwise unknown, never guessed."""
+    if meta:
+        if (n_ctx := _positive(meta.get("n_ctx"))) is not None:
+            return n_ctx, CONTEXT_FROM_SERVER
+        n_ctx_train = _positive(meta.get("n_ctx_train"))
+        return n_ctx_train, CONTEXT_FROM_MODEL_FILE if n_ctx_train is not None else None
+    if "args" not in details:
+        return None, None
+    flags = server_flags.parse(details["args"])
+    tokens = server_flags.slot_context(flags, trained.get(flags.model_path))
+    if tokens is None:
+        return None, None
+    return tokens, CONTEXT_FROM_ROUTER_ARGS if flags.ctx_size or flags.ctx_per_slot else CONTEXT_FROM_MODEL_FILE
 
 
 def stats_from_timings(timings: dict[str, Any]) -> BackendStats:
@@ -155,13 +180,14 @@ class LlamaCppBackend(Backend):
 
     async def list_models(self) -> list[ModelInfo]:
         """``/v1/models``: one model, or in router mode every model the router knows, each with its ``status``
-        (``loaded``, ``loading``, ``unloaded``) and the command line its instance runs (``status.args``). An entry of
-        an odd shape is skipped; a payload without a list of models is a protocol error, never a crash."""
+        (``loaded``, ``loading``, ``unloaded``) and the command line its instance runs (``status.args``), each with
+        its context and that figure's source (``_context_of``). An entry of an odd shape is skipped; a payload without
+        a list of models is a protocol error, never a crash."""
         payload = await self._get_json("/v1/models")
         data = payload.get("data") if isinstance(payload, dict) else None
         if not isinstance(data, list):
             raise BackendProtocolError("llama-server's /v1/models answer has no list of models")
-        models = []
+        entries = []
         for entry in data:
             if not isinstance(entry, dict) or not isinstance(entry.get("id"), str) or not entry["id"]:
                 continue
@@ -172,14 +198,15 @@ class LlamaCppBackend(Backend):
                 details["status"] = str(status.get("value") or "")
                 args = status.get("args")
                 details["args"] = [str(arg) for arg in args] if isinstance(args, list) else []
-            models.append(
-                ModelInfo(
-                    name=entry["id"],
-                    context_length=_positive(meta.get("n_ctx_train")),
-                    size_bytes=_positive(meta.get("size")),
-                    details=details,
-                )
-            )
+            entries.append((entry["id"], meta, details))
+        paths = {server_flags.parse(details["args"]).model_path for _, meta, details in entries
+                 if not meta and details.get("args")} - {""}  # fmt: skip
+        trained = await asyncio.to_thread(lambda: {path: trained_context(path) for path in paths}) if paths else {}
+        models = []
+        for name, meta, details in entries:
+            tokens, source = _context_of(meta, details, trained)
+            models.append(ModelInfo(name=name, context_length=tokens, size_bytes=_positive(meta.get("size")),
+                                    details=details, context_source=source))  # fmt: skip
         return models
 
     async def props(self, model: str | None = None) -> dict[str, Any]:
@@ -216,10 +243,13 @@ class LlamaCppBackend(Backend):
         return loaded
 
     async def needs_load(self, model: str) -> bool:
-        """Router mode: the model's status is not ``loaded`` (a request for it loads it); one model: the server
-        sleeps (``--sleep-idle-seconds``: the request wakes it, which loads the model again)."""
+        """Router mode: the model's status is not ``loaded`` (a request for it loads it; never with
+        ``--no-models-autoload``, whose router refuses it instead); one model: the server sleeps
+        (``--sleep-idle-seconds``: the request wakes it, which loads the model again)."""
         props = await self.props()
         if props.get("role") == "router":
+            if props.get("models_autoload") is False:
+                return False
             status = next((m.details.get("status") for m in await self.list_models() if m.name == model), None)
             return status not in (None, "loaded")
         return bool(props.get("is_sleeping"))

@@ -11,6 +11,8 @@ in ``/slots`` and ``/props``. The flags say it (tools/server, b11434):
 Where the flags come from: in router mode each model's ``status.args`` in ``/models`` (the child's command line);
 on the rig's host (the agent, or a server on loopback) the server process's own command line and environment under
 ``/proc``. Elsewhere the layout is llama-server's default, and the page says it was assumed.
+
+The same flags give the context one slot will get (``slot_context``), for a router's model before it is loaded.
 """
 
 from __future__ import annotations
@@ -31,6 +33,8 @@ class ServerFlags:
     port: int | None = None
     model_path: str = ""
     cache_type_k: str = ""
+    ctx_size: int | None = None  # -c; None: not given; 0: the model's trained context
+    ctx_per_slot: int | None = None  # --kv-unified-per-slot; None: not given
 
     @property
     def unified(self) -> bool:
@@ -64,6 +68,8 @@ def parse(argv: Sequence[str], env: Mapping[str, str] | None = None) -> ServerFl
     port = _int(env["LLAMA_ARG_PORT"]) if "LLAMA_ARG_PORT" in env else None
     model = env.get("LLAMA_ARG_MODEL", "")
     cache_type = env.get("LLAMA_ARG_CACHE_TYPE_K", "")
+    ctx = _int(env["LLAMA_ARG_CTX_SIZE"]) if "LLAMA_ARG_CTX_SIZE" in env else None
+    per_slot = _int(env["LLAMA_ARG_KV_UNIFIED_PER_SLOT"]) if "LLAMA_ARG_KV_UNIFIED_PER_SLOT" in env else None
     args = list(argv)
     i = 0
     while i < len(args):
@@ -79,6 +85,10 @@ def parse(argv: Sequence[str], env: Mapping[str, str] | None = None) -> ServerFl
             model = value
         elif name in ("-ctk", "--cache-type-k"):
             cache_type = value
+        elif name in ("-c", "--ctx-size"):
+            ctx = _int(value)
+        elif name == "--kv-unified-per-slot":
+            per_slot = _int(value)
         elif name in ("-kvu", "--kv-unified"):
             unified, takes = True, False
         elif name in ("-no-kvu", "--no-kv-unified"):
@@ -86,7 +96,34 @@ def parse(argv: Sequence[str], env: Mapping[str, str] | None = None) -> ServerFl
         else:
             takes = False
         i += 2 if takes else 1
-    return ServerFlags(parallel=parallel, kv_unified=unified, port=port, model_path=model, cache_type_k=cache_type)
+    return ServerFlags(parallel=parallel, kv_unified=unified, port=port, model_path=model, cache_type_k=cache_type,
+                       ctx_size=ctx, ctx_per_slot=per_slot)  # fmt: skip
+
+
+def _pad(n: int, to: int = 256) -> int:
+    return (n + to - 1) // to * to
+
+
+def slot_context(flags: ServerFlags, trained: int | None) -> int | None:
+    """The context one slot gets from these flags, as the b11434 server sizes it: ``n_ctx`` is ``-c`` (0 or none: the
+    model's ``trained`` context; with ``--kv-unified-per-slot N`` and no ``-c``, N per slot), padded to 256 cells; a
+    split cache gives each slot its share, padded again (src/llama-context.cpp); a slot is capped at N and at the
+    trained context (tools/server ``n_ctx_slot``). None where it rests on a trained context that is unknown. Without
+    ``-c``, ``--fit`` (on by default) may start the server with less when the device's memory is short."""
+    slots = flags.parallel if flags.parallel is not None and flags.parallel > 0 else 4
+    per_slot = flags.ctx_per_slot if flags.ctx_per_slot is not None and flags.ctx_per_slot > 0 else None
+    if flags.ctx_size:
+        n_ctx: int | None = flags.ctx_size
+    elif per_slot is not None and flags.ctx_size is None:
+        n_ctx = slots * per_slot
+    else:
+        n_ctx = trained
+    if n_ctx is None or n_ctx <= 0:
+        return None
+    n_ctx = _pad(n_ctx)
+    seq = n_ctx if flags.unified else _pad(n_ctx // slots)
+    caps = [cap for cap in (per_slot, trained) if cap is not None and cap > 0]
+    return min([seq, *caps])
 
 
 def _port_of(base_url: str) -> int:

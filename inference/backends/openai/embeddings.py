@@ -12,7 +12,8 @@ from typing import Any
 
 import httpx
 
-from inference.backends.base import BackendProtocolError, BackendRefused, BackendUnavailable
+from inference.backends import failures
+from inference.backends.base import BackendProtocolError, BackendRefused, BackendUnavailable, ModelNotLoaded
 
 
 async def embeddings_post(
@@ -38,8 +39,12 @@ async def embeddings_post(
         payload = None
     if response.status_code >= 400:
         error = payload.get("error") if isinstance(payload, dict) else None
-        words = error.get("message") if isinstance(error, dict) else error
-        raise BackendRefused(server, response.status_code, str(words or response.text[:300])[:500])
+        words = str((error.get("message") if isinstance(error, dict) else error) or response.text[:300])[:500]
+        # A refusal goes back to the client in the server's status and words; a model the server will not load for
+        # a request is told as a chat turn tells it (its words alone, "model is not loaded", say not why).
+        if isinstance(found := failures.classify(server, words, status=response.status_code), ModelNotLoaded):
+            raise found
+        raise BackendRefused(server, response.status_code, words)
     if not isinstance(payload, dict) or not isinstance(payload.get("data"), list):
         raise BackendProtocolError(f"{server} sent something that is not a list of embeddings: {response.text[:200]!r}")
     return payload
