@@ -165,6 +165,8 @@ class RigSampler:
             self.rig.record_server_slots(sample.detail.get("server_slots"))
         rig = self.rig
         sample.detail["capacity"] = {"slots": rig.slots, "server_slots": rig.server_slots, "capacity": rig.capacity}
+        if rig.server_slots is None:
+            sample.detail["capacity"]["unreported"] = self.monitor.slots_unreported()
 
     def _keep_loaded(self, sample: Sample) -> None:
         """The models the server holds now, for placement (inference/queue/placement.py): stored when they change,

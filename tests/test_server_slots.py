@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import os
 from collections.abc import Iterator
+from typing import Any
 
 import httpx
 import pytest
@@ -18,9 +19,11 @@ from inference.models import Rig, Turn
 from inference.queue import dispatch, early
 from inference.turns import submit
 from monitoring import sampler
+from monitoring.models import RigSample
 from rigdash.launcher import Stack, free_port, wait_http
 from tests.adminkit import make_session, quiet
 from tests.conftest import LOG_DIR, TEST_QUEUE, wait_until
+from tests.ollama_replay import OllamaReplay, smollm2
 
 
 def _dispatched(rig: Rig) -> list[int]:
@@ -79,9 +82,11 @@ def one_slot_server() -> Iterator[str]:
         stack.stop()
 
 
-def _tick(rig: Rig) -> None:
+def _tick(rig: Rig) -> dict[str, Any]:
+    """One sampler tick of the rig, stored and published as the sampler does; the sample's detail."""
     asyncio.run(sampler.rig_loop(rig.pk, interval_s=0.2, ticks=1))
     rig.refresh_from_db()
+    return RigSample.objects.filter(rig=rig).latest("ts").detail
 
 
 @pytest.mark.llama
@@ -93,8 +98,23 @@ def test_the_sampler_learns_the_servers_slots_from_the_server_itself(one_slot_se
         told = httpx.get(f"{url}/props").json()["total_slots"]
         rig = Rig.objects.create(name=f"slots-{told}", kind=Rig.Kind.LLAMACPP, base_url=url)
         assert (rig.server_slots, rig.capacity) == (None, 4)
-        _tick(rig)
+        detail = _tick(rig)
         assert (rig.server_slots, rig.capacity) == (told, min(4, told))
+        assert detail["capacity"] == {"slots": 4, "server_slots": told, "capacity": min(4, told)}  # the rig's page
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_server_that_reports_no_slot_count_keeps_the_rigs_slots_and_its_page_says_what_to_set():
+    """Ollama, against the replay written from its source (no Ollama binary runs here): no API reports
+    OLLAMA_NUM_PARALLEL, so the rig's slots stand, and the rig's page says to set them to it."""
+    replay = OllamaReplay(models=[smollm2()]).start()
+    try:
+        rig = Rig.objects.create(name="ollama", kind=Rig.Kind.OLLAMA, base_url=replay.url, slots=3)
+        detail = _tick(rig)
+    finally:
+        replay.stop()
+    assert detail["sources"]["backend"]["ok"] and (rig.server_slots, rig.capacity) == (None, 3)
+    assert "OLLAMA_NUM_PARALLEL" in detail["capacity"]["unreported"]
 
 
 @pytest.mark.llama

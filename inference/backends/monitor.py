@@ -62,3 +62,11 @@ class BackendMonitor:
     def placement(self, detail: dict[str, Any]) -> dict[str, Any] | None:
         """Where the backend itself says the weights are (Ollama's /api/ps), or None: the sampler's process rule."""
         return None
+
+    def slots_unreported(self) -> str:
+        """Why the server's own slot count (``detail["server_slots"]``, ``Rig.capacity``) is missing from a sample
+        where it answers, and what the rig's slots should then be."""
+        return (
+            f"{self.server} reports no slot count: set the rig's slots to the requests it decodes at once (more would "
+            "wait inside it, out of the fair queue's sight)"
+        )

@@ -90,7 +90,7 @@
   // The fair queue hands a server no more turns than it has slots (Rig.capacity): more would wait inside the server.
   function capacityText(c) {
     if (!c) return "–";
-    if (c.server_slots == null) return `${c.capacity} (the rig's slots; the server reports none)`;
+    if (c.server_slots == null) return `${c.capacity}, the rig's slots: ${c.unreported || "the server reports none"}`;
     if (c.server_slots === c.slots) return `${c.capacity} (the rig's slots, as the server's)`;
     if (c.server_slots < c.slots) return `${c.capacity}: the server has ${c.server_slots} slots, the rig is set to ${c.slots}`;
     return `${c.capacity}: the rig is set to ${c.slots}, the server has ${c.server_slots} (raise the rig's slots to use them)`;

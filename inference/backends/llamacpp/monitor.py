@@ -117,6 +117,14 @@ class LlamaCppMonitor(BackendMonitor):
         self._slot_series([self.main], series)
         detail["model"] = self.props.get("model_alias") or self.props.get("model_path", "")
 
+    def slots_unreported(self) -> str:
+        if self.router:
+            return (
+                "a router's models each have slots of their own (the -np each is started with): the rig's slots "
+                "bound the turns across all of them"
+            )
+        return super().slots_unreported()
+
     def loaded_models(self, detail: dict[str, Any]) -> list[str] | None:
         """Router mode: the models whose status is ``loaded``; one model: that model, unless the server sleeps."""
         if "models" in detail:

@@ -30,6 +30,12 @@ class OllamaMonitor(BackendMonitor):
         self.capability_cache: dict[str, frozenset[str] | None] = {}
         self.file_cache: dict[str, int | None] = {}
 
+    def slots_unreported(self) -> str:
+        return (
+            "Ollama runs OLLAMA_NUM_PARALLEL requests per model at once (1 unless set; server/sched.go), and no API "
+            "reports it: set the rig's slots to it, or the rest wait inside Ollama, out of the fair queue's sight"
+        )
+
     def backend(self, timeout_s: float) -> OllamaBackend:
         return OllamaBackend(self.context.rig.base_url, timeout_s=timeout_s, api_key=self.context.rig.api_key)
 
