@@ -42,6 +42,7 @@ class _Instance:
     props: dict[str, Any] = field(default_factory=dict)
     metrics: dict[str, float] = field(default_factory=dict)
     metrics_at: float = 0.0
+    metrics_refused: str = ""  # why /metrics was refused at its last read: named on every tick until the next
     arch: ModelArchitecture | None = None
     arch_error: str = ""
     arch_source: str = ""
@@ -86,6 +87,9 @@ class LlamaCppMonitor(BackendMonitor):
         instance.props = reading.props
         if fresh_metrics and not reading.sleeping:
             instance.metrics, instance.metrics_at = reading.metrics, now
+            instance.metrics_refused = reading.refused.get("metrics", "")
+        elif instance.metrics_refused:
+            reading.refused.setdefault("metrics", instance.metrics_refused)
         instance.sleeping = reading.sleeping
         return reading
 
