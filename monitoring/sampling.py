@@ -282,6 +282,10 @@ class RigSampler:
             detail["roofline"] = {"ok": False, "error": f"memory bandwidth or model size unknown ({missing})"}
             return
         active = [slot for slot in detail.get("slots", []) if slot["phase"] == "decoding"]
+        if any(slot.get("kv_bytes", 0.0) is None for slot in active):  # the server does not say a slot's context
+            unknown = detail.get("sources", {}).get("kv_used", {}).get("error", "a slot's context is not reported")
+            detail["roofline"] = {"ok": False, "error": f"the KV cache the decoding slots read is unknown: {unknown}"}
+            return
         kv_read = sum(slot.get("kv_bytes", 0.0) for slot in active)
         streams = max(1, len(active))
         # One decode step reads the weights once for all active sequences, and each sequence's KV cache.

@@ -39,13 +39,19 @@ SMOL_TRAINED = 8192  # SmolLM2's
 
 
 class Server:
-    """One llama-server of this module: its URL and the model ids its ``/v1/models`` lists."""
+    """One llama-server started as people start it: its URL, its log and the model ids its ``/v1/models`` lists.
+    ``binary``: another build than the embedded one (tests/test_llama_server_versions.py); ``own``: the flags this
+    module adds to every server's."""
 
-    def __init__(self, stack: Stack, name: str, *args: str) -> None:
+    def __init__(
+        self, stack: Stack, name: str, *args: str, binary: str | None = None, own: tuple[str, ...] = ("--no-webui",)
+    ) -> None:
         port = free_port()
-        command = [os.environ["LLAMA_SERVER_BIN"], "--host", "127.0.0.1", "--port", str(port), "-t", "1", "-tb", "1",
-                   "--no-webui", *args]  # fmt: skip
-        proc = stack.start(f"llama-server-{name}", command, log_path=LOG_DIR / f"gateway-matrix-{name}.log")
+        command = [binary or os.environ["LLAMA_SERVER_BIN"], "--host", "127.0.0.1", "--port", str(port), "-t", "1",
+                   "-tb", "1", *own, *args]  # fmt: skip
+        LOG_DIR.mkdir(parents=True, exist_ok=True)
+        self.log = LOG_DIR / f"gateway-matrix-{name}.log"  # appended to: a run's lines follow the last run's
+        proc = stack.start(f"llama-server-{name}", command, log_path=self.log)
         self.url = f"http://127.0.0.1:{port}"
         wait_http(f"{self.url}/health", timeout_s=120, proc=proc)
         self.models = [m["id"] for m in httpx.get(f"{self.url}/v1/models").json()["data"]]

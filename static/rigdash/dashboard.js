@@ -138,11 +138,13 @@
       ...(d.slots || []).map((slot) => {
         let phase = slot.phase;
         if (phase === "prompt" && slot.prompt_tokens) phase += ` ${fmt((100 * slot.prompt_processed) / slot.prompt_tokens, 0)} %`;
-        return row([String(slot.id), phase, `${slot.context_tokens} / ${slot.n_ctx}`, gauge(slot.fill), fmt(slot.decode_tps), mib(slot.kv_bytes)]);
+        // A busy slot's context is null where the server does not report its prompt (sources.kv_used says why).
+        return row([String(slot.id), phase, `${slot.context_tokens ?? "?"} / ${slot.n_ctx}`, slot.context_tokens == null ? "–" : gauge(slot.fill), fmt(slot.decode_tps), mib(slot.kv_bytes)]);
       })
     );
 
-    const kv = d.kv ? `${d.kv.cache_type} · ${fmt(s.kv_bytes_per_token, 0)} bytes per token (${d.kv.arch.block_count} layers × ${d.kv.arch.head_count_kv} KV heads) · in use ${mib(s.kv_used_bytes)} of ${mib(s.kv_allocated_bytes)} allocated` : "";
+    const used = sources.kv_used && !sources.kv_used.ok ? `unknown (${sources.kv_used.error})` : mib(s.kv_used_bytes);
+    const kv = d.kv ? `${d.kv.cache_type} · ${fmt(s.kv_bytes_per_token, 0)} bytes per token (${d.kv.arch.block_count} layers × ${d.kv.arch.head_count_kv} KV heads) · in use ${used} of ${mib(s.kv_allocated_bytes)} allocated` : "";
     $("[data-testid=kv-facts]").textContent = kv && from.kv ? `${kv} · geometry from ${from.kv}` : kv;
 
     const placement = d.placement || {};

@@ -32,18 +32,28 @@ def parse_prometheus(text: str, prefix: str = "llamacpp:") -> dict[str, float]:
 
 @dataclass
 class SlotReading:
+    """One slot of ``/slots``. The prompt counters are None where the slot does not report them: a build whose
+    ``/slots`` predates ``n_prompt_tokens``, ``n_prompt_tokens_processed`` and ``n_prompt_tokens_cache`` (such as
+    b9093), or a slot that never ran a task."""
+
     id: int
     n_ctx: int
     processing: bool
     task: int | None = None
-    prompt_tokens: int = 0
-    prompt_processed: int = 0
-    prompt_cached: int = 0
+    prompt_tokens: int | None = 0
+    prompt_processed: int | None = 0
+    prompt_cached: int | None = 0
     decoded: int = 0
 
     @property
-    def context_tokens(self) -> int:
-        return self.prompt_cached + self.prompt_processed + self.decoded if self.processing else 0
+    def context_tokens(self) -> int | None:
+        """Tokens in the slot's context: 0 while idle; None while it works and its prompt's tokens are not reported
+        (its decoded tokens alone would understate it)."""
+        if not self.processing:
+            return 0
+        if self.prompt_processed is None or self.prompt_cached is None:
+            return None
+        return self.prompt_cached + self.prompt_processed + self.decoded
 
     @property
     def phase(self) -> str:
@@ -61,11 +71,16 @@ def parse_slot(raw: dict[str, Any]) -> SlotReading:
         n_ctx=int(raw.get("n_ctx") or 0),
         processing=bool(raw.get("is_processing")),
         task=raw.get("id_task"),
-        prompt_tokens=int(raw.get("n_prompt_tokens") or 0),
-        prompt_processed=int(raw.get("n_prompt_tokens_processed") or 0),
-        prompt_cached=int(raw.get("n_prompt_tokens_cache") or 0),
+        prompt_tokens=_reported(raw, "n_prompt_tokens"),
+        prompt_processed=_reported(raw, "n_prompt_tokens_processed"),
+        prompt_cached=_reported(raw, "n_prompt_tokens_cache"),
         decoded=int(next_token.get("n_decoded") or 0),
     )
+
+
+def _reported(raw: dict[str, Any], name: str) -> int | None:
+    """A slot's counter, or None where the slot does not have it (not 0: an absent count is not an empty one)."""
+    return None if raw.get(name) is None else int(raw[name])
 
 
 class Refused(Unavailable):

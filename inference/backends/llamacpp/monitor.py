@@ -18,6 +18,11 @@ from inference.backends.llamacpp import metrics as llama_metrics
 from inference.backends.llamacpp.chat import LlamaCppBackend
 from inference.backends.monitor import BackendMonitor, MonitorContext, Unavailable
 
+# An older build's /slots (b9093's) gives a busy slot's decoded tokens but not its prompt's.
+SLOT_CONTEXT_UNKNOWN = (
+    "llama-server's /slots does not say how many prompt tokens a busy slot holds (no n_prompt_tokens_processed or "
+    "n_prompt_tokens_cache: an older build), so the KV cache in use and that slot's context fill are unknown"
+)
 METRICS_EVERY_S = 5.0  # llama-server's /metrics counters move when a request ends; /slots is read every tick
 COUNTERS = ("prompt_tokens_total", "tokens_predicted_total", "requests_processing", "requests_deferred",
             "n_decode_total", "n_busy_slots_per_decode", "prompt_tokens_seconds", "predicted_tokens_seconds",
@@ -37,6 +42,7 @@ class _Instance:
     props: dict[str, Any] = field(default_factory=dict)
     metrics: dict[str, float] = field(default_factory=dict)
     metrics_at: float = 0.0
+    metrics_refused: str = ""  # why /metrics was refused at its last read: named on every tick until the next
     arch: ModelArchitecture | None = None
     arch_error: str = ""
     arch_source: str = ""
@@ -81,6 +87,9 @@ class LlamaCppMonitor(BackendMonitor):
         instance.props = reading.props
         if fresh_metrics and not reading.sleeping:
             instance.metrics, instance.metrics_at = reading.metrics, now
+            instance.metrics_refused = reading.refused.get("metrics", "")
+        elif instance.metrics_refused:
+            reading.refused.setdefault("metrics", instance.metrics_refused)
         instance.sleeping = reading.sleeping
         return reading
 
@@ -92,11 +101,11 @@ class LlamaCppMonitor(BackendMonitor):
             detail["sources"]["backend"] = {"ok": False, "error": str(exc)}
             return
         detail["sources"]["backend"] = {"ok": True, "error": ""}
-        detail["build"] = _build(reading.props)
         self.router = reading.router
         for endpoint, why in reading.refused.items():  # a missing panel, named: the server itself is up
             detail["sources"][f"backend_{endpoint}"] = {"ok": False, "error": why}
         if self.router:
+            detail["build"] = _build(reading.props, slots=[], metrics={})
             await self._read_router(now, series, detail)
             return
         total = self.props.get("total_slots")
@@ -116,6 +125,7 @@ class LlamaCppMonitor(BackendMonitor):
         detail["slots"] = self.main.slots
         self._slot_series([self.main], series)
         detail["model"] = self.props.get("model_alias") or self.props.get("model_path", "")
+        detail["build"] = _build(reading.props, slots=reading.slots, metrics=self.main.metrics)
 
     def slots_unreported(self) -> str:
         if self.router:
@@ -308,6 +318,7 @@ class LlamaCppMonitor(BackendMonitor):
             detail["sources"]["kv"] = {"ok": False, "error": missing[0]}
             return
         allocated = used = context = 0.0
+        unknown = 0
         models: list[dict[str, Any]] = []
         for name, instance in instances:
             arch = instance.arch
@@ -315,8 +326,9 @@ class LlamaCppMonitor(BackendMonitor):
             layout = self.layout(instance)
             cache_type = layout["cache_type"]
             for slot in instance.slots:
-                slot["kv_bytes"] = kv_bytes(arch, slot["context_tokens"], cache_type)
-                slot["fill"] = slot["context_tokens"] / slot["n_ctx"] if slot["n_ctx"] else None
+                tokens = slot["context_tokens"]
+                slot["kv_bytes"] = None if tokens is None else kv_bytes(arch, tokens, cache_type)
+                slot["fill"] = tokens / slot["n_ctx"] if tokens is not None and slot["n_ctx"] else None
             # Unified: every slot reports the whole pool as its n_ctx; per slot: its share of -c, already padded.
             model_allocated = (
                 0.0
@@ -326,16 +338,20 @@ class LlamaCppMonitor(BackendMonitor):
                 )
             )
             allocated += model_allocated
-            used += sum(slot["kv_bytes"] for slot in instance.slots)
-            context += sum(slot["context_tokens"] for slot in instance.slots)
+            used += sum(slot["kv_bytes"] or 0.0 for slot in instance.slots)
+            context += sum(slot["context_tokens"] or 0 for slot in instance.slots)
+            unknown += sum(1 for slot in instance.slots if slot["context_tokens"] is None)
             models.append({"name": name, "kv_allocated_bytes": model_allocated, "layout": layout,
                            "arch": arch_summary(arch), "sleeping": instance.sleeping})  # fmt: skip
         first = instances[0][1]
         assert first.arch is not None
         series["kv_bytes_per_token"] = kv_bytes_per_token(first.arch, models[0]["layout"]["cache_type"])
-        series["kv_used_bytes"] = used
         series["kv_allocated_bytes"] = allocated
-        series["context_tokens"] = context
+        if unknown:  # the busy slots' prompts are not reported: the sum of the others would understate it
+            detail["sources"]["kv_used"] = {"ok": False, "error": SLOT_CONTEXT_UNKNOWN}
+        else:
+            series["kv_used_bytes"] = used
+            series["context_tokens"] = context
         detail["kv"] = {
             "cache_type": models[0]["layout"]["cache_type"], "arch": models[0]["arch"], "params": self.params,
             "layout": models[0]["layout"], "models": models,
@@ -344,19 +360,28 @@ class LlamaCppMonitor(BackendMonitor):
         detail["sources"]["kv"] = {"ok": True, "error": ""}
 
 
-def _build(props: dict[str, Any]) -> dict[str, Any]:
-    """The server's build (/props ``build_info``, ``b<number>-<commit>``) and what a build before b11434 lacks."""
+def _build(
+    props: dict[str, Any], *, slots: list[llama_metrics.SlotReading], metrics: dict[str, float]
+) -> dict[str, Any]:
+    """The server's build (/props ``build_info``, ``b<number>-<commit>``; a build from a source package says
+    ``b0-unknown``, hence None) and what its answers lack, read from the answers themselves rather than guessed
+    from the number."""
     info = props.get("build_info")
     text = info if isinstance(info, str) else ""
     number = text[1:].split("-", 1)[0] if text.startswith("b") else ""
     build = int(number) if number.isdigit() and int(number) > 0 else None
     notes = []
-    if build is None:
-        notes.append("its build number is unknown (a packaged build): figures assume b11434's endpoints")
-    elif build < 6000:
-        notes.append("a build before /slots had prompt counters: a slot's prompt progress may read 0")
+    if any(slot.task is not None and slot.prompt_processed is None for slot in slots):
+        notes.append(
+            "its /slots has no prompt counters: while a slot works, its context fill and the KV in use are unknown"
+        )
+    if metrics and "spec_decode_num_draft_tokens_total" not in metrics:
+        notes.append(
+            "its /metrics has no speculative-decoding counters (spec_decode_*): its own draft acceptance is not "
+            "reported (each reply's draft counts still are, in its timings)"
+        )
     if "is_sleeping" not in props and props.get("role") != "router" and props:
-        notes.append("it does not report sleeping (no --sleep-idle-seconds before b7000)")
+        notes.append("it does not report sleeping (/props is_sleeping)")
     return {"build_info": text, "build": build, "notes": notes}
 
 
