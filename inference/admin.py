@@ -22,10 +22,10 @@ class RigAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
 
     form = RigForm
     list_display = ("name", "kind", "base_url", "queue", "slots", "is_default", "enabled")
-    readonly_fields = ("queue", "server_slots")
+    readonly_fields = ("queue", "server_slots", "server_models_max")
     fields = (
-        "name", "kind", "base_url", "queue", "slots", "server_slots", "is_default", "enabled", "backend_key",
-        "clear_backend_key",
+        "name", "kind", "base_url", "queue", "slots", "server_slots", "server_models_max", "is_default", "enabled",
+        "backend_key", "clear_backend_key",
     )  # fmt: skip
 
     def has_add_permission(self, request: HttpRequest) -> bool:

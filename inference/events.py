@@ -32,6 +32,7 @@ first token; the sampler, which reads an idle rig less often, samples that rig a
 from __future__ import annotations
 
 import functools
+from collections.abc import Mapping
 from typing import Any, cast
 
 import orjson
@@ -248,18 +249,20 @@ def queue_positions_sync(
     waiting: list[tuple[int, int, int]],
     pages: list[tuple[int, int, int]] | None = None,
     reason: str = "",
+    held: Mapping[int, str] | None = None,
 ) -> None:
     """After a dispatch: waiting turns' places, ``(session_id, turn_id, position)``: those in ``pages`` (default:
-    all) to their chat pages (``chat.turn_state``, with ``waiting_reason`` when the rig cannot take turns now), all
-    of them to the board (``board.queue``), in one round trip."""
+    all) to their chat pages (``chat.turn_state``, with ``waiting_reason`` when the rig cannot take turns now, or
+    the turn's own in ``held``: a model swap holds it back), all of them to the board (``board.queue``), in one
+    round trip."""
     messages: list[tuple[str, Event]] = []
     for session_id, turn_id, position in waiting if pages is None else pages:
         state = ChatTurnState(
             type="chat.turn_state", turn=turn_id, status="queued", queue_position=position,
             queue_ahead=max(0, position - 1),
         )  # fmt: skip
-        if reason:
-            state["waiting_reason"] = reason
+        if why := reason or (held or {}).get(turn_id, ""):
+            state["waiting_reason"] = why
         messages.append((session_group(session_id), state))
     positions = {str(turn_id): position for _, turn_id, position in waiting}
     messages.append((BOARD_GROUP, BoardQueue(type="board.queue", rig=rig_id, positions=positions)))

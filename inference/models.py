@@ -43,6 +43,10 @@ class Rig(models.Model):
     # The slots the server itself reports (llama-server's /props total_slots; the sampler records it, Rig.capacity);
     # None where it reports none (Ollama, a router whose instances each have their own, a server not read yet).
     server_slots = models.PositiveSmallIntegerField(null=True, blank=True, editable=False)
+    # The most models a llama-server router holds at once (its /props max_instances, --models-max; the sampler
+    # records it): the fair queue holds other models' turns while one waits for a swap (inference/queue/swaps.py).
+    # None where there is no such limit (one model, a router without one, Ollama, a server not read yet).
+    server_models_max = models.PositiveSmallIntegerField(null=True, blank=True, editable=False)
     agent_key = models.CharField(
         max_length=128,
         blank=True,
@@ -96,6 +100,12 @@ class Rig(models.Model):
         if slots != self.server_slots:
             self.server_slots = slots
             Rig.objects.filter(pk=self.pk).update(server_slots=slots)
+
+    def record_server_models_max(self, models_max: int | None) -> None:
+        """Remember the most models the router holds at once; one UPDATE, only when it changed."""
+        if models_max != self.server_models_max:
+            self.server_models_max = models_max
+            Rig.objects.filter(pk=self.pk).update(server_models_max=models_max)
 
     def serves(self, model_name: str) -> bool:
         return model_name in (self.models_served or ())

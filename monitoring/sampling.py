@@ -159,10 +159,12 @@ class RigSampler:
         self._keep_server_slots(sample)
 
     def _keep_server_slots(self, sample: Sample) -> None:
-        """The slots the server reports, for the fair queue (``Rig.capacity``), and what the rig's page says of them.
-        A server that does not answer keeps the count last read."""
+        """The slots the server reports, for the fair queue (``Rig.capacity``), and what the rig's page says of them;
+        a router's model limit, for its swaps (``Rig.server_models_max``). A server that does not answer keeps the
+        figures last read."""
         if sample.detail.get("sources", {}).get("backend", {}).get("ok"):
             self.rig.record_server_slots(sample.detail.get("server_slots"))
+            self.rig.record_server_models_max(sample.detail.get("server_models_max"))
         rig = self.rig
         sample.detail["capacity"] = {"slots": rig.slots, "server_slots": rig.server_slots, "capacity": rig.capacity}
         if rig.server_slots is None:

@@ -164,9 +164,9 @@ def test_a_burst_of_submits_tells_each_page_once_that_its_turn_starts(rig, model
     calls: list[tuple[list[tuple[int, int, int]], list[tuple[int, int, int]] | None]] = []
     real = events.queue_positions_sync
 
-    def spy(*, rig_id: int, waiting: list[tuple[int, int, int]], pages: Any = None, reason: str = "") -> None:
+    def spy(*, rig_id: int, waiting: list[tuple[int, int, int]], pages: Any = None, **rest: Any) -> None:
         calls.append((waiting, pages))
-        real(rig_id=rig_id, waiting=waiting, pages=pages, reason=reason)
+        real(rig_id=rig_id, waiting=waiting, pages=pages, **rest)
 
     monkeypatch.setattr(events, "queue_positions_sync", spy)
     turns = [submit.turn_submit(session=make_session(owner, rig, model_name), text=f"hi {i}") for i in range(4)]

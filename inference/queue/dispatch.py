@@ -36,7 +36,7 @@ from inference import events
 from inference.errors import QueueUnavailable
 from inference.live import agents, consumers
 from inference.models import ChatSession, LastServed, Rig, Turn
-from inference.queue import early, placement
+from inference.queue import early, placement, swaps
 from inference.queue.tickets import StartTicket
 
 log = logging.getLogger(__name__)
@@ -51,6 +51,7 @@ class Waiting:
     session_id: int
     created_at: datetime
     placed: bool = False  # its chat targets a model: it may go to any rig serving it
+    model: str = ""  # its chat's model: a router with a model limit swaps to it (inference/queue/swaps.py)
 
 
 def fair_order(waiting: Sequence[Waiting], last_served: Mapping[int, datetime | None]) -> list[Waiting]:
@@ -151,20 +152,36 @@ def turn_waiting_reason(turn: Turn) -> str:
     return "waiting: " + "; ".join(f"{name}: {why.removeprefix('waiting: ')}" for name, why in reasons.items())
 
 
-def _rig_turns(rig: Rig) -> tuple[int, list[Waiting]]:
-    """The rig's busy slots (turns running, or handed to a worker and not yet claimed) and the waiting turns it may
-    start (its own chats', and placed chats' whose model it serves), in one query."""
+def turn_swap_reason(turn: Turn) -> str:
+    """Why a waiting turn is held back by a model swap on every rig it may go to (inference/queue/swaps.py), or "".
+    Apart from ``turn_waiting_reason``: a swap ends by itself, and a long wait for a reason there fails a placed
+    turn."""
+    if turn.status != Turn.Status.QUEUED or turn.dispatched_at is not None:
+        return ""
+    reasons = {rig.name: swaps.held_reason(rig, turn.session.model_name) for rig in waiting_places(turn)}
+    if not reasons or not all(reasons.values()):
+        return ""
+    if len(reasons) == 1:
+        return next(iter(reasons.values()))
+    return "waiting: " + "; ".join(f"{name}: {why.removeprefix('waiting: ')}" for name, why in reasons.items())
+
+
+def _rig_turns(rig: Rig) -> tuple[list[tuple[str, bool]], list[Waiting]]:
+    """The rig's busy slots (turns running, or handed to a worker and not yet claimed: their model, and whether it is
+    decoding) and the waiting turns it may start (its own chats', and placed chats' whose model it serves), in one
+    query."""
     rows = Turn.objects.filter(placement.turns_of(rig), status__in=Turn.ACTIVE)
     rows = rows.order_by()  # fair_order sorts the waiting ones
-    busy, waiting = 0, []
-    for pk, status, dispatched_at, user_id, session_id, created_at, how in rows.values_list(
-        "pk", "status", "dispatched_at", "session__owner_id", "session_id", "created_at", "session__placement"
-    ):
+    busy, waiting = [], []
+    for pk, status, dispatched_at, user_id, session_id, created_at, how, model in rows.values_list(
+        "pk", "status", "dispatched_at", "session__owner_id", "session_id", "created_at", "session__placement",
+        "session__model_name",
+    ):  # fmt: skip
         if status != Turn.Status.QUEUED or dispatched_at is not None:
-            busy += 1
+            busy.append((model, status == Turn.Status.DECODING))
         else:
             placed = how == placement.PLACED
-            waiting.append(Waiting(pk, user_id, session_id, created_at, placed=placed))
+            waiting.append(Waiting(pk, user_id, session_id, created_at, placed=placed, model=model))
     return busy, waiting
 
 
@@ -187,16 +204,20 @@ def rig_dispatch(*, rig_id: int, rig: Rig | None = None, tickets: Mapping[int, S
         if rig is None:
             return []
         busy, waiting = _rig_turns(rig)
-        free = rig.capacity - busy
+        free = rig.capacity - len(busy)
         reason = cannot_take_turns(rig)
         if reason:
             free = 0  # nothing consumes the rig's queue: its turns wait here, where the page can say why
         dispatched: list[int] = []
         still_waiting: list[Waiting] | None = None  # known only when the order was read here
+        swaps_now = swaps.swap_state(rig, busy)  # None on a rig without a model limit: no read
         if free > 0:
             now = timezone.now()
             order = _in_fair_order(rig_id, waiting)
-            chosen = [item.turn_id for item in order[:free]]
+            if swaps_now is None:
+                chosen = [item.turn_id for item in order[:free]]
+            else:
+                chosen = [order[i].turn_id for i in swaps_now.choose([item.model for item in order], free)]
             # One UPDATE for the lot. A turn cancelled since the read is not QUEUED any more and is left out; when
             # the UPDATE marked fewer than chosen, the marked ones are read back.
             # A placed turn may be handed out by another rig's dispatch at the same moment: the condition on its
@@ -217,12 +238,15 @@ def rig_dispatch(*, rig_id: int, rig: Rig | None = None, tickets: Mapping[int, S
         # A placed turn's ticket was written before its rig was known.
         sent_tickets = [replace(tickets[t], rig_id=rig.pk) for t in dispatched if t in tickets] if tickets else []
         transaction.on_commit(lambda: _send(dispatched, queue, sent_tickets, rig_id=rig_id))
-        # The early lane's free slots (inference/queue/early.py): none while a turn waits, none through an agent.
-        open_slots = free - len(dispatched) if still_waiting == [] and not rig.agent_key else 0
+        # The early lane's free slots (inference/queue/early.py): none while a turn waits or a swap is under way,
+        # none through an agent.
+        swapping = swaps_now is not None and bool(swaps_now.swapping)
+        open_slots = free - len(dispatched) if still_waiting == [] and not rig.agent_key and not swapping else 0
+        held = swaps_now.held(waiting, dispatched) if swaps_now is not None else {}
         transaction.on_commit(lambda: early.open_slots_set(rig_id, open_slots), robust=True)
         transaction.on_commit(
             lambda: announce_positions(
-                rig_id=rig_id, waiting_order_now=still_waiting, just_dispatched=dispatched, reason=reason
+                rig_id=rig_id, waiting_order_now=still_waiting, just_dispatched=dispatched, reason=reason, held=held
             )
         )
         if dispatched:
@@ -306,9 +330,11 @@ def announce_positions(
     waiting_order_now: list[Waiting] | None = None,
     just_dispatched: list[int] | None = None,
     reason: str = "",
+    held: Mapping[int, str] | None = None,
 ) -> None:
     """Tell each waiting turn's chat page (and the board) where it now stands in the rig's queue (0: starting).
     ``waiting_order_now``: the order the dispatch just read under the rig's lock, less what it handed out.
+    ``held``: why turns held back for a model swap wait, by turn id (inference/queue/swaps.py).
     ``just_dispatched``: the turns it handed out. A turn already starting stays at 0 until its worker claims it,
     so only these are told they start (telling every starting turn again would make a burst of n submits send
     n^2/2 messages); the board still gets every position."""
@@ -319,7 +345,7 @@ def announce_positions(
     if waiting:
         fresh = set(just_dispatched or ())
         told = waiting if just_dispatched is None else [w for w in waiting if w[2] > 0 or w[1] in fresh]
-        events.queue_positions_sync(rig_id=rig_id, waiting=waiting, pages=told, reason=reason)
+        events.queue_positions_sync(rig_id=rig_id, waiting=waiting, pages=told, reason=reason, held=held)
 
 
 def dispatch_resend_stale(*, older_than_s: float) -> list[int]:

@@ -122,9 +122,14 @@ def turn_snapshot(turn: Turn, *, just_stored: bool = False) -> dict[str, Any]:
         "queue_position": position,  # None unless waiting; 0 starting; n: n-1 turns wait ahead of it
         "queue_ahead": None if position is None else max(0, position - 1),
         # Handed to the queue (0) and still unclaimed: no worker may consume it, which the page is told too.
-        "waiting_reason": dispatch.turn_waiting_reason(turn) if position is not None else "",
+        "waiting_reason": _waiting_reason(turn) if position is not None else "",
         "rig": _rig_name(turn),  # the rig running or that ran it; None while a placed chat's turn waits for one
     }
+
+
+def _waiting_reason(turn: Turn) -> str:
+    """Why a waiting turn cannot start now: its rig cannot take it, or a model swap holds it back."""
+    return dispatch.turn_waiting_reason(turn) or dispatch.turn_swap_reason(turn)
 
 
 def _rig_name(turn: Turn) -> str | None:

@@ -106,6 +106,9 @@ class LlamaCppMonitor(BackendMonitor):
             detail["sources"][f"backend_{endpoint}"] = {"ok": False, "error": why}
         if self.router:
             detail["build"] = _build(reading.props, slots=[], metrics={})
+            models_max = self.props.get("max_instances")
+            if isinstance(models_max, int) and not isinstance(models_max, bool) and models_max > 0:
+                detail["server_models_max"] = models_max  # --models-max: the fair queue's swaps (Rig field)
             await self._read_router(now, series, detail)
             return
         total = self.props.get("total_slots")
