@@ -24,6 +24,7 @@ import os
 import statistics
 import sys
 import time
+from collections import Counter
 from collections.abc import Iterator
 from typing import Any
 
@@ -193,3 +194,5 @@ def _measure(web_url: str, rig: Rig, owner: Any, llama_url: str, relay_url: str,
         )
     over = [v - r for v, r in zip(added_by["/v1"], added_by["relay"], strict=True)]
     print(f"OPENAI /v1 over the bare relay: added TTFT p50 {statistics.median(over):.1f} ms (target <= 5)")
+    sent_by = Counter(t.stats.get("request_sent_by") for t in Turn.objects.filter(session__api_key=key.key))
+    print(f"OPENAI /v1 requests sent by: {dict(sent_by)}")  # the early lane's share (docs/streaming.md, step 1a)
