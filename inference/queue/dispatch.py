@@ -144,12 +144,8 @@ def turn_waiting_reason(turn: Turn) -> str:
     rigs = waiting_places(turn)
     if not rigs:
         return "waiting: no enabled rig serves this model now"
-    reasons = {rig.name: waiting_reason(rig) for rig in rigs}
-    if not all(reasons.values()):
-        return ""  # a rig it may go to can take it: it waits for a slot, which its queue position says
-    if len(reasons) == 1:
-        return next(iter(reasons.values()))
-    return "waiting: " + "; ".join(f"{name}: {why.removeprefix('waiting: ')}" for name, why in reasons.items())
+    # "": a rig it may go to can take it: it waits for a slot, which its queue position says
+    return _every_rigs_reason({rig.name: waiting_reason(rig) for rig in rigs})
 
 
 def turn_swap_reason(turn: Turn) -> str:
@@ -158,7 +154,22 @@ def turn_swap_reason(turn: Turn) -> str:
     turn."""
     if turn.status != Turn.Status.QUEUED or turn.dispatched_at is not None:
         return ""
-    reasons = {rig.name: swaps.held_reason(rig, turn.session.model_name) for rig in waiting_places(turn)}
+    model = turn.session.model_name
+    return _every_rigs_reason({rig.name: _swap_held_reason(rig, model) for rig in waiting_places(turn)})
+
+
+def _swap_held_reason(rig: Rig, model: str) -> str:
+    """Why a turn for ``model`` waiting for ``rig`` is held back by a swap, or "" (outside a dispatch: the rig's turns
+    read once and one Redis read for a rig with a model limit, nothing for another)."""
+    if not rig.server_models_max:
+        return ""
+    state = swaps.swap_state(rig, _rig_turns(rig)[0])
+    return state.held_reason(model) if state is not None else ""
+
+
+def _every_rigs_reason(reasons: Mapping[str, str]) -> str:
+    """The reason a turn waits, by the rig it may go to: "" when any rig has none (or there is no rig), the one
+    rig's, else each rig's named."""
     if not reasons or not all(reasons.values()):
         return ""
     if len(reasons) == 1:

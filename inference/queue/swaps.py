@@ -25,8 +25,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from inference.live import served
-from inference.models import Rig, Turn
-from inference.queue import placement
+from inference.models import Rig
 
 
 class HasModel(Protocol):
@@ -101,16 +100,3 @@ def swap_state(rig: Rig, in_flight: Iterable[tuple[str, bool]]) -> SwapState | N
     if loaded is None:
         return None
     return SwapState.read(loaded=loaded, models_max=rig.server_models_max, in_flight=in_flight)
-
-
-def held_reason(rig: Rig, model: str) -> str:
-    """Why a turn for ``model`` waiting for ``rig`` is held back by a swap, or "" (outside a dispatch: one query and
-    one Redis read for a rig with a model limit, none for another)."""
-    if not rig.server_models_max:
-        return ""
-    busy = Turn.objects.filter(placement.turns_of(rig), status__in=Turn.ACTIVE).exclude(
-        status=Turn.Status.QUEUED, dispatched_at__isnull=True
-    )
-    rows = busy.order_by().values_list("session__model_name", "status")
-    state = swap_state(rig, [(name, status == Turn.Status.DECODING) for name, status in rows])
-    return state.held_reason(model) if state is not None else ""
