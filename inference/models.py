@@ -83,10 +83,7 @@ class Rig(models.Model):
 
     def record_models(self, names: Any) -> None:
         """Remember the models the backend says it serves now; one UPDATE, only when they changed."""
-        served = sorted({str(name) for name in names})
-        if served != self.models_served:
-            self.models_served = served
-            Rig.objects.filter(pk=self.pk).update(models_served=served)
+        self._remember(models_served=sorted({str(name) for name in names}))
 
     @property
     def capacity(self) -> int:
@@ -97,15 +94,20 @@ class Rig(models.Model):
     def record_server_slots(self, slots: int | None) -> None:
         """Remember the slots the server reports now; one UPDATE, only when they changed. Slots that opened take
         waiting turns at the next dispatch (a turn's end, a submit, or Celery beat's every few seconds)."""
-        if slots != self.server_slots:
-            self.server_slots = slots
-            Rig.objects.filter(pk=self.pk).update(server_slots=slots)
+        self._remember(server_slots=slots)
 
     def record_server_models_max(self, models_max: int | None) -> None:
         """Remember the most models the router holds at once; one UPDATE, only when it changed."""
-        if models_max != self.server_models_max:
-            self.server_models_max = models_max
-            Rig.objects.filter(pk=self.pk).update(server_models_max=models_max)
+        self._remember(server_models_max=models_max)
+
+    def _remember(self, **values: Any) -> None:
+        """Keep what the backend says of itself: the fields whose value changed, in one UPDATE (none when none did),
+        with no save signal (nothing else about the rig changed)."""
+        changed = {name: value for name, value in values.items() if getattr(self, name) != value}
+        if changed:
+            for name, value in changed.items():
+                setattr(self, name, value)
+            Rig.objects.filter(pk=self.pk).update(**changed)
 
     def serves(self, model_name: str) -> bool:
         return model_name in (self.models_served or ())
