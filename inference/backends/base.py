@@ -471,3 +471,9 @@ def same_model(a: str, b: str) -> bool:
         return name if ":" in name.rsplit("/", 1)[-1] else f"{name}:latest"
 
     return full(a) == full(b)
+
+
+def positive_int(value: Any) -> int | None:
+    """A count a server's JSON gives (slots, a context, a size): the value if it is a positive integer, else None (a
+    bool, a float, a string or a zero is no count)."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None

@@ -12,7 +12,7 @@ import struct
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from inference.backends.base import ModelArchitecture
+from inference.backends.base import ModelArchitecture, positive_int
 from inference.backends.kv_layers import layers_from_metadata
 
 _SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
@@ -94,7 +94,7 @@ def _trained_context(path: str, size: int, mtime_ns: int) -> int | None:
             if arch is not None and f"{arch}.context_length" in found:
                 break
     value = found.get(f"{found.get('general.architecture')}.context_length")
-    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+    return positive_int(value)
 
 
 def architecture_from_metadata(meta: dict[str, Any]) -> ModelArchitecture:

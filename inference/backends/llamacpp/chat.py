@@ -39,6 +39,7 @@ from inference.backends.base import (
     OnSent,
     ReadGate,
     StreamChunk,
+    positive_int,
     refusal_or,
 )
 from inference.backends.gguf import trained_context
@@ -54,10 +55,6 @@ from inference.backends.openai.stream import (
 
 LOAD_WAIT_S = 300.0  # a router's model load: the weights read from disk
 ContextFigure = tuple[int | None, str | None]  # a model's context in tokens, and where the figure comes from
-
-
-def _positive(value: Any) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
 
 
 def with_model(path: str, model: str | None) -> str:
@@ -85,9 +82,9 @@ def _context_of(meta: dict[str, Any], details: dict[str, Any], trained: dict[str
     its instance will run (``status.args``): the slot context it sizes, capped by the model file's trained context
     where the file is readable on RigDash's host (``trained``, by path). Otherwise unknown, never guessed."""
     if meta:
-        if (n_ctx := _positive(meta.get("n_ctx"))) is not None:
+        if (n_ctx := positive_int(meta.get("n_ctx"))) is not None:
             return n_ctx, CONTEXT_FROM_SERVER
-        n_ctx_train = _positive(meta.get("n_ctx_train"))
+        n_ctx_train = positive_int(meta.get("n_ctx_train"))
         return n_ctx_train, CONTEXT_FROM_MODEL_FILE if n_ctx_train is not None else None
     if "args" not in details:
         return None, None
@@ -205,7 +202,7 @@ class LlamaCppBackend(Backend):
         models = []
         for name, meta, details in entries:
             tokens, source = _context_of(meta, details, trained)
-            models.append(ModelInfo(name=name, context_length=tokens, size_bytes=_positive(meta.get("size")),
+            models.append(ModelInfo(name=name, context_length=tokens, size_bytes=positive_int(meta.get("size")),
                                     details=details, context_source=source))  # fmt: skip
         return models
 
@@ -223,7 +220,7 @@ class LlamaCppBackend(Backend):
     async def context_window(self, model: str) -> int | None:
         settings = (await self._model_props(model)).get("default_generation_settings")
         n_ctx = settings.get("n_ctx") if isinstance(settings, dict) else None
-        return _positive(n_ctx)
+        return positive_int(n_ctx)
 
     async def loaded_models(self) -> list[LoadedModel]:
         """The models in memory: in router mode those whose status is ``loaded``; otherwise the one model."""
@@ -236,7 +233,7 @@ class LlamaCppBackend(Backend):
                 LoadedModel(
                     name=model.name,
                     size_bytes=model.size_bytes or 0,
-                    context_length=_positive(model.details.get("n_ctx")),
+                    context_length=positive_int(model.details.get("n_ctx")),
                     details=model.details,
                 )
             )

@@ -11,7 +11,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from inference.backends.base import BackendError, ModelArchitecture, auth_headers
+from inference.backends.base import BackendError, ModelArchitecture, auth_headers, positive_int
 from inference.backends.kvcache import KV_CACHE_TYPE_BYTES, kv_allocated_bytes, kv_bytes, kv_bytes_per_token
 from inference.backends.llamacpp import flags as server_flags
 from inference.backends.llamacpp import metrics as llama_metrics
@@ -106,13 +106,11 @@ class LlamaCppMonitor(BackendMonitor):
             detail["sources"][f"backend_{endpoint}"] = {"ok": False, "error": why}
         if self.router:
             detail["build"] = _build(reading.props, slots=[], metrics={})
-            models_max = self.props.get("max_instances")
-            if isinstance(models_max, int) and not isinstance(models_max, bool) and models_max > 0:
+            if (models_max := positive_int(self.props.get("max_instances"))) is not None:
                 detail["server_models_max"] = models_max  # --models-max: the fair queue's swaps (Rig field)
             await self._read_router(now, series, detail)
             return
-        total = self.props.get("total_slots")
-        if isinstance(total, int) and not isinstance(total, bool) and total > 0:
+        if (total := positive_int(self.props.get("total_slots"))) is not None:
             detail["server_slots"] = total  # the server's -np, whatever it was started with (Rig.capacity)
         await self._model_facts()
         await self._arch(self.main, self.props.get("model_path"))
