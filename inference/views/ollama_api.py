@@ -302,11 +302,11 @@ def _ps(request: HttpRequest, body: dict[str, Any]) -> HttpResponse:
 
 
 def _show(request: HttpRequest, body: dict[str, Any]) -> HttpResponse:
+    """The model's context as ``model_info["general.context_length"]`` where known, and (RigDash's addition, as on
+    ``/v1/models``) where that figure comes from."""
     entry = model_resolve(str(body.get("model") or body.get("name") or ""), model_catalogue())
     if entry is None:
         return _error(404, f"model '{body.get('model')}' not found")
-    """The model's context as ``model_info["general.context_length"]`` where known, and (RigDash's addition, as on
-    ``/v1/models``) where that figure comes from."""
     info = {"general.context_length": entry.context_length} if entry.context_length else {}
     return JsonResponse({**_model_entry(entry), "modelfile": "", "parameters": "", "template": "",
                          "model_info": info, "capabilities": ["completion", "tools"],
