@@ -3,27 +3,31 @@
 the model first), and only then.
 
 Against the real router (``--models-dir`` with SmolLM2, ``--embeddings``), run in this process with a first-answer
-timeout shorter than the router's load of SmolLM2 (a child server started, the weights read, a warm-up run): the same
-request fails for that timeout when no load is allowed, and is answered when it is."""
+timeout far shorter than the router's load of SmolLM2 (a child server started, the weights read, a warm-up run):
+the same request fails for that timeout when no load is allowed, and is answered when it is."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import time
 from collections.abc import Iterator
 
 import httpx
 import pytest
+from redis import asyncio as aioredis
 
 from inference.live import answers
 from inference.live.state import sync_client
 from inference.models import ChatSession, Rig, Turn
+from inference.worker import embed
 from inference.worker import start as starts
 from rigdash.launcher import Stack, free_port, wait_http
 from tests.conftest import LOG_DIR
 
-pytestmark = [pytest.mark.llama, pytest.mark.django_db(transaction=True)]
-FIRST_ANSWER_S = 0.3  # shorter than any load of SmolLM2 by the router
+FIRST_ANSWER_S = 0.3  # the first-answer timeout once SmolLM2 is loaded
+LATE_CHECK_S = 0.1  # how long a server takes to say whether it loads the model
+NO_LOAD_S = 0.02  # shorter than any load by the router: a child server started, the weights read, a warm-up run
 
 
 @pytest.fixture
@@ -68,15 +72,17 @@ def _embeddings_turn(owner, rig: Rig) -> Turn:
     return turn
 
 
-def _timeouts(settings, *, load_s: float) -> None:
-    conf = {**vars(settings.RIGDASH), "first_token_timeout_s": FIRST_ANSWER_S, "model_load_timeout_s": load_s}
+def _timeouts(settings, *, load_s: float, first_s: float = FIRST_ANSWER_S) -> None:
+    conf = {**vars(settings.RIGDASH), "first_token_timeout_s": first_s, "model_load_timeout_s": load_s}
     settings.RIGDASH = type(settings.RIGDASH)(**conf)
 
 
+@pytest.mark.llama
+@pytest.mark.django_db(transaction=True)
 def test_embeddings_wait_for_a_routers_load_as_a_chat_does(router, owner, settings) -> None:
     rig = Rig.objects.create(name="router-embeddings", kind=Rig.Kind.LLAMACPP, base_url=router, queue="rig.embed-load")
 
-    _timeouts(settings, load_s=0)  # no allowance: the load outlasts the first-answer timeout
+    _timeouts(settings, load_s=0, first_s=NO_LOAD_S)  # no allowance: the load outlasts the first-answer timeout
     assert _status(router) == "unloaded"
     turn = _embeddings_turn(owner, rig)
     assert (turn.status, turn.finish_reason) == (Turn.Status.FAILED, "timeout"), turn.error
@@ -96,3 +102,34 @@ def test_embeddings_wait_for_a_routers_load_as_a_chat_does(router, owner, settin
     turn = _embeddings_turn(owner, rig)  # loaded now: the first-answer timeout alone, and no load said
     assert turn.status == Turn.Status.DONE and "model_loading" not in turn.stats, turn.stats
     sync_client().delete(answers.answer_key(turn.pk))
+
+
+async def _late_check(*, loads: bool) -> bool:
+    await asyncio.sleep(LATE_CHECK_S)  # a server slow to say whether it loads the model
+    return loads
+
+
+@pytest.mark.parametrize("loads", [True, False])
+def test_no_timeout_is_declared_before_the_load_check_answers(settings, loads: bool) -> None:
+    """A first-answer timeout shorter than the load check's own answer waits for that answer: a server that says it
+    loads gets the load allowance; one that does not times out as soon as it says so, not at the first-answer
+    timeout. The request is a server that never answers; the cancel flag is read from the tests' own Redis."""
+    _timeouts(settings, load_s=0.3, first_s=0.02)
+
+    async def outcome() -> tuple[str, float]:
+        client = aioredis.Redis.from_url(settings.REDIS_URL)
+        loading = asyncio.ensure_future(_late_check(loads=loads))
+        started = time.perf_counter()
+        try:
+            await embed._answered(1, client, asyncio.sleep(30), loading)
+        except embed._TimedOut as exc:
+            return str(exc), time.perf_counter() - started
+        finally:
+            await client.aclose()
+        raise AssertionError("a server that never answers was not timed out")
+
+    words, waited = asyncio.run(outcome())
+    if loads:
+        assert "0.32 s" in words and 0.32 <= waited < 0.32 + embed.CANCEL_POLL_S, (words, waited)
+    else:
+        assert "0.02 s" in words and LATE_CHECK_S <= waited < LATE_CHECK_S + embed.CANCEL_POLL_S, (words, waited)

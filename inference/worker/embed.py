@@ -37,22 +37,24 @@ class _TimedOut(Exception):
 async def _answered(turn_id: int, redis: Any, request: Coroutine[Any, Any, T], loading: asyncio.Task[bool]) -> T:
     """``request``'s result, unless while it waits the turn's cancel flag is set (_Cancelled; a flag that cannot be
     read counts as unset) or the server has not answered within ``first_answer_limit_s`` (_TimedOut), which grants
-    the model's load once ``loading`` says the server loads it first. Either drops the request (its connection
-    closed, so the backend stops)."""
+    the model's load once ``loading`` says the server loads it first (so no timeout is declared before ``loading``
+    has answered). Either drops the request (its connection closed, so the backend stops)."""
     task = asyncio.ensure_future(request)
     started = time.perf_counter()
     try:
-        while not (await asyncio.wait({task}, timeout=CANCEL_POLL_S))[0]:
+        while True:
+            limit = first_answer_limit_s(settings.RIGDASH, loading=_said(loading))
+            left = limit - (time.perf_counter() - started)
+            if left <= 0 and loading.done():  # a pending load check ends within its own LOADED_CHECK_S
+                raise _TimedOut(f"The backend sent nothing for {limit:g} s while waiting for the embeddings.")
+            if (await asyncio.wait({task}, timeout=min(CANCEL_POLL_S, left) if left > 0 else CANCEL_POLL_S))[0]:
+                return task.result()
             try:
                 flagged = await redis.get(state.cancel_key(turn_id))
             except (OSError, RedisError):
                 flagged = None
             if flagged:
                 raise _Cancelled
-            limit = first_answer_limit_s(settings.RIGDASH, loading=_said(loading))
-            if time.perf_counter() - started > limit:
-                raise _TimedOut(f"The backend sent nothing for {limit:g} s while waiting for the embeddings.")
-        return task.result()
     finally:
         if not task.done():
             task.cancel()
