@@ -17,7 +17,7 @@ from inference.live import consumers, served
 from inference.models import ChatSession, Rig, Turn
 from inference.queue import dispatch, swaps
 from inference.queue.dispatch import Waiting
-from inference.turns import selectors, submit
+from inference.turns import lifecycle, selectors, submit
 from tests.adminkit import make_session, make_user, quiet
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
@@ -112,6 +112,35 @@ def test_a_steady_user_of_the_loaded_model_waits_in_the_fair_queue_while_the_rou
     _start(swap)  # B's first token: it has started
     assert dispatch.rig_dispatch(rig_id=rig.pk) == [held.pk]
     assert _reason(held) == ""
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_swapped_in_turns_first_token_sends_the_held_turns_at_once(owner, other_user):
+    """The worker marks a turn decoding at its first token (lifecycle.turn_mark_decoding): on a router with a model
+    limit that dispatches the rig, so the held turns need not wait for some turn's end."""
+    rig = _rig("router", 1)
+    served.loaded_store(rig.pk, ["A"])
+    steady = submit.turn_submit(session=make_session(owner, rig, "A"), text="a1")
+    _start(steady)
+    swap = submit.turn_submit(session=make_session(other_user, rig, "B"), text="b1")
+    held = submit.turn_submit(session=make_session(owner, rig, "A"), text="a2")
+    _end(steady)
+    _start(swap, Turn.Status.PROMPT)
+    assert not _dispatched(held)
+
+    lifecycle.turn_mark_decoding(turn=Turn.objects.select_related("session").get(pk=swap.pk))
+    assert Turn.objects.get(pk=swap.pk).status == Turn.Status.DECODING
+    assert _dispatched(held) and _reason(held) == ""
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_first_token_on_a_rig_without_a_model_limit_dispatches_nothing(owner, monkeypatch):
+    rig = _rig("plain", None)
+    turn = submit.turn_submit(session=make_session(owner, rig, "A"), text="a1")
+    _start(turn, Turn.Status.PROMPT)
+    monkeypatch.setattr(dispatch, "rig_dispatch", lambda **kwargs: pytest.fail("dispatched a rig without swaps"))
+    lifecycle.turn_mark_decoding(turn=Turn.objects.select_related("session").get(pk=turn.pk))
+    assert Turn.objects.get(pk=turn.pk).status == Turn.Status.DECODING
 
 
 @pytest.mark.django_db(transaction=True)

@@ -10,6 +10,7 @@ import os
 import sys
 import time
 from collections.abc import Iterator
+from datetime import timedelta
 from pathlib import Path
 
 import httpx
@@ -92,9 +93,12 @@ def test_a_second_users_model_is_swapped_in_while_the_first_keeps_sending(
     ours = Turn.objects.filter(pk__in=[t.pk for t in sent]).order_by("pk")
     assert {t.status for t in ours} == {Turn.Status.DONE}, [(t.status, t.error) for t in ours]
     assert b.finished_at is not None and b.dispatched_at is not None
-    # User 1's turns sent while B waited for the swap waited in RigDash's queue, not inside the router.
-    behind = [t for t in ours if b.dispatched_at < t.created_at < b.finished_at]
-    assert behind and all(t.dispatched_at is not None and t.dispatched_at >= b.finished_at for t in behind), [
+    # User 1's turns sent while B waited for the swap waited in RigDash's queue, not inside the router, until B's
+    # first token (its model loaded); its start plus its TTFT is no later than that token (TTFT counts from the send).
+    assert b.started_at is not None and b.stats.get("ttft_ms") is not None, b.stats
+    b_first_token = b.started_at + timedelta(milliseconds=b.stats["ttft_ms"])
+    behind = [t for t in ours if b.dispatched_at < t.created_at < b_first_token]
+    assert behind and all(t.dispatched_at is not None and t.dispatched_at >= b_first_token for t in behind), [
         (t.created_at, t.dispatched_at) for t in behind
     ]
     print(f"B done {took_s:.1f} s after its submit; {len(sent)} turns of user 1", file=sys.stderr)

@@ -55,8 +55,13 @@ def turns_cancel_for_user(*, user_id: int) -> int:
     return cancelled
 
 
-def turn_mark_decoding(*, turn_id: int) -> None:
-    Turn.objects.filter(pk=turn_id, status=Turn.Status.PROMPT).update(status=Turn.Status.DECODING)
+def turn_mark_decoding(*, turn: Turn) -> None:
+    """The turn's first token is out. On a router that swaps models (``Rig.server_models_max``) its model is loaded
+    now, so the turns its swap held back go out at once, not at the next turn's end (inference/queue/swaps.py)."""
+    started = Turn.objects.filter(pk=turn.pk, status=Turn.Status.PROMPT).update(status=Turn.Status.DECODING)
+    rig_id = turn.rig_id or turn.session.rig_id
+    if started and Rig.objects.filter(pk=rig_id, server_models_max__isnull=False).exists():
+        dispatch.rig_dispatch(rig_id=rig_id)
 
 
 def turn_checkpoint(*, turn_id: int, reply_text: str, thinking_text: str = "") -> None:

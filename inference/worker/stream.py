@@ -363,7 +363,7 @@ async def _decoding(state: TurnStream) -> None:
     hears of it and samples the rig at once. Not sooner: a sample while the backend reads the prompt would take a
     core from it, on the turn's time to first token."""
     try:
-        await db_async(gated(lifecycle.turn_mark_decoding))(turn_id=state.turn.pk)
+        await db_async(gated(lifecycle.turn_mark_decoding))(turn=state.turn)
     except DatabaseError as exc:  # a view of the phase: the pages have the tokens, and the end is stored whole
         log.warning("turn %s: could not mark it decoding: %r", state.turn.pk, exc)
     try:
