@@ -89,6 +89,7 @@ class BoardQueue(TypedDict):
     type: Literal["board.queue"]
     rig: int
     positions: dict[str, int]
+    reasons: dict[str, str]  # why a turn waits, for those of ``positions`` with a reason (as their pages are told)
 
 
 class BoardTurn(TypedDict):

@@ -16,7 +16,7 @@ Event types (one consumer handler each):
 The admin board (group ``board``, staff sockets only; inference/consumers/board.py):
 - ``board.turn``      one turn's board row (user, rig, model, state, tokens...) when it is queued, starts or ends.
 - ``board.progress``  a running turn's tokens so far, tokens/s and context fill, at most ~2 per second.
-- ``board.queue``     a rig's waiting turns and their queue positions, after each dispatch.
+- ``board.queue``     a rig's waiting turns, their queue positions and why those held wait, after each dispatch.
 - ``board.sweep``     a decode sweep's state (inference/turns/sweep_rows.py), when it starts, a step starts or ends.
 
 A decode sweep's page (group ``sweep.<id>``, staff sockets only; monitoring/consumers.py): ``sweep.progress``, the
@@ -253,19 +253,24 @@ def queue_positions_sync(
 ) -> None:
     """After a dispatch: waiting turns' places, ``(session_id, turn_id, position)``: those in ``pages`` (default:
     all) to their chat pages (``chat.turn_state``, with ``waiting_reason`` when the rig cannot take turns now, or
-    the turn's own in ``held``: a model swap holds it back), all of them to the board (``board.queue``), in one
-    round trip."""
+    the turn's own in ``held``: a model swap holds it back), all of them to the board (``board.queue``, with the
+    same reasons), in one round trip."""
+
+    def why(turn_id: int) -> str:
+        return reason or (held or {}).get(turn_id, "")
+
     messages: list[tuple[str, Event]] = []
     for session_id, turn_id, position in waiting if pages is None else pages:
         state = ChatTurnState(
             type="chat.turn_state", turn=turn_id, status="queued", queue_position=position,
             queue_ahead=max(0, position - 1),
         )  # fmt: skip
-        if why := reason or (held or {}).get(turn_id, ""):
-            state["waiting_reason"] = why
+        if said := why(turn_id):
+            state["waiting_reason"] = said
         messages.append((session_group(session_id), state))
     positions = {str(turn_id): position for _, turn_id, position in waiting}
-    messages.append((BOARD_GROUP, BoardQueue(type="board.queue", rig=rig_id, positions=positions)))
+    reasons = {str(turn_id): said for _, turn_id, _ in waiting if (said := why(turn_id))}
+    messages.append((BOARD_GROUP, BoardQueue(type="board.queue", rig=rig_id, positions=positions, reasons=reasons)))
     send_sync(*messages)
 
 

@@ -185,3 +185,20 @@ def test_an_ollama_history_cut_reads_on_the_chat_and_the_board(chromium, web_url
     warn.wait_for()
     assert "history cut" in warn.inner_text() and "older messages were dropped" in warn.get_attribute("title")
     assert not chat.errors and not board.errors and not chat.console_errors and not board.console_errors
+
+
+def test_the_board_says_why_a_queued_turn_waits(chromium, web_url, owner, admin_user):
+    """A rig behind an agent that never reported holds its turns in RigDash's queue: the board row says so, as the
+    chat page does (the reason's text is the dispatch's: inference/queue/dispatch.py)."""
+    rig = Rig.objects.create(name="remote", kind=Rig.Kind.LLAMACPP, base_url="http://127.0.0.1:9", queue="rig.remote",
+                             agent_key="agent-key-that-never-reported-" + "k" * 20)  # fmt: skip
+    quiet(rig)
+    turn = _in_thread(submit.turn_submit, session=make_session(owner, rig, "smol"), text="hello")
+    board = _page(chromium)
+    login(board, web_url, "admin")
+    board.goto(f"{web_url}/board/")
+    row = board.locator(f"tr[data-turn='{turn.pk}'][data-status=queued]")
+    row.locator("text=waiting: the rig's agent down: it has never reported").wait_for()
+    assert "queued #1 (0 ahead)" in row.inner_text()
+    assert Turn.objects.get(pk=turn.pk).dispatched_at is None
+    assert board.errors == [] and [e for e in board.console_errors if "Failed to load resource" not in e] == []

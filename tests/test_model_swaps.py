@@ -10,6 +10,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
+from asgiref.sync import sync_to_async
 from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext
 
@@ -19,6 +20,8 @@ from inference.queue import dispatch, swaps
 from inference.queue.dispatch import Waiting
 from inference.turns import lifecycle, selectors, submit
 from tests.adminkit import make_session, make_user, quiet
+from tests.conftest import session_cookie_for
+from tests.wsclient import BoardSocket
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -209,3 +212,38 @@ def test_a_rig_without_a_model_limit_reads_nothing_more(owner, other_user, monke
 def test_waiting_turns_carry_their_chats_model():
     item = Waiting(turn_id=1, user_id=1, session_id=1, created_at=T0 + timedelta(seconds=1), model="B")
     assert swaps.SwapState.read(loaded={"A"}, models_max=1, in_flight=[]).held({item}, []) == {}
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_the_board_says_why_a_turn_waits_for_a_swap_and_clears_it_when_it_goes(owner, other_user, admin_user):
+    """The board row of a turn a swap holds back carries its page's reason, in the snapshot and in each dispatch's
+    queue message, and the message that hands it out clears it."""
+    rig = await sync_to_async(_rig)("router", 1)
+    await sync_to_async(served.loaded_store)(rig.pk, ["A"])
+    sock = BoardSocket(await sync_to_async(session_cookie_for)(admin_user))
+    assert (await sock.connect())[0]
+    await sock.recv()
+
+    def submit_three() -> tuple[Turn, Turn, Turn]:
+        steady = submit.turn_submit(session=make_session(owner, rig, "A"), text="a1")
+        _start(steady)
+        swap = submit.turn_submit(session=make_session(other_user, rig, "B"), text="b1")
+        return steady, swap, submit.turn_submit(session=make_session(owner, rig, "A"), text="a2")
+
+    steady, swap, held = await sync_to_async(submit_three)()
+    why = "waiting: the rig swaps to model B first"
+    row = await sock.recv_until(lambda f: f["type"] == "turn" and f["turn"]["id"] == held.pk)
+    assert (row["turn"]["queue_position"], row["turn"]["waiting_reason"]) == (1, why)
+    await sock.send({"type": "board.resync"})
+    snapshot = await sock.recv_until(lambda f: f["type"] == "board.snapshot")
+    assert {r["id"]: r["waiting_reason"] for r in snapshot["turns"]} == {steady.pk: "", swap.pk: "", held.pk: why}
+
+    await sync_to_async(_end)(steady)  # a dispatch that still holds it says so again
+    queue = await sock.recv_until(lambda f: f["type"] == "queue" and str(held.pk) in f["positions"])
+    assert queue["reasons"] == {str(held.pk): why}
+    await sync_to_async(_start)(swap, Turn.Status.PROMPT)
+    mark = lifecycle.turn_mark_decoding
+    await sync_to_async(mark)(turn=await sync_to_async(Turn.objects.select_related("session").get)(pk=swap.pk))
+    queue = await sock.recv_until(lambda f: f["type"] == "queue" and f["positions"].get(str(held.pk)) == 0)
+    assert queue["reasons"] == {}
+    await sock.close()

@@ -69,7 +69,8 @@ class BoardConsumer(StaffConsumer):
         await self.send(text_data=shared_frame(event, lambda: {**event, "type": "progress"}))
 
     async def board_queue(self, event: dict[str, Any]) -> None:
-        frame = shared_frame(event, lambda: {"type": "queue", "rig": event["rig"], "positions": event["positions"]})
+        frame = shared_frame(event, lambda: {"type": "queue", "rig": event["rig"], "positions": event["positions"],
+                                             "reasons": event.get("reasons", {})})  # fmt: skip
         await self.send(text_data=frame)
 
     async def board_sweep(self, event: dict[str, Any]) -> None:

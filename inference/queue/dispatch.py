@@ -138,33 +138,68 @@ def waiting_places(turn: Turn, *, serving: Callable[[str], list[Rig]] = placemen
     return [turn.rig or turn.session.rig]
 
 
-def turn_waiting_reason(turn: Turn) -> str:
+class RigReasons:
+    """Each rig's reasons for its waiting turns, read once however many turns ask: why it cannot take turns or has
+    no worker (``waiting_reason``), and its model swaps (``swaps.swap_state``: the rig's turns and one Redis read,
+    only for a rig with a model limit)."""
+
+    def __init__(self) -> None:
+        self._rig: dict[int, str] = {}
+        self._swaps: dict[int, swaps.SwapState | None] = {}
+
+    def rig(self, rig: Rig) -> str:
+        if rig.pk not in self._rig:
+            self._rig[rig.pk] = waiting_reason(rig)
+        return self._rig[rig.pk]
+
+    def swap(self, rig: Rig, model: str) -> str:
+        """Why a turn for ``model`` waiting for ``rig`` is held back by a swap, or ""."""
+        if not rig.server_models_max:
+            return ""
+        if rig.pk not in self._swaps:
+            self._swaps[rig.pk] = swaps.swap_state(rig, _rig_turns(rig)[0])
+        state = self._swaps[rig.pk]
+        return state.held_reason(model) if state is not None else ""
+
+
+def turn_waiting_reason(turn: Turn, *, reasons: RigReasons | None = None, rigs: list[Rig] | None = None) -> str:
     """Why a waiting turn cannot start now, or "": its rig cannot take turns or has no worker (``waiting_reason``),
-    or no rig serving a placed chat's model can take it."""
-    rigs = waiting_places(turn)
+    or no rig serving a placed chat's model can take it. ``rigs``: its ``waiting_places``, where read already."""
+    reasons = reasons or RigReasons()
+    rigs = waiting_places(turn) if rigs is None else rigs
     if not rigs:
         return "waiting: no enabled rig serves this model now"
     # "": a rig it may go to can take it: it waits for a slot, which its queue position says
-    return _every_rigs_reason({rig.name: waiting_reason(rig) for rig in rigs})
+    return _every_rigs_reason({rig.name: reasons.rig(rig) for rig in rigs})
 
 
-def turn_swap_reason(turn: Turn) -> str:
+def turn_swap_reason(turn: Turn, *, reasons: RigReasons | None = None, rigs: list[Rig] | None = None) -> str:
     """Why a waiting turn is held back by a model swap on every rig it may go to (inference/queue/swaps.py), or "".
     Apart from ``turn_waiting_reason``: a swap ends by itself, and a long wait for a reason there fails a placed
     turn."""
     if turn.status != Turn.Status.QUEUED or turn.dispatched_at is not None:
         return ""
+    reasons = reasons or RigReasons()
     model = turn.session.model_name
-    return _every_rigs_reason({rig.name: _swap_held_reason(rig, model) for rig in waiting_places(turn)})
+    rigs = waiting_places(turn) if rigs is None else rigs
+    return _every_rigs_reason({rig.name: reasons.swap(rig, model) for rig in rigs})
 
 
-def _swap_held_reason(rig: Rig, model: str) -> str:
-    """Why a turn for ``model`` waiting for ``rig`` is held back by a swap, or "" (outside a dispatch: the rig's turns
-    read once and one Redis read for a rig with a model limit, nothing for another)."""
-    if not rig.server_models_max:
-        return ""
-    state = swaps.swap_state(rig, _rig_turns(rig)[0])
-    return state.held_reason(model) if state is not None else ""
+def turns_waiting_reasons(
+    turns: Iterable[Turn], *, serving: Callable[[str], list[Rig]] = placement.rigs_serving
+) -> dict[int, str]:
+    """What each waiting turn's page says about why it waits (its rigs' reasons, else a swap's), by turn id, for
+    those that have one; each rig read once (``serving``: as for ``waiting_places``)."""
+    reasons = RigReasons()
+    out: dict[int, str] = {}
+    for turn in turns:
+        if turn.status != Turn.Status.QUEUED:
+            continue
+        rigs = waiting_places(turn, serving=serving)
+        why = turn_waiting_reason(turn, reasons=reasons, rigs=rigs)
+        if why := why or turn_swap_reason(turn, reasons=reasons, rigs=rigs):
+            out[turn.pk] = why
+    return out
 
 
 def _every_rigs_reason(reasons: Mapping[str, str]) -> str:

@@ -23,8 +23,11 @@ def _iso(value: Any) -> str | None:
     return value.isoformat() if value else None
 
 
-def board_row(turn: Turn, *, position: int | None, progress: Mapping[str, Any] | None) -> dict[str, Any]:
-    """A turn as the board shows it; ``turn`` needs session, its owner and rig loaded."""
+def board_row(
+    turn: Turn, *, position: int | None, progress: Mapping[str, Any] | None, waiting_reason: str = ""
+) -> dict[str, Any]:
+    """A turn as the board shows it; ``turn`` needs session, its owner and rig loaded. ``waiting_reason``: what its
+    chat page says about why it waits (``dispatch.turns_waiting_reasons``)."""
     stats = turn.stats or {}
     progress = progress or {}
     placed = turn.session.placement == ChatSession.Placement.MODEL
@@ -53,6 +56,7 @@ def board_row(turn: Turn, *, position: int | None, progress: Mapping[str, Any] |
         "status": turn.status,
         "finish_reason": turn.finish_reason,
         "queue_position": position,
+        "waiting_reason": waiting_reason,
         "tokens": tokens,
         "decode_tps": decode_tps,
         "prompt_tokens": prompt_tokens,
@@ -88,8 +92,12 @@ def _rows(turns: Iterable[Turn]) -> list[dict[str, Any]]:
     for turn in turns:
         if turn.status == Turn.Status.QUEUED and turn.dispatched_at is not None:
             positions[turn.pk] = 0
+    reasons = dispatch.turns_waiting_reasons(turns, serving=rigs_serving)  # the queued turns'
     progress = live_progress.read_many([t.pk for t in turns if t.status in Turn.RUNNING])
-    return [board_row(t, position=positions.get(t.pk), progress=progress.get(t.pk)) for t in turns]
+    return [
+        board_row(t, position=positions.get(t.pk), progress=progress.get(t.pk), waiting_reason=reasons.get(t.pk, ""))
+        for t in turns
+    ]
 
 
 def _with_people() -> Any:

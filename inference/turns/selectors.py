@@ -129,7 +129,7 @@ def turn_snapshot(turn: Turn, *, just_stored: bool = False) -> dict[str, Any]:
 
 def _waiting_reason(turn: Turn) -> str:
     """Why a waiting turn cannot start now: its rig cannot take it, or a model swap holds it back."""
-    return dispatch.turn_waiting_reason(turn) or dispatch.turn_swap_reason(turn)
+    return dispatch.turns_waiting_reasons([turn]).get(turn.pk, "")
 
 
 def _rig_name(turn: Turn) -> str | None:

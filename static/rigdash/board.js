@@ -53,9 +53,11 @@
 
   function stateText(d) {
     if (d.status === "queued") {
-      if (d.queue_position === 0) return "queued (starting)";
-      if (d.queue_position) return `queued #${d.queue_position} (${d.queue_position - 1} ahead)`;
-      return "queued";
+      // Why it waits, as its chat page says (a rig that cannot take turns, no worker, a model swap).
+      const why = d.waiting_reason ? ` · ${d.waiting_reason}` : "";
+      if (d.queue_position === 0) return `queued (starting)${why}`;
+      if (d.queue_position) return `queued #${d.queue_position} (${d.queue_position - 1} ahead)${why}`;
+      return `queued${why}`;
     }
     if (ACTIVE.has(d.status)) return d.status;
     return d.finish_reason && d.finish_reason !== d.status ? `${d.status} (${d.finish_reason})` : d.status;
@@ -186,7 +188,8 @@
     queue: (msg) => {
       Object.entries(msg.positions).forEach(([id, position]) => {
         const entry = rows.get(Number(id));
-        if (entry && entry.data.status === "queued") render({ ...entry.data, queue_position: position });
+        const waiting_reason = (msg.reasons || {})[id] || "";
+        if (entry && entry.data.status === "queued") render({ ...entry.data, queue_position: position, waiting_reason });
       });
     },
     "cancel.accepted": () => {},
