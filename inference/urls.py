@@ -6,6 +6,7 @@ from __future__ import annotations
 from django.urls import path
 
 from inference.views import (
+    anthropic_messages,
     board,
     chat,
     chats,
@@ -23,14 +24,15 @@ from inference.views import (
 
 app_name = "inference"
 
-# The routes a client reaches with an API key, not a session: the OpenAI-compatible API (inference/views/openai.py)
-# and Ollama's (docs/openai.md, "Ollama's API"). The web server serves them without the session middleware
+# The routes a client reaches with an API key, not a session: the OpenAI-compatible API (inference/views/openai.py),
+# Anthropic's Messages API and Ollama's (docs/openai.md). The web server serves them without the session middleware
 # (rigdash/apihandler.py), so no view here may read ``request.session`` or a session's user.
 key_urlpatterns = [
     path("v1/models", openai.models_list, name="openai_models"),
     path("v1/chat/completions", openai_chat.chat_completions, name="openai_chat_completions"),
     path("v1/embeddings", openai_embeddings.embeddings, name="openai_embeddings"),
     path("v1/completions", openai_completions.completions, name="openai_completions"),
+    path("v1/messages", anthropic_messages.messages, name="anthropic_messages"),
     path("api/chat", ollama_api.chat, name="ollama_chat"),
     path("api/generate", ollama_api.generate, name="ollama_generate"),
     path("api/embed", ollama_api.embed, name="ollama_embed"),

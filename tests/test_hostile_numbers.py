@@ -41,6 +41,7 @@ NUMERIC: dict[str, tuple[str, str, str, tuple[str, ...]]] = {
     "inference:api_session_turns": ("POST", "/api/sessions/{session}/turns", "json", ("max_tokens", "temperature")),
     "inference:openai_chat_completions": ("POST", "/v1/chat/completions", "json", ("max_tokens", "temperature")),
     "inference:openai_completions": ("POST", "/v1/completions", "json", ("max_tokens", "temperature")),
+    "inference:anthropic_messages": ("POST", "/v1/messages", "json", ("max_tokens", "temperature", "top_k")),
     "inference:openai_embeddings": ("POST", "/v1/embeddings", "json", ("dimensions",)),
     "inference:ollama_chat": ("POST", "/api/chat", "json", ("options", "keep_alive")),
     "inference:ollama_generate": ("POST", "/api/generate", "json", ("options", "keep_alive")),

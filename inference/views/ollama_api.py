@@ -20,7 +20,7 @@ from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpRe
 
 from inference.board import apikeys
 from inference.models import Turn
-from inference.views.openai import CatalogueEntry, catalogue_loaded, model_catalogue, model_resolve
+from inference.views.openai import CatalogueEntry, catalogue_loaded, error_words, model_catalogue, model_resolve
 from inference.views.openai_chat import (
     ENDED_STATUSES,
     Piece,
@@ -54,12 +54,8 @@ def _error(status: int, message: str) -> JsonResponse:
 
 def _ollama_shape(response: HttpResponse) -> HttpResponse:
     """An OpenAI-shaped error answer as Ollama's ``{"error": "..."}``, same status."""
-    try:
-        error = json.loads(response.content).get("error")
-    except (ValueError, AttributeError):
-        return response
-    message = error.get("message") if isinstance(error, dict) else error
-    return _error(response.status_code, str(message))
+    message = error_words(response)
+    return response if message is None else _error(response.status_code, message)
 
 
 def _authenticated(request: HttpRequest) -> HttpResponse | None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -33,6 +34,16 @@ def openai_error(status: int, message: str, *, code: str | None = None, param: s
     """OpenAI's error body: ``{"error": {"message", "type", "param", "code"}}``."""
     body = {"error": {"message": message, "type": kind, "param": param, "code": code}}
     return JsonResponse(body, status=status)
+
+
+def error_words(response: HttpResponse) -> str | None:
+    """The message of an error answer in OpenAI's shape (``openai_error``), for another API's shape of it; None for
+    an answer that is not one."""
+    try:
+        error = json.loads(response.content).get("error")
+    except (ValueError, AttributeError):
+        return None
+    return str(error.get("message") if isinstance(error, dict) else error)
 
 
 View = Callable[..., HttpResponse]

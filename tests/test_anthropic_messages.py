@@ -1,0 +1,200 @@
+"""Anthropic's Messages API through RigDash (``POST /v1/messages``, inference/views/anthropic_messages.py): Anthropic's
+official ``anthropic`` client against RigDash's web server and a Celery worker, with a RigDash key.
+
+Against the real llama-server with SmolLM2-135M: whole and streamed replies give the text llama-server's own
+``/v1/messages`` gives the same greedy request, stop sequences and the system prompt reach it, and each request is a
+turn of its key (board, usage). The tool-use loop runs against the small OpenAI-compatible server of
+tests/test_openai_gateway.py (SmolLM2 does not call tools): ``tool_use`` blocks streamed as ``input_json_delta``, and
+the ``tool_result`` reaching the server as OpenAI's tool message. The translation itself is tested without servers."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import anthropic
+import httpx
+import pytest
+
+from inference.board import apikeys
+from inference.models import Turn
+from inference.turns.board_rows import board_row_for
+from inference.views.anthropic_messages import openai_body
+from inference.views.openai_request import BadRequest
+from tests.test_openai_gateway import FAKE_MODEL, FakeOpenAI, fake_rig  # noqa: F401  (the ``fake_rig`` fixture)
+
+WEATHER = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+TOOLS = [{"name": "get_weather", "description": "The weather", "input_schema": WEATHER}]
+
+
+def _client(web_url: str, key: str) -> anthropic.Anthropic:
+    return anthropic.Anthropic(base_url=web_url, api_key=key, max_retries=0, timeout=120)
+
+
+# The translation, as llama-server's own (tools/server/server-chat.cpp server_chat_convert_anthropic_to_oai) --------
+
+
+def test_a_conversation_with_tools_translates_as_llama_server_translates_it() -> None:
+    body = {
+        "model": "m", "max_tokens": 64, "system": [{"type": "text", "text": "Be "}, {"type": "text", "text": "brief."}],
+        "stop_sequences": ["\n\n"], "temperature": 0, "top_k": 5, "metadata": {"user_id": "u1"}, "tools": TOOLS,
+        "tool_choice": {"type": "tool", "name": "get_weather"}, "thinking": {"type": "enabled", "budget_tokens": 99},
+        "service_tier": "auto",
+        "messages": [
+            {"role": "user", "content": [{"type": "text", "text": "Weather in Oslo?"},
+                                         {"type": "image", "source": {"type": "base64", "media_type": "image/png",
+                                                                      "data": "iVBOR"}}]},
+            {"role": "assistant", "content": [{"type": "thinking", "thinking": "Use the tool."},
+                                              {"type": "tool_use", "id": "toolu_1", "name": "get_weather",
+                                               "input": {"city": "Oslo"}}]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1",
+                                          "content": [{"type": "text", "text": "12 C"}]}]},
+        ],
+    }  # fmt: skip
+    assert openai_body(body) == {
+        "model": "m", "max_tokens": 64, "stop": ["\n\n"], "temperature": 0, "top_k": 5, "stream": False,
+        "thinking_budget_tokens": 99, "tool_choice": "required",
+        "tools": [{"type": "function", "function": {"name": "get_weather", "description": "The weather",
+                                                    "parameters": WEATHER}}],
+        "messages": [
+            {"role": "system", "content": "Be brief."},
+            {"role": "user", "content": [{"type": "text", "text": "Weather in Oslo?"},
+                                         {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBOR"}}]},
+            {"role": "assistant", "content": "", "reasoning_content": "Use the tool.",
+             "tool_calls": [{"id": "toolu_1", "type": "function",
+                             "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'}}]},
+            {"role": "tool", "tool_call_id": "toolu_1", "content": "12 C"},
+        ],
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("body", "words"),
+    [
+        ({"model": "m", "messages": []}, "messages: a non-empty list is required"),
+        ({"model": "m", "messages": [{"role": "system", "content": "hi"}]}, "role is 'user' or 'assistant'"),
+        ({"model": "m", "messages": [{"role": "user", "content": 7}]}, "content must be a string or a list"),
+        ({"model": "m", "messages": [{"role": "user", "content": [{"text": "x"}]}]}, "must be an object with a type"),
+        ({"model": "m", "messages": [{"role": "user", "content": [{"type": "text", "text": 1}]}]}, "must be a string"),
+        ({"model": "m", "system": 5, "messages": [{"role": "user", "content": "hi"}]}, "system must be"),
+        ({"model": "m", "stop_sequences": "x", "messages": [{"role": "user", "content": "hi"}]}, "stop_sequences"),
+        ({"model": "m", "tools": {"a": 1}, "messages": [{"role": "user", "content": "hi"}]}, "tools must be a list"),
+        ({"model": "m", "tool_choice": "auto", "messages": [{"role": "user", "content": "hi"}]}, "tool_choice"),
+        ({"model": "m", "stream": "yes", "messages": [{"role": "user", "content": "hi"}]}, "stream must be a boolean"),
+    ],
+)
+def test_a_malformed_body_is_refused_by_what_is_wrong(body: dict[str, Any], words: str) -> None:
+    with pytest.raises(BadRequest) as refused:
+        openai_body(body)
+    assert words in refused.value.message
+
+
+# Through the live stack ------------------------------------------------------------------------------------------
+
+
+def _direct(request: dict[str, Any]) -> dict[str, Any]:
+    """The SDK call's arguments as the body it sends."""
+    return {**{k: v for k, v in request.items() if k != "extra_body"}, **request.get("extra_body", {})}
+
+
+def _own_answer(llama_url: str, body: dict[str, Any]) -> dict[str, Any]:
+    answer = httpx.post(f"{llama_url}/v1/messages", json=body, timeout=120)
+    assert answer.status_code == 200, answer.text
+    return dict(answer.json())
+
+
+@pytest.mark.llama
+@pytest.mark.django_db(transaction=True)
+def test_anthropics_client_gets_llama_servers_own_answer_whole_and_streamed(
+    web_url, celery_worker, llama_url, rig, model_name, owner
+) -> None:
+    client = _client(web_url, apikeys.api_key_create(owner=owner, name="claude").secret)
+    # Greedy, to compare texts; the SDK (2.x) has no sampler arguments, so it goes as an extra field.
+    request: dict[str, Any] = {
+        "model": model_name, "max_tokens": 24, "system": "You are terse.", "extra_body": {"temperature": 0},
+        "messages": [{"role": "user", "content": "Write a long story about a lighthouse keeper."}],
+    }  # fmt: skip
+    own = _own_answer(llama_url, _direct(request))
+    whole = client.messages.create(**request)
+    assert [b.type for b in whole.content] == ["text"] and whole.role == "assistant"
+    assert whole.content[0].text == own["content"][0]["text"]
+    assert (whole.stop_reason, own["stop_reason"]) == ("max_tokens", "max_tokens")
+    assert whole.usage.output_tokens == own["usage"]["output_tokens"] == 24
+
+    with client.messages.stream(**request) as stream:
+        texts = list(stream.text_stream)
+        streamed = stream.get_final_message()
+    assert len(texts) > 1 and "".join(texts) == own["content"][0]["text"]
+    assert streamed.content[0].text == own["content"][0]["text"] and streamed.stop_reason == "max_tokens"
+    assert streamed.usage.output_tokens == 24
+
+    counting = {**request, "max_tokens": 60, "messages": [{"role": "user", "content": "Count from 1 to 10, separated "
+                                                                                      "by commas."}]}  # fmt: skip
+    stopped = client.messages.create(**counting, stop_sequences=["5"])
+    own_stopped = _own_answer(llama_url, _direct({**counting, "stop_sequences": ["5"]}))
+    assert stopped.content[0].text == own_stopped["content"][0]["text"] and "5" not in stopped.content[0].text
+    assert stopped.stop_reason == "end_turn"  # llama-server's own says stop_sequence (docs/openai.md)
+
+    turns = list(Turn.objects.order_by("pk"))
+    assert [t.status for t in turns] == [Turn.Status.DONE] * 3
+    assert turns[0].session.context_messages == [{"role": "system", "content": "You are terse."}]
+    rows = [board_row_for(t.pk) for t in turns]
+    assert all(r is not None and r["via_api"] and r["api_client"]["key"] == "claude" for r in rows)
+    assert all(r is not None and r["api_client"]["agent"].startswith("Anthropic/Python") for r in rows)
+    used = apikeys.api_key_usage([turns[0].session.api_key])[turns[0].session.api_key_id]
+    assert used.turns == 3 and used.output_tokens == sum(t.output_tokens or 0 for t in turns)
+
+
+@pytest.mark.llama
+@pytest.mark.django_db(transaction=True)
+def test_anthropics_client_runs_a_tool_use_loop(web_url, celery_worker, fake_rig, owner) -> None:  # noqa: F811
+    client = _client(web_url, apikeys.api_key_create(owner=owner, name="agent").secret)
+    messages: list[dict[str, Any]] = [{"role": "user", "content": "What is the weather in Oslo?"}]
+    with client.messages.stream(model=FAKE_MODEL, max_tokens=100, messages=messages, tools=TOOLS) as stream:
+        events = [event.type for event in stream]
+        asked = stream.get_final_message()
+    assert asked.stop_reason == "tool_use" and [b.type for b in asked.content] == ["tool_use"]
+    call = asked.content[0]
+    assert (call.id, call.name, call.input) == ("call_7", "get_weather", {"city": "Oslo"})
+    assert events.count("input_json") == 3  # the arguments as the server streamed them, in three pieces
+    sent = FakeOpenAI.bodies[-1]
+    assert sent["tools"] == [{"type": "function", "function": {"name": "get_weather", "description": "The weather",
+                                                               "parameters": WEATHER}}]  # fmt: skip
+
+    result = {"type": "tool_result", "tool_use_id": call.id, "content": "12 C"}
+    messages += [{"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in asked.content]},
+                 {"role": "user", "content": [result]}]  # fmt: skip
+    answer = client.messages.create(model=FAKE_MODEL, max_tokens=100, messages=messages, tools=TOOLS)
+    assert answer.stop_reason == "end_turn" and answer.content[0].text == "It is 12 C in Oslo."
+    assert FakeOpenAI.bodies[-1]["messages"][-2:] == [
+        {"role": "assistant", "content": "", "tool_calls": [{"id": "call_7", "type": "function",
+         "function": {"name": "get_weather", "arguments": json.dumps({"city": "Oslo"})}}]},
+        {"role": "tool", "tool_call_id": "call_7", "content": "12 C"},
+    ]  # fmt: skip
+    assert answer.usage.input_tokens == 30 and answer.usage.output_tokens == 4
+
+    whole = client.messages.create(model=FAKE_MODEL, max_tokens=100, messages=messages[:1], tools=TOOLS)
+    assert whole.stop_reason == "tool_use" and whole.content[0].input == {"city": "Oslo"}
+
+
+@pytest.mark.llama
+@pytest.mark.django_db(transaction=True)
+def test_refusals_come_back_in_anthropics_shape(web_url, rig, model_name, owner) -> None:
+    """No worker is needed: each is refused before a turn runs (and the bad ones store nothing)."""
+    key = apikeys.api_key_create(owner=owner, name="claude").secret
+    with pytest.raises(anthropic.AuthenticationError) as wrong_key:
+        _client(web_url, "rdk_" + "x" * 40).messages.create(model=model_name, max_tokens=5,
+                                                            messages=[{"role": "user", "content": "hi"}])  # fmt: skip
+    assert wrong_key.value.body["error"]["type"] == "authentication_error"
+    client = _client(web_url, key)
+    with pytest.raises(anthropic.NotFoundError) as unknown:
+        client.messages.create(model="no-such-model", max_tokens=5, messages=[{"role": "user", "content": "hi"}])
+    assert "no-such-model" in unknown.value.body["error"]["message"]
+    with pytest.raises(anthropic.BadRequestError) as bad:
+        client.messages.create(model=model_name, max_tokens=5, messages=[{"role": "system", "content": "hi"}])
+    words = "messages[0] must be an object whose role is 'user' or 'assistant'"
+    assert bad.value.body == {"type": "error", "error": {"type": "invalid_request_error", "message": words}}
+    bearer = httpx.post(f"{web_url}/v1/messages", headers={"Authorization": f"Bearer {key}"},
+                        content=b'{"model": "m", "messages": [1e999]}')  # fmt: skip
+    assert bearer.status_code == 400 and bearer.json()["type"] == "error"  # a bearer token is taken too
+    assert Turn.objects.count() == 0
