@@ -172,3 +172,47 @@ def test_meter_splits_thinking_from_answer():
     assert meter.ttft_ms == 500.0 and meter.live_stats()["thinking_tokens"] == 2
     split = meter.reasoning_stats(backend_output_tokens=4)  # the backend counted one more (an end token)
     assert split == {"thinking_tokens": 2, "answer_tokens": 2, "first_thought_ms": 500.0, "first_answer_ms": 1000.0}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_api_clients_get_the_thoughts_streamed_as_the_server_streams_them(
+    web_url, celery_worker, owner, model_name, reasoning_llama_url
+):
+    """Through RigDash's gateway with each official client, streamed: OpenAI's ``reasoning_content`` deltas,
+    Anthropic's thinking block, Ollama's ``message.thinking``; their thoughts are the ones the server itself gives
+    the same greedy request, as they come (more than one piece), not only in the ended reply."""
+    import anthropic
+    import httpx
+    import ollama
+    import openai
+
+    from inference.board import apikeys
+
+    Rig.objects.create(name="llama-think", kind=Rig.Kind.LLAMACPP, base_url=reasoning_llama_url, queue=TEST_QUEUE)
+    messages = [{"role": "user", "content": "Why is the sea salty?"}]
+    own = httpx.post(f"{reasoning_llama_url}/v1/chat/completions", timeout=120,
+                     json={"messages": messages, "max_tokens": 12, "temperature": 0}).json()  # fmt: skip
+    thoughts = own["choices"][0]["message"]["reasoning_content"]
+    assert thoughts.strip()
+    key = apikeys.api_key_create(owner=owner, name="thinker").secret
+
+    chat = openai.OpenAI(base_url=f"{web_url}/v1", api_key=key, max_retries=0, timeout=120)
+    chunks = chat.chat.completions.create(model=model_name, messages=messages, max_tokens=12, temperature=0,
+                                          stream=True)  # fmt: skip
+    deltas = [(chunk.choices[0].delta.model_extra or {}).get("reasoning_content") for chunk in chunks if chunk.choices]
+    said = [d for d in deltas if d]
+    assert len(said) > 1 and "".join(said) == thoughts
+
+    claude = anthropic.Anthropic(base_url=web_url, api_key=key, max_retries=0, timeout=120)
+    with claude.messages.stream(model=model_name, max_tokens=12, messages=messages,
+                                extra_body={"temperature": 0}) as stream:  # fmt: skip
+        kinds = [event.type for event in stream]
+        message = stream.get_final_message()
+    assert [b.type for b in message.content] == ["thinking"] and message.content[0].thinking == thoughts
+    assert kinds.count("thinking") > 1 and "signature" in kinds  # streamed piece by piece, then closed
+
+    llama = ollama.Client(host=web_url, headers={"Authorization": f"Bearer {key}"}, timeout=120)
+    streamed = llama.chat(model=model_name, messages=messages, stream=True,
+                          options={"num_predict": 12, "temperature": 0})  # fmt: skip
+    parts = [part.message.thinking for part in streamed]
+    assert len([p for p in parts if p]) > 1 and "".join(p for p in parts if p) == thoughts

@@ -91,3 +91,37 @@ async def test_a_turn_whose_end_message_is_lost_ends_by_its_row(turn, monkeypatc
     assert await asyncio.wait_for(waiting, 5) == " upon a time there was a fox."
     ended = await anext(pieces)
     assert isinstance(ended, Turn) and ended.reply_text == "".join(PARTS)
+
+
+async def test_a_reasoning_models_thoughts_come_before_their_batchs_text_and_resync_too(owner):
+    """A batch's thoughts are a piece of their own before its text; a dropped batch's thoughts are read back from the
+    live list with its text, once."""
+    rig = await Rig.objects.acreate(name="r", kind=Rig.Kind.LLAMACPP, base_url="http://127.0.0.1:9", queue="rig.r")
+    session = await ChatSession.objects.acreate(owner=owner, rig=rig, model_name="m")
+    made = await Turn.objects.acreate(session=session, user_text="Why?", status=Turn.Status.DECODING)
+    batches = [("Hmm,", ""), (" salt", ""), (" from rocks.", "Rivers"), ("", " carry it.")]  # (thinking, text)
+    client = state.sync_client()
+    for seq, (thought, text) in enumerate(batches, start=1):
+        client.rpush(state.live_key(made.pk), state.encode_batch(seq, seq, text, thinking=thought))
+
+    def token(seq: int) -> dict[str, Any]:
+        thought, text = batches[seq - 1]
+        return events.token_batch_message(turn_id=made.pk, seq_from=seq, seq_to=seq, text=text, stats={},
+                                          thinking=thought)  # fmt: skip
+
+    await Turn.objects.filter(pk=made.pk).aupdate(status=Turn.Status.DONE, reply_text="Rivers carry it.",
+                                                   thinking_text="Hmm, salt from rocks.")  # fmt: skip
+
+    async def heard(order: tuple[int, ...]) -> list[Any]:
+        listener = TurnListener(session_id=session.pk, turn_id=made.pk)
+        for seq in order:
+            listener._take(token(seq))
+        listener._take(_end(made, 4))
+        *pieces, ended = [piece async for piece in reply_pieces(listener)]
+        assert isinstance(ended, Turn)
+        return pieces
+
+    assert await heard((1, 2, 3, 4)) == [{"thinking": "Hmm,"}, {"thinking": " salt"}, {"thinking": " from rocks."},
+                                         "Rivers", " carry it."]  # fmt: skip
+    # 2 dropped: 2-4 by the resync (the live list holds all four), then dropped when they come
+    assert await heard((1, 3, 2, 4)) == [{"thinking": "Hmm,"}, {"thinking": " salt from rocks."}, "Rivers carry it."]

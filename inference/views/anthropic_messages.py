@@ -268,12 +268,13 @@ def _event(name: str, data: dict[str, Any]) -> bytes:
 
 
 class _Blocks:
-    """The content blocks of a streamed reply: a text block while text comes, a tool_use block per call, each
-    started and stopped in order (a block's index is its place in the message's content)."""
+    """The content blocks of a streamed reply: a thinking block while thoughts come, a text block while text comes, a
+    tool_use block per call, each started and stopped in order (a block's index is its place in the message's
+    content)."""
 
     def __init__(self) -> None:
         self.count = 0
-        self.open: tuple[str, int] | None = None  # ("text", -1) or ("tool", the call's OpenAI index)
+        self.open: tuple[str, int] | None = None  # ("thinking" or "text", -1), or ("tool", the call's OpenAI index)
 
     def _start(self, key: tuple[str, int], block: dict[str, Any]) -> list[bytes]:
         events = self.stop()
@@ -285,12 +286,19 @@ class _Blocks:
     def stop(self) -> list[bytes]:
         if self.open is None:
             return []
+        # A thinking block ends with its signature, which a local model has none of (llama-server sends "" too).
+        signed = [self._delta({"type": "signature_delta", "signature": ""})] if self.open[0] == "thinking" else []
         self.open = None
         self.count += 1
-        return [_event("content_block_stop", {"type": "content_block_stop", "index": self.count - 1})]
+        return [*signed, _event("content_block_stop", {"type": "content_block_stop", "index": self.count - 1})]
 
     def _delta(self, delta: dict[str, Any]) -> bytes:
         return _event("content_block_delta", {"type": "content_block_delta", "index": self.count, "delta": delta})
+
+    def thinking(self, text: str) -> list[bytes]:
+        opened = self.open == ("thinking", -1)
+        events = [] if opened else self._start(("thinking", -1), {"type": "thinking", "thinking": "", "signature": ""})
+        return [*events, self._delta({"type": "thinking_delta", "thinking": text})]
 
     def text(self, text: str) -> list[bytes]:
         events = [] if self.open == ("text", -1) else self._start(("text", -1), {"type": "text", "text": ""})
@@ -327,6 +335,9 @@ async def _stream(
                 ended = piece
             elif isinstance(piece, str):
                 for event in blocks.text(piece):
+                    yield event
+            elif thought := piece.get("thinking"):
+                for event in blocks.thinking(thought):
                     yield event
             else:
                 for call in piece.get("tool_calls") or []:

@@ -236,8 +236,8 @@ async def _ndjson(
     pieces: AsyncIterator[Piece],
     first: Piece,
 ) -> AsyncIterator[bytes]:
-    """Ollama's stream: a line per batch of text, then the tool calls (Ollama sends them whole), then ``done`` with
-    the counts (always: ``include_usage`` is OpenAI's)."""
+    """Ollama's stream: a line per batch of text or thoughts, then the tool calls (Ollama sends them whole), then
+    ``done`` with the counts (always: ``include_usage`` is OpenAI's)."""
 
     def line(payload: dict[str, Any]) -> bytes:
         return json.dumps(payload, ensure_ascii=False).encode() + b"\n"
@@ -255,6 +255,8 @@ async def _ndjson(
                 ended = piece
             elif isinstance(piece, str):
                 yield text_line(piece)
+            elif chat and (thought := piece.get("thinking")):  # Ollama streams thoughts as the message's thinking
+                yield text_line("", thinking=thought)
         assert ended is not None
         if ended.status in ENDED_STATUSES:
             yield line({"error": ended.error or f"The reply was {ended.status}."})

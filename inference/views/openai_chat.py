@@ -271,9 +271,9 @@ async def stream_response(
 async def _stream(
     turn: Turn, model_id: str, include_usage: bool, listener: TurnListener, pieces: AsyncIterator[Piece], first: Piece
 ) -> AsyncIterator[bytes]:
-    """The turn's reply as ``chat.completion.chunk`` events, as the channel layer brings it: text, tool-call deltas
-    and logprobs as the backend streamed them. Closing the iterator before the end (the client went away) cancels
-    the turn."""
+    """The turn's reply as ``chat.completion.chunk`` events, as the channel layer brings it: text, a reasoning model's
+    thoughts (``reasoning_content``), tool-call deltas and logprobs as the backend streamed them. Closing the
+    iterator before the end (the client went away) cancels the turn."""
     base = {"id": f"chatcmpl-rd{turn.pk}", "object": "chat.completion.chunk",
             "created": int(turn.created_at.timestamp()), "model": model_id}  # fmt: skip
     # A text chunk's JSON around its text, serialised once here rather than once per chunk.
@@ -296,6 +296,8 @@ async def _stream(
                 ended = piece
             elif isinstance(piece, str):
                 yield (head + json.dumps(piece, ensure_ascii=False) + tail).encode()
+            elif thought := piece.get("thinking"):  # as llama-server streams a reasoning model's thoughts
+                yield chunk({"reasoning_content": thought})
             else:
                 calls = piece.get("tool_calls") or []
                 calls_sent.extend(calls)

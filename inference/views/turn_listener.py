@@ -126,14 +126,17 @@ ended_turn = on_db_thread(_ended_turn)  # the turn's row once it has ended; None
 _snapshot = sync_to_async(state.snapshot, thread_sensitive=False)
 
 
-Extras = dict[str, Any]  # an API client's tool-call deltas and logprobs of one batch: {"tool_calls", "logprobs"}
+# Beside a batch's text, as a dict: a reasoning model's thoughts, {"thinking"}, before it; an API client's tool-call
+# deltas and logprobs, {"tool_calls", "logprobs"}, after it.
+Extras = dict[str, Any]
 
 
 async def reply_pieces(listener: TurnListener) -> AsyncIterator[str | Extras | Turn]:
-    """The turn's reply text as it comes, each piece once and in order, then its ended row (the last item). A batch
-    with tool-call deltas or logprobs (an API client's request) gives them after its text, as a dict; a batch missed
-    is resynced from the live list, which holds text only: the view makes up missed tool calls from the ended row."""
-    seq, sent = 0, ""
+    """The turn's reply text as it comes, each piece once and in order, then its ended row (the last item). A batch's
+    thoughts come before its text and its tool-call deltas or logprobs after it, as dicts (``Extras``); a batch
+    missed is resynced from the live list, which holds the text and the thoughts: the view makes up missed tool calls
+    from the ended row."""
+    seq, sent, thought = 0, "", ""
     while True:
         event = await listener.next_event(CHECK_S)
         if event is None or event["type"] == "chat.turn_end":
@@ -149,19 +152,21 @@ async def reply_pieces(listener: TurnListener) -> AsyncIterator[str | Extras | T
         extras: Extras | None = None
         if event["seq_from"] == seq + 1:
             frame = json.loads(event["frame"])
-            text = frame["text"]
+            text, thinking = frame["text"], frame.get("thinking") or ""
             seq = event["seq_to"]
             if "tool_calls" in frame or "logprobs" in frame:
                 extras = {"tool_calls": frame.get("tool_calls"), "logprobs": frame.get("logprobs")}
         else:  # a batch was missed: the live list holds every batch so far
             current = await _snapshot(listener.turn_id)
-            if not current.text.startswith(sent):
+            if not current.text.startswith(sent) or not current.thinking.startswith(thought):
                 log.warning(
                     "turn %s: the live list does not continue the text sent; waiting for the end", listener.turn_id
                 )
                 continue
-            text, seq = current.text[len(sent) :], current.seq
-        sent += text
+            text, thinking, seq = current.text[len(sent) :], current.thinking[len(thought) :], current.seq
+        sent, thought = sent + text, thought + thinking
+        if thinking:
+            yield {"thinking": thinking}
         if text:
             yield text
         if extras is not None:
