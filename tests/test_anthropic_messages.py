@@ -198,3 +198,31 @@ def test_refusals_come_back_in_anthropics_shape(web_url, rig, model_name, owner)
                         content=b'{"model": "m", "messages": [1e999]}')  # fmt: skip
     assert bearer.status_code == 400 and bearer.json()["type"] == "error"  # a bearer token is taken too
     assert Turn.objects.count() == 0
+
+
+def test_a_streamed_replys_blocks_start_and_stop_in_order() -> None:
+    """Thoughts, text and two tool calls as the stream's pieces give them: each block started once, its deltas at its
+    index, a thinking block signed before its stop; a call index the backend garbled counts as the first call's."""
+    from inference.views.anthropic_messages import _Blocks
+
+    blocks = _Blocks()
+    raw = [*blocks.thinking("Hm"), *blocks.thinking("m."), *blocks.text("Hi"),
+           *blocks.tool({"index": 0, "id": "c0", "function": {"name": "f", "arguments": ""}}),
+           *blocks.tool({"index": 0, "function": {"arguments": "{}"}}),
+           *blocks.tool({"index": 1, "id": "c1", "function": {"name": "g", "arguments": '{"a"'}}),
+           *blocks.tool({"index": "1", "function": {"arguments": ": 1}"}}), *blocks.stop(), *blocks.stop()]  # fmt: skip
+    seen = []
+    for event in raw:
+        name, data = event.decode().removesuffix("\n\n").split("\n")
+        body = json.loads(data.removeprefix("data: "))
+        assert name == f"event: {body['type']}"
+        part = body.get("content_block") or body.get("delta") or {}
+        seen.append((body["type"].removeprefix("content_block_"), body["index"], part.get("type")))
+    assert seen == [
+        ("start", 0, "thinking"), ("delta", 0, "thinking_delta"), ("delta", 0, "thinking_delta"),
+        ("delta", 0, "signature_delta"), ("stop", 0, None),
+        ("start", 1, "text"), ("delta", 1, "text_delta"), ("stop", 1, None),
+        ("start", 2, "tool_use"), ("delta", 2, "input_json_delta"), ("stop", 2, None),
+        ("start", 3, "tool_use"), ("delta", 3, "input_json_delta"), ("stop", 3, None),
+        ("start", 4, "tool_use"), ("delta", 4, "input_json_delta"), ("stop", 4, None),
+    ]  # fmt: skip

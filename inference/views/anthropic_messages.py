@@ -306,7 +306,7 @@ class _Blocks:
 
     def tool(self, call: dict[str, Any]) -> list[bytes]:
         """One OpenAI tool-call delta: a call's first (its id and name) starts its block."""
-        index = int(call.get("index") or 0)
+        index = call["index"] if isinstance(call.get("index"), int) else 0  # the backend's word, not trusted
         function = call.get("function") or {}
         events: list[bytes] = []
         if self.open != ("tool", index):
