@@ -10,6 +10,7 @@ arguments a JSON string. What has no equivalent is refused by name (400, Ollama'
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import json
 from collections.abc import AsyncIterator, Callable
@@ -266,7 +267,7 @@ async def _ndjson(
         final = _final(ended, model_id)
         yield line({**final, "message": {"role": "assistant", "content": ""}} if chat else {**final, "response": ""})
     finally:
-        await listener_finish(listener, ended is None)
+        await asyncio.shield(listener_finish(listener, ended is None))
 
 
 async def chat(request: HttpRequest) -> HttpResponse | StreamingHttpResponse:

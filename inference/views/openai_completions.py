@@ -9,6 +9,7 @@ with 501 and its words, which the client gets.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -90,4 +91,4 @@ async def _stream(
                 yield sse({**base, "choices": [], "usage": usage_of(ended)})
         yield sse("[DONE]")
     finally:
-        await listener_finish(listener, ended is None)
+        await asyncio.shield(listener_finish(listener, ended is None))
