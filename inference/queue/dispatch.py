@@ -173,16 +173,13 @@ def turn_waiting_reason(turn: Turn, *, reasons: RigReasons | None = None, rigs: 
     return _every_rigs_reason({rig.name: reasons.rig(rig) for rig in rigs})
 
 
-def turn_swap_reason(turn: Turn, *, reasons: RigReasons | None = None, rigs: list[Rig] | None = None) -> str:
-    """Why a waiting turn is held back by a model swap on every rig it may go to (inference/queue/swaps.py), or "".
-    Apart from ``turn_waiting_reason``: a swap ends by itself, and a long wait for a reason there fails a placed
+def _turn_swap_reason(turn: Turn, reasons: RigReasons, rigs: list[Rig]) -> str:
+    """Why a waiting turn is held back by a model swap on every rig it may go to (``rigs``; inference/queue/swaps.py),
+    or "". Apart from ``turn_waiting_reason``: a swap ends by itself, and a long wait for a reason there fails a placed
     turn."""
-    if turn.status != Turn.Status.QUEUED or turn.dispatched_at is not None:
+    if turn.dispatched_at is not None:  # handed out: no swap holds it
         return ""
-    reasons = reasons or RigReasons()
-    model = turn.session.model_name
-    rigs = waiting_places(turn) if rigs is None else rigs
-    return _every_rigs_reason({rig.name: reasons.swap(rig, model) for rig in rigs})
+    return _every_rigs_reason({rig.name: reasons.swap(rig, turn.session.model_name) for rig in rigs})
 
 
 def turns_waiting_reasons(
@@ -197,7 +194,7 @@ def turns_waiting_reasons(
             continue
         rigs = waiting_places(turn, serving=serving)
         why = turn_waiting_reason(turn, reasons=reasons, rigs=rigs)
-        if why := why or turn_swap_reason(turn, reasons=reasons, rigs=rigs):
+        if why := why or _turn_swap_reason(turn, reasons, rigs):
             out[turn.pk] = why
     return out
 

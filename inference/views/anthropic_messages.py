@@ -40,9 +40,6 @@ ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "
                413: "request_too_large", 429: "rate_limit_error", 503: "overloaded_error"}  # fmt: skip
 # Passed on under the same name (llama-server's conversion passes these; the OpenAI request takes them as they are).
 SAME_NAME = ("temperature", "top_p", "top_k", "chat_template_kwargs")
-# Read by the translation; any other field has no OpenAI equivalent and is dropped, as llama-server drops it.
-TRANSLATED = frozenset({"model", "messages", "system", "tools", "tool_choice", "stop_sequences", "max_tokens",
-                        "stream", "thinking", "metadata", *SAME_NAME})  # fmt: skip
 
 
 def _error(status: int, message: str) -> JsonResponse:
@@ -180,7 +177,8 @@ def _tools(body: dict[str, Any]) -> dict[str, Any]:
 
 def openai_body(body: dict[str, Any]) -> dict[str, Any]:
     """An Anthropic Messages body as the OpenAI chat completion RigDash submits (pure); BadRequest says what is wrong
-    with it. ``max_tokens`` goes on as the cap (Anthropic requires it; a request without one gets the owner's)."""
+    with it. ``max_tokens`` goes on as the cap (Anthropic requires it; a request without one gets the owner's). A
+    field not read here has no OpenAI equivalent and is dropped, as llama-server drops it (``metadata`` too)."""
     fields: dict[str, Any] = {"model": body.get("model"), "messages": _messages(body), **_tools(body)}
     if (stop := body.get("stop_sequences")) is not None:
         if not isinstance(stop, list) or not all(isinstance(s, str) for s in stop):
