@@ -382,6 +382,9 @@ class ApiKey(models.Model):
         NOTHING = "nothing", "store nothing (only counts and timings)"
 
     storage = models.CharField(max_length=8, choices=Storage.choices, default=Storage.CHATS)
+    # Not a column: True on a copy a request got from its process's memory of active keys, until its row confirms it
+    # (inference/board/apikeys.py). Such a key may send an early request and nothing else.
+    unconfirmed = False
 
     class Meta:
         ordering = ["-created_at", "-id"]

@@ -1,18 +1,24 @@
-"""Content-Security-Policy: no inline script anywhere, so HTML that slips past the sanitiser cannot run.
+"""The security headers of every response.
 
-Images may also be ``data:`` and ``blob:`` URLs, which Plotly makes of a chart for its "Download plot as a PNG"
-button and to probe WebP support; neither can run anything, and the reply renderer keeps no ``<img>`` of model
-output (static/rigdash/markdown.js), so no image reaches another host."""
+Content-Security-Policy: no inline script anywhere, so HTML that slips past the sanitiser cannot run. Images may also
+be ``data:`` and ``blob:`` URLs, which Plotly makes of a chart for its "Download plot as a PNG" button and to probe
+WebP support; neither can run anything, and the reply renderer keeps no ``<img>`` of model output
+(static/rigdash/markdown.js), so no image reaches another host.
+
+Django's own security headers (HSTS, nosniff, Referrer-Policy, COOP, the HTTPS redirect) come from its
+``SecurityMiddleware``; the API's routes run it on the event loop (``AsyncSecurityMiddleware``).
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from functools import cache
-from typing import Any
+from typing import Any, cast
 
 from asgiref.sync import iscoroutinefunction, markcoroutinefunction
 from django.conf import settings
-from django.http import HttpRequest, HttpResponse
+from django.http import HttpRequest, HttpResponse, HttpResponseBase
+from django.middleware.security import SecurityMiddleware
 
 CSP_PARTS = (
     "default-src 'self'",
@@ -61,3 +67,15 @@ class ContentSecurityPolicyMiddleware:
     def _policy(response: HttpResponse) -> HttpResponse:
         response.setdefault("Content-Security-Policy", csp_with_form_action(settings.RIGDASH_OIDC.provider_origin))
         return response
+
+
+class AsyncSecurityMiddleware(SecurityMiddleware):
+    """Django's ``SecurityMiddleware`` with its checks run on the event loop under ASGI. They read settings and set
+    headers, no I/O; Django's async path for a ``MiddlewareMixin`` runs each in a thread, two hops per request, one
+    of them on an API stream's first token (docs/benchmarks.md)."""
+
+    async def __acall__(self, request: HttpRequest) -> HttpResponseBase:
+        response: HttpResponse | None = self.process_request(request)  # the HTTPS redirect, or None
+        if response is None:
+            response = await cast("Awaitable[HttpResponse]", self.get_response(request))  # async under ASGI
+        return self.process_response(request, response)

@@ -93,7 +93,7 @@ MIDDLEWARE = [
 # The routes reached with an API key (/v1/, Ollama's /api/...) pass through these only (rigdash/apihandler.py): they
 # read no session, user, CSRF token or message, and each middleware more is a thread hop on the reply's first token.
 API_MIDDLEWARE = [
-    "django.middleware.security.SecurityMiddleware",
+    "rigdash.middleware.AsyncSecurityMiddleware",  # Django's SecurityMiddleware, with no thread hop
     "rigdash.middleware.ContentSecurityPolicyMiddleware",
 ]
 

@@ -60,3 +60,40 @@ def test_key_routes_skip_the_pages_middleware_and_keep_the_security_headers(web_
     assert anonymous.status_code == 401 and "unknown_url" not in anonymous.text  # the session check answered
     signed_in = httpx.get(f"{web_url}/api/rigs/{rig.pk}/models", cookies=cookie)
     assert signed_in.status_code == 200
+
+
+@pytest.mark.parametrize("secure", [False, True], ids=["plain", "https redirect and HSTS"])
+async def test_the_api_security_middleware_answers_as_djangos_own_on_the_event_loop(settings, secure, monkeypatch):
+    """``AsyncSecurityMiddleware`` gives what Django's ``SecurityMiddleware`` gives (the HTTPS redirect, HSTS, nosniff,
+    Referrer-Policy, COOP), with its checks on the event loop's thread, where Django's async path runs each in
+    another thread."""
+    import threading
+
+    from django.http import HttpResponse
+    from django.middleware.security import SecurityMiddleware
+    from django.test import RequestFactory
+
+    from rigdash.middleware import AsyncSecurityMiddleware
+
+    settings.SECURE_SSL_REDIRECT = secure
+    settings.SECURE_HSTS_SECONDS = 3600 if secure else 0
+    threads: list[int] = []
+    checked = SecurityMiddleware.process_response
+
+    def process_response(self, request, response):  # type: ignore[no-untyped-def]
+        threads.append(threading.get_ident())
+        return checked(self, request, response)
+
+    monkeypatch.setattr(SecurityMiddleware, "process_response", process_response)
+
+    async def view(request):  # type: ignore[no-untyped-def]
+        return HttpResponse("ok")
+
+    answers = []
+    for middleware in (SecurityMiddleware, AsyncSecurityMiddleware):
+        request = RequestFactory().get("/v1/models", secure=False)
+        answers.append(await middleware(view)(request))
+    theirs, ours = answers
+    assert ours.status_code == theirs.status_code == (301 if secure else 200)
+    assert dict(ours.headers) == dict(theirs.headers) and ours.headers.get("X-Content-Type-Options") == "nosniff"
+    assert threads[0] != threading.get_ident() and threads[1] == threading.get_ident()

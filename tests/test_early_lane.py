@@ -370,3 +370,123 @@ def test_the_suites_worker_takes_an_api_requests_early_ticket(rig, owner, model_
     sent_by = [Turn.objects.get(pk=t.pk).stats["request_sent_by"] for t in turns]
     assert sent_by[0] in ("ticket", "claim") and sent_by[-1] == "early lane", sent_by
     assert len({Turn.objects.get(pk=t.pk).reply_text for t in turns}) == 1
+
+
+# A key from memory: the web process sends a known key's early request before reading anything from the database,
+# and the key's row still decides before anything is stored or answered (inference/board/apikeys.py).
+
+
+def _view_request(path: str, key_secret: str, body: dict[str, Any], header: str = "Authorization") -> Any:
+    from django.test import RequestFactory
+
+    value = key_secret if header == "X-Api-Key" else f"Bearer {key_secret}"
+    return RequestFactory().post(path, data=json.dumps(body), content_type="application/json",
+                                 headers={header: value, "User-Agent": "tests"})  # fmt: skip
+
+
+def _served(rig: Rig) -> None:
+    from inference.backends.base import ModelInfo
+    from inference.live import served
+
+    served.served_store(rig.pk, [ModelInfo("m", context_length=2048)])
+    Rig.objects.filter(pk=rig.pk).update(models_served=["m"])
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_remembered_key_sends_its_early_request_before_any_database_read_and_the_turn_uses_it(dead_rig):
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from inference.views.openai_chat import authenticated_submit
+
+    _served(dead_rig)
+    new = apikeys.api_key_create(owner=make_user("owner"), name="tool")
+    early.open_slots_set(dead_rig.pk, 2)
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True}
+    first = authenticated_submit(_view_request("/v1/chat/completions", new.secret, body))  # read: now remembered
+    assert isinstance(first, tuple)
+    offered_after: list[int] = []
+    offer = early.offer
+
+    def spy(**kwargs: Any) -> early.EarlyStart | None:
+        offered_after.append(len(queries.captured_queries))
+        return offer(**kwargs)
+
+    early.open_slots_set(dead_rig.pk, 2)
+    with CaptureQueriesContext(connection) as queries, pytest.MonkeyPatch.context() as patch:
+        patch.setattr(early, "offer", spy)
+        second = authenticated_submit(_view_request("/v1/chat/completions", new.secret, body))
+    assert isinstance(second, tuple)
+    assert offered_after == [0]  # the early request went out before the key's row or the rigs were read
+    offers = _lane(dead_rig.queue)
+    second_ticket = next(t for t in _task_tickets(dead_rig.queue) if t["turn_id"] == second[0].pk)
+    assert second_ticket["early"] == offers[-1]["id"]  # and the stored turn's ticket names it
+    assert _control(offers[-1]["id"]) == [{"confirm": second_ticket}]
+
+
+def _anthropic_body() -> dict[str, Any]:
+    return {"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]}
+
+
+SUBMITS = {
+    "openai": ("/v1/chat/completions", "Authorization",
+               {"model": "m", "messages": [{"role": "user", "content": "hi"}]}),
+    "ollama": ("/api/chat", "Authorization", {"model": "m", "messages": [{"role": "user", "content": "hi"}]}),
+    "anthropic": ("/v1/messages", "X-Api-Key", _anthropic_body()),
+}  # fmt: skip
+
+
+def _submit_view(api: str) -> Any:
+    if api == "openai":
+        from inference.views.openai_chat import authenticated_submit
+
+        return authenticated_submit
+    if api == "ollama":
+        from inference.views import ollama_api
+
+        return ollama_api._key_view(ollama_api._chat_submit, submits=True)
+    from inference.views import anthropic_messages
+
+    return anthropic_messages._submit
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("api", SUBMITS)
+@pytest.mark.parametrize("change", ["revoked", "owner deactivated"])
+@pytest.mark.parametrize("body_change", ["none", "unknown model", "bad body"])
+def test_a_remembered_key_revoked_since_is_refused_and_its_early_request_withdrawn(dead_rig, api, change,
+                                                                                   body_change):  # fmt: skip
+    """Whatever the request (one that would be stored, or refused for its model or body), a key refused since this
+    process remembered it gets the 401 in the API's shape: no turn, no other answer, its early request withdrawn."""
+    _served(dead_rig)
+    owner = make_user("owner")
+    new = apikeys.api_key_create(owner=owner, name="tool")
+    path, header, body = SUBMITS[api]
+    view = _submit_view(api)
+    early.open_slots_set(dead_rig.pk, 2)
+    assert isinstance(view(_view_request(path, new.secret, body, header)), tuple)  # remembered
+    if change == "revoked":
+        apikeys.api_key_revoke(key_id=new.key.pk, actor=owner)
+    else:
+        type(owner).objects.filter(pk=owner.pk).update(is_active=False)  # a QuerySet update: no signal
+    early._paused_until.clear()
+    early.open_slots_set(dead_rig.pk, 2)
+    lane_before = len(_lane(dead_rig.queue))
+    turns_before = Turn.objects.count()
+    if body_change == "unknown model":
+        body = {**body, "model": "nope"}
+    elif body_change == "bad body":
+        body = {**body, "messages": "not a list"}
+    answer = view(_view_request(path, new.secret, body, header))
+    assert not isinstance(answer, tuple) and answer.status_code == 401
+    said = json.loads(answer.content)
+    assert ("revoked" if change == "revoked" else "deactivated") in json.dumps(said)
+    assert {"openai": "error", "ollama": "error", "anthropic": "type"}[api] in said
+    assert Turn.objects.count() == turns_before
+    offers = _lane(dead_rig.queue)[lane_before:]
+    assert len(offers) == (1 if body_change == "none" else 0)  # only a request with a known model was guessed
+    for offer in offers:
+        assert _control(offer["id"]) == [{"withdraw": True}]
+    # Refused once, the key is no longer remembered: the next request reads its row first, and sends nothing.
+    assert view(_view_request(path, new.secret, SUBMITS[api][2], header)).status_code == 401
+    assert len(_lane(dead_rig.queue)) == lane_before + len(offers)

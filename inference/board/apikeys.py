@@ -7,9 +7,13 @@ found by that digest, so the database never holds a usable key.
 from __future__ import annotations
 
 import contextlib
+import copy
 import hashlib
 import re
 import secrets
+import threading
+import time
+from collections import OrderedDict
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -180,15 +184,68 @@ class KeyRejected(Exception):
         self.message = message
 
 
-def api_key_authenticate(authorization: str) -> ApiKey:
-    """The active key of an ``Authorization: Bearer rdk_...`` header (with its owner), or KeyRejected."""
+def api_key_authenticate(authorization: str, *, remembered: bool = False) -> ApiKey:
+    """The active key of an ``Authorization: Bearer rdk_...`` header (with its owner), or KeyRejected.
+
+    ``remembered``: a key this process found active within ``REMEMBER_S`` comes from memory, with no database read, as
+    an *unconfirmed* key (``ApiKey.unconfirmed``): it may start nothing but an early backend request, which stores and
+    publishes nothing (inference/queue/early.py). ``api_key_confirm`` reads its row before anything of the request is
+    stored or answered, so a key revoked or expired a moment ago is refused as it is without memory."""
+    digest = key_digest(_raw_key(authorization))
+    if remembered:
+        with _remembered_lock:
+            found = _remembered.get(digest)
+        if found is not None and time.monotonic() - found[0] < REMEMBER_S:
+            key = copy.copy(found[1])  # this request's own: confirming it writes to it
+            key.unconfirmed = True
+            return key
+    return _key_read(digest)
+
+
+def api_key_confirm(key: ApiKey) -> ApiKey:
+    """``key`` as its row says now, with its owner, once it is confirmed active (KeyRejected otherwise); a key read from
+    the database already is returned as it is."""
+    if not key.unconfirmed:
+        return key
+    confirmed = _key_read(key.key_sha256)
+    key.unconfirmed = False  # the request's own copy: whoever holds it sees it confirmed
+    return confirmed
+
+
+REMEMBER_S = 300.0  # how long a key found active may start early requests from memory (each is still confirmed)
+REMEMBER_KEYS = 4096  # the most keys remembered; the least recently found go first
+_remembered: OrderedDict[str, tuple[float, ApiKey]] = OrderedDict()
+_remembered_lock = threading.Lock()
+
+
+def _raw_key(authorization: str) -> str:
     scheme, _, raw = (authorization or "").partition(" ")
     raw = raw.strip()
     if scheme.lower() != "bearer" or not raw:
         raise KeyRejected("You didn't provide an API key: send Authorization: Bearer <your RigDash API key>.")
     if not KEY_RE.fullmatch(raw):
         raise KeyRejected("Incorrect API key provided. Create one on your API keys page.")
-    key = ApiKey.objects.select_related("owner").filter(key_sha256=key_digest(raw)).first()
+    return raw
+
+
+def _key_read(digest: str) -> ApiKey:
+    """The database's word on the key with ``digest``; remembered while active, forgotten once refused."""
+    try:
+        key = _key_active(digest)
+    except KeyRejected:
+        with _remembered_lock:
+            _remembered.pop(digest, None)
+        raise
+    with _remembered_lock:
+        _remembered[digest] = (time.monotonic(), copy.copy(key))
+        _remembered.move_to_end(digest)
+        while len(_remembered) > REMEMBER_KEYS:
+            _remembered.popitem(last=False)
+    return key
+
+
+def _key_active(digest: str) -> ApiKey:
+    key = ApiKey.objects.select_related("owner").filter(key_sha256=digest).first()
     now = timezone.now()
     if key is None:
         raise KeyRejected("Incorrect API key provided. Create one on your API keys page.")

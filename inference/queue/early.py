@@ -25,6 +25,7 @@ an agent (its worker runs on another host, with its own Redis permissions) gets 
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import time
@@ -33,6 +34,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+from redis import Redis
+from redis.commands.core import AsyncScript, Script
 from redis.exceptions import RedisError
 
 from inference.live.state import sync_client
@@ -56,6 +59,13 @@ redis.call('RPUSH', KEYS[2], ARGV[1])
 redis.call('EXPIRE', KEYS[2], tonumber(ARGV[2]))
 return 1
 """
+
+
+@functools.cache
+def _offer_script(client: Redis) -> AsyncScript | Script:
+    """``_OFFER`` as a script Redis keeps: sent by its digest (EVALSHA), its text only the first time."""
+    return client.register_script(_OFFER)
+
 
 _paused_until: dict[int, float] = {}  # key id -> monotonic time its early lane opens again (this process)
 
@@ -101,7 +111,7 @@ def offer(*, key_id: int, queue: str, ticket: StartTicket) -> EarlyStart | None:
     message = json.dumps({"id": early.id, "at": time.time(), "ticket": ticket.as_message()}, separators=(",", ":"))
     try:
         keys = (open_slots_key(ticket.rig_id), lane_key(queue))
-        sent = sync_client().eval(_OFFER, 2, *keys, message, str(LIST_TTL_S))  # type: ignore[misc]
+        sent = _offer_script(sync_client())(keys=keys, args=(message, LIST_TTL_S))
     except RedisError as exc:
         log.warning("rig %s: the early lane could not be used: %r", ticket.rig_id, exc)
         return None

@@ -28,18 +28,30 @@ FORGET_BATCH = 500
 
 
 def api_turn_submit(*, key: ApiKey, rig: Rig, model: str, history: list[dict[str, Any]], text: str,
-                    params: dict[str, Any], placed: bool = False, client: str = "",
-                    hidden: bool = False) -> Turn:  # fmt: skip
-    """Store the request's session and turn and dispatch it; InvalidInput (QuotaExceeded...) stores nothing.
-    ``placed``: the request named the model, not a rig: it runs on any enabled rig serving it. ``client``: the
-    request's user agent; the turn keeps it and its key's name for the board (``params["client"]``). ``hidden``:
-    store nothing of its texts whatever the key says (``ChatSession.hidden``)."""
-    params = {**params, "client": {"key": key.name[:200], "agent": client[:200]}}
-    how = ChatSession.Placement.MODEL if placed else ChatSession.Placement.RIG
-    hidden = hidden or key.storage == ApiKey.Storage.NOTHING
-    title = FORGOTTEN_TITLE if hidden else text.strip()[:TITLE_CHARS]
-    sent = _early_offer(key=key, rig=rig, model=model, history=history, text=text, params=params)
+                    params: dict[str, Any], placed: bool = False, client: str = "", hidden: bool = False,
+                    early_sent: early.EarlyStart | None = None) -> Turn:  # fmt: skip
+    """Store the request's session and turn and dispatch it; InvalidInput (QuotaExceeded...) stores nothing. ``key``:
+    one its row confirmed (inference/board/apikeys.py), never one from memory alone. ``placed``: the request
+    named the model, not a rig: it runs on any enabled rig serving it. ``client``: the request's user agent; the turn
+    keeps it and its key's name for the board (``params["client"]``). ``hidden``: store nothing of its texts whatever
+    the key says (``ChatSession.hidden``). ``early_sent``: the early request already sent for it on a guess
+    (``api_early_offer``); it is used if it asks for what this turn does, and withdrawn otherwise."""
+    sent = early_sent
     try:
+        if key.unconfirmed:
+            raise ValueError("a key from memory stores nothing before its row confirms it")
+        params = _with_client(params, key, client)
+        if (
+            sent is None
+            or sent.queue != rig.queue
+            or sent.ticket != _early_ticket(rig=rig, model=model, history=history, text=text, params=params)
+        ):
+            if sent is not None:
+                early.withdraw(sent, key_id=key.pk)
+            sent = _early_offer(key_id=key.pk, rig=rig, model=model, history=history, text=text, params=params)
+        how = ChatSession.Placement.MODEL if placed else ChatSession.Placement.RIG
+        hidden = hidden or key.storage == ApiKey.Storage.NOTHING
+        title = FORGOTTEN_TITLE if hidden else text.strip()[:TITLE_CHARS]
         with transaction.atomic():
             session = ChatSession.objects.create(
                 owner_id=key.owner_id, rig=rig, model_name=model, api_key=key, context_messages=history,
@@ -55,12 +67,39 @@ def api_turn_submit(*, key: ApiKey, rig: Rig, model: str, history: list[dict[str
     return turn
 
 
-def _early_offer(*, key: ApiKey, rig: Rig, model: str, history: list[dict[str, Any]], text: str,
+def api_early_offer(*, key: ApiKey, rig: Rig, model: str, history: list[dict[str, Any]], text: str,
+                    params: dict[str, Any], client: str = "") -> early.EarlyStart | None:  # fmt: skip
+    """Send a request's backend request down the early lane (inference/queue/early.py) before its key is confirmed
+    and its turn stored, if the rig has one and an open slot: the EarlyStart to hand ``api_turn_submit`` (with the
+    same arguments), or None. ``key`` may be one from memory (``ApiKey.unconfirmed``): the early request stores and
+    publishes nothing until the submit's commit confirms it."""
+    params = _with_client(params, key, client)
+    return _early_offer(key_id=key.pk, rig=rig, model=model, history=history, text=text, params=params)
+
+
+def api_early_withdraw(sent: early.EarlyStart | None, *, key: ApiKey) -> None:
+    """An early request sent on a guess (``api_early_offer``) whose request is answered without a submit (its key was
+    refused, or its model is unknown): its worker closes it now."""
+    if sent is not None:
+        early.withdraw(sent, key_id=key.pk)
+
+
+def _with_client(params: dict[str, Any], key: ApiKey, client: str) -> dict[str, Any]:
+    return {**params, "client": {"key": key.name[:200], "agent": client[:200]}}
+
+
+def _early_offer(*, key_id: int, rig: Rig, model: str, history: list[dict[str, Any]], text: str,
                  params: dict[str, Any]) -> early.EarlyStart | None:  # fmt: skip
-    """Send the request's backend request down the early lane (inference/queue/early.py), with the start ticket the
-    submit will make for it as far as this process can know it: the turn's parameters are the request's alone (an
-    API session has no chat settings), the token cap is the request's within the server's (an owner's per-reply
-    limit makes the tickets differ, and the worker then starts the turn without it)."""
+    ticket = _early_ticket(rig=rig, model=model, history=history, text=text, params=params)
+    return None if ticket is None else early.offer(key_id=key_id, queue=rig.queue, ticket=ticket)
+
+
+def _early_ticket(*, rig: Rig, model: str, history: list[dict[str, Any]], text: str,
+                  params: dict[str, Any]) -> StartTicket | None:  # fmt: skip
+    """The start ticket the submit will make for the request, as far as can be known before it: the turn's parameters
+    are the request's alone (an API session has no chat settings), the token cap is the request's within the server's
+    (an owner's per-reply limit makes the tickets differ, and the worker then starts the turn without it). None where
+    the rig has no early lane (inference/queue/early.py) or the submit refuses the parameters."""
     if not settings.RIGDASH_EARLY_LANE or params.get("embeddings") or not rig.enabled or rig.agent_key or not rig.queue:
         return None
     try:
@@ -68,11 +107,10 @@ def _early_offer(*, key: ApiKey, rig: Rig, model: str, history: list[dict[str, A
     except InvalidInput:
         return None  # the submit refuses it, with its reason
     stub = Turn(user_text=text, params=clean)
-    ticket = StartTicket(
+    return StartTicket(
         turn_id=0, rig_id=rig.pk, model=model, messages=[*history, stub.prompt_message()], params=clean,
         max_tokens=quotas.reply_cap(stub, quotas.Limits()), context_limit=None,
     )  # fmt: skip
-    return early.offer(key_id=key.pk, queue=rig.queue, ticket=ticket)
 
 
 def api_embeddings_submit(*, key: ApiKey, rig: Rig, model: str, body: dict[str, Any], placed: bool = False,

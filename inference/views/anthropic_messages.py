@@ -24,6 +24,7 @@ from inference.views.openai_chat import (
     ENDED_STATUSES,
     Piece,
     Submitted,
+    answer_confirmed,
     answered,
     chained,
     ended_error,
@@ -58,15 +59,20 @@ def _anthropic_shape(response: HttpResponse) -> HttpResponse:
 
 
 def _authenticated(request: HttpRequest) -> HttpResponse | None:
-    """The key from ``x-api-key`` (Anthropic's SDKs) or ``Authorization: Bearer`` (an auth token)."""
+    """The key from ``x-api-key`` (Anthropic's SDKs) or ``Authorization: Bearer`` (an auth token); it may come from
+    memory (``key_checked``): ``_submit`` confirms it before any answer."""
     header = request.headers.get("Authorization", "")
     if not header and (key := request.headers.get("X-Api-Key", "").strip()):
         header = f"Bearer {key}"
     try:
-        request.api_key = apikeys.api_key_authenticate(header)  # type: ignore[attr-defined]
+        request.api_key = apikeys.api_key_authenticate(header, remembered=True)  # type: ignore[attr-defined]
     except apikeys.KeyRejected as exc:
-        return _error(401, exc.message.replace("Authorization: Bearer", "x-api-key:"))
+        return _key_refused(exc)
     return None
+
+
+def _key_refused(exc: apikeys.KeyRejected) -> HttpResponse:
+    return _error(401, exc.message.replace("Authorization: Bearer", "x-api-key:"))
 
 
 # Translation ------------------------------------------------------------------------------------------------
@@ -200,6 +206,10 @@ def openai_body(body: dict[str, Any]) -> dict[str, Any]:
 def _submit(request: HttpRequest) -> Submitted:
     if (refused := _authenticated(request)) is not None:
         return refused
+    return answer_confirmed(request, _submit_parsed(request), _key_refused)
+
+
+def _submit_parsed(request: HttpRequest) -> Submitted:
     try:
         body = body_read(request.body)
         parsed = chat_request_parse(json.dumps(openai_body(body), ensure_ascii=False).encode())

@@ -26,6 +26,7 @@ from inference.views.openai_chat import (
     ENDED_STATUSES,
     Piece,
     Submitted,
+    answer_confirmed,
     answered,
     chained,
     ended_error,
@@ -59,27 +60,35 @@ def _ollama_shape(response: HttpResponse) -> HttpResponse:
     return response if message is None else _error(response.status_code, message)
 
 
-def _authenticated(request: HttpRequest) -> HttpResponse | None:
+def _authenticated(request: HttpRequest, *, remembered: bool = False) -> HttpResponse | None:
     try:
-        request.api_key = apikeys.api_key_authenticate(request.headers.get("Authorization", ""))  # type: ignore[attr-defined]
+        header = request.headers.get("Authorization", "")
+        request.api_key = apikeys.api_key_authenticate(header, remembered=remembered)  # type: ignore[attr-defined]
     except apikeys.KeyRejected as exc:
-        response = _error(401, exc.message)
-        response["WWW-Authenticate"] = 'Bearer realm="rigdash-api"'
-        return response
+        return _key_refused(exc)
     return None
 
 
-def _key_view(view: Callable[[HttpRequest, dict[str, Any]], Any]) -> Callable[[HttpRequest], Any]:
-    """A database-thread view: the key, then the body (POST) read strictly; errors in Ollama's shape."""
+def _key_refused(exc: apikeys.KeyRejected) -> HttpResponse:
+    response = _error(401, exc.message)
+    response["WWW-Authenticate"] = 'Bearer realm="rigdash-api"'
+    return response
+
+
+def _key_view(
+    view: Callable[[HttpRequest, dict[str, Any]], Any], *, submits: bool = False
+) -> Callable[[HttpRequest], Any]:
+    """A database-thread view: the key, then the body (POST) read strictly; errors in Ollama's shape. ``submits``: a
+    view that submits through ``turn_submit_for``, whose key may come from memory (``key_checked``)."""
 
     def wrapped(request: HttpRequest) -> Any:
-        if (refused := _authenticated(request)) is not None:
+        if (refused := _authenticated(request, remembered=submits)) is not None:
             return refused
         try:
             body = body_read(request.body) if request.method == "POST" else {}
         except BadRequest as exc:
-            return _error(exc.status, exc.message)
-        return view(request, body)
+            return answer_confirmed(request, _error(exc.status, exc.message), _key_refused)
+        return answer_confirmed(request, view(request, body), _key_refused)
 
     return wrapped
 
@@ -207,7 +216,7 @@ async def _answer(
 ) -> HttpResponse | StreamingHttpResponse:
     if request.method != "POST":
         return _error(405, "Use POST.")
-    submitted = await on_db_thread(_key_view(submit))(request)
+    submitted = await on_db_thread(_key_view(submit, submits=True))(request)
     return await answered(
         submitted,
         functools.partial(_ndjson, chat),

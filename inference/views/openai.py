@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -81,9 +82,23 @@ class CatalogueEntry:
     context_source: str | None = None  # where context_length comes from (ModelInfo.context_source)
 
 
-def model_catalogue() -> list[CatalogueEntry]:
+def model_catalogue(*, within_s: float = 0.0) -> list[CatalogueEntry]:
     """Every model the enabled rigs serve (a rig whose backend cannot say is left out); the rigs' lists are the ones
-    kept for pages (inference/live/served.py), not a backend round trip per request."""
+    kept for pages (inference/live/served.py), not a backend round trip per request. ``within_s``: the one this process
+    made last, if it is that recent (an early request's guess: the request's own checks read it anew)."""
+    global _catalogue_made
+    made_at, made = _catalogue_made
+    if within_s and time.monotonic() - made_at < within_s:
+        return made
+    catalogue = _catalogue()
+    _catalogue_made = (time.monotonic(), catalogue)
+    return catalogue
+
+
+_catalogue_made: tuple[float, list[CatalogueEntry]] = (float("-inf"), [])  # this process's last, and when
+
+
+def _catalogue() -> list[CatalogueEntry]:
     found: list[tuple[Rig, ModelInfo]] = []
     for rig in rig_list_enabled().order_by("-is_default", "name"):
         try:

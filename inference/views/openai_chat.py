@@ -21,7 +21,8 @@ from inference.backends.openai.stream import tool_calls_merged
 from inference.board import apikeys
 from inference.errors import InvalidInput, QueueUnavailable, QuotaExceeded
 from inference.models import ApiKey, Turn
-from inference.turns.api import api_turn_submit, api_turn_texts_forget
+from inference.queue.early import EarlyStart
+from inference.turns.api import api_early_offer, api_early_withdraw, api_turn_submit, api_turn_texts_forget
 from inference.turns.lifecycle import turn_cancel
 from inference.views.openai import BadRequest, chat_request_parse, model_catalogue, model_resolve
 from inference.views.openai import openai_error as error
@@ -70,17 +71,45 @@ def _submit(request: HttpRequest) -> tuple[Turn, str, bool, bool] | HttpResponse
 
 
 def turn_submit_for(request: HttpRequest, parsed: ChatCompletionRequest) -> tuple[Turn, str, bool, bool] | HttpResponse:
-    """Submit a parsed request as a turn of the key's owner: its model resolved, the quotas' refusals answered."""
-    entry = model_resolve(parsed.model, model_catalogue())
+    """Submit a parsed request as a turn of the key's owner: its model resolved, the quotas' refusals answered. A key
+    from memory (``ApiKey.unconfirmed``) first sends the request's early request, to the rig this process's last
+    catalogue names (``GUESS_WITHIN_S``), then is confirmed by its row; the model is resolved anew, and the submit
+    uses the early request only if it asked for what the turn does."""
+    key, client = request.api_key, request.headers.get("User-Agent", "")[:USER_AGENT_CHARS]  # type: ignore[attr-defined]
+    sent = _early_guess(key, parsed, client) if key.unconfirmed else None
+    try:
+        request.api_key = key = apikeys.api_key_confirm(key)  # type: ignore[attr-defined]
+        entry = model_resolve(parsed.model, model_catalogue())
+    except apikeys.KeyRejected as exc:
+        api_early_withdraw(sent, key=key)
+        return key_refused(exc)
+    except BaseException:
+        api_early_withdraw(sent, key=key)
+        raise
     if entry is None:
+        api_early_withdraw(sent, key=key)
         return error(404, f"The model '{parsed.model}' does not exist", code="model_not_found", param="model")
     turn = submitted_or_refused(
         request, lambda key, client: api_turn_submit(
             key=key, rig=entry.rig, model=entry.model, history=parsed.history, text=parsed.user_text,
-            params=parsed.params, placed=entry.placed, client=client,
+            params=parsed.params, placed=entry.placed, client=client, early_sent=sent,
         ),
     )  # fmt: skip
     return turn if isinstance(turn, HttpResponse) else (turn, entry.id, parsed.stream, parsed.include_usage)
+
+
+# An early request guesses its rig from this process's last catalogue if it is this recent: the model lists it reads
+# are kept a minute (inference/live/served.py).
+GUESS_WITHIN_S = 60.0
+
+
+def _early_guess(key: ApiKey, parsed: ChatCompletionRequest, client: str) -> EarlyStart | None:
+    """The early request of a request whose key came from memory, sent before any database read."""
+    entry = model_resolve(parsed.model, model_catalogue(within_s=GUESS_WITHIN_S))
+    if entry is None:
+        return None
+    return api_early_offer(key=key, rig=entry.rig, model=entry.model, history=parsed.history, text=parsed.user_text,
+                           params=parsed.params, client=client)  # fmt: skip
 
 
 def submitted_or_refused(request: HttpRequest, submit: Callable[[ApiKey, str], Turn]) -> Turn | HttpResponse:
@@ -183,22 +212,44 @@ Submitted = tuple[Turn, str, bool, bool] | HttpResponse  # the turn, model id, s
 
 
 def authenticated_submit(request: HttpRequest, submit: Callable[[HttpRequest], Submitted] | None = None) -> Submitted:
-    """The key check, then ``submit`` (a chat completion's, by default): one hop to a database thread."""
-    return key_checked(request, submit or _submit)
+    """The key check, then ``submit`` (a chat completion's, by default; any submits through ``turn_submit_for``): one
+    hop to a database thread."""
+    return key_checked(request, submit or _submit, remembered=True)
 
 
 T = TypeVar("T")
 
 
-def key_checked(request: HttpRequest, then: Callable[[HttpRequest], T]) -> T | HttpResponse:
-    """``then(request)`` once the request's key is checked (``request.api_key``), else OpenAI's 401."""
+def key_checked(
+    request: HttpRequest, then: Callable[[HttpRequest], T], *, remembered: bool = False
+) -> T | HttpResponse:
+    """``then(request)`` once the request's key is checked (``request.api_key``), else OpenAI's 401. ``remembered``:
+    the key may come from this process's memory (``apikeys.api_key_authenticate``), for a ``then`` that submits
+    through ``turn_submit_for``, which confirms it before storing anything; an answer ``then`` gives without
+    confirming it is given only once the key's row is read."""
     try:
-        request.api_key = apikeys.api_key_authenticate(request.headers.get("Authorization", ""))  # type: ignore[attr-defined]
+        request.api_key = apikeys.api_key_authenticate(request.headers.get("Authorization", ""), remembered=remembered)  # type: ignore[attr-defined]
     except apikeys.KeyRejected as exc:
-        response = error(401, exc.message, code="invalid_api_key")
-        response["WWW-Authenticate"] = 'Bearer realm="rigdash-api"'
-        return response
-    return then(request)
+        return key_refused(exc)
+    return answer_confirmed(request, then(request), key_refused)
+
+
+def answer_confirmed(
+    request: HttpRequest, answer: T, refused: Callable[[apikeys.KeyRejected], HttpResponse]
+) -> T | HttpResponse:
+    """``answer``, once the request's key is confirmed by its row if it came from memory (a refusal answered before
+    the submit confirmed it: a body or model refused); else ``refused(why)``."""
+    try:
+        apikeys.api_key_confirm(request.api_key)  # type: ignore[attr-defined]  # a no-op for a key read already
+    except apikeys.KeyRejected as exc:
+        return refused(exc)
+    return answer
+
+
+def key_refused(exc: apikeys.KeyRejected) -> HttpResponse:
+    response = error(401, exc.message, code="invalid_api_key")
+    response["WWW-Authenticate"] = 'Bearer realm="rigdash-api"'
+    return response
 
 
 def sse(payload: dict[str, Any] | str) -> bytes:

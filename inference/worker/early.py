@@ -32,7 +32,8 @@ log = logging.getLogger(__name__)
 Claim = concurrent.futures.Future[Any]  # a held request's claim: the ClaimedTurn, or None (close it)
 # Sends a ticket's backend request before its claim (start.early_send): its claim and run, or None (the rig is not
 # one this process has seen: it never connects where a ticket alone says).
-Sender = Callable[[StartTicket], tuple[Claim, concurrent.futures.Future[None]] | None]
+Started = tuple[Claim, concurrent.futures.Future[None], concurrent.futures.Future[None]]  # claim, run, written
+Sender = Callable[[StartTicket], Started | None]
 Claimer = Callable[[StartTicket], Claim]  # claims a confirmed turn (start.early_claim): what it got, or None
 POLL_S = 1  # the longest a lane read blocks: the queues consumed are read again after it
 READ_GRACE_S = 5.0
@@ -111,18 +112,20 @@ def accept(raw: bytes | str, send: Sender, claim: Claimer) -> None:
     started = send(ticket)
     if started is None:
         return
-    request_claim, run = started
+    request_claim, run, written = started
     with _lock:
         _held[early_id] = Held(ticket=ticket, claim=request_claim, run=run)
-    watch = asyncio.get_running_loop().create_task(_control(early_id, claim))
+    watch = asyncio.get_running_loop().create_task(_control(early_id, claim, written))
     _watching.add(watch)
     watch.add_done_callback(_watching.discard)
 
 
-async def _control(early_id: str, claim: Claimer) -> None:
+async def _control(early_id: str, claim: Claimer, written: concurrent.futures.Future[None]) -> None:
     """Wait up to ``HOLD_S`` for the held request's word: a confirmation claims its turn here; a withdrawal, no
-    word in time, or a list that cannot be read closes it."""
+    word in time, or a list that cannot be read closes it. The read starts once the backend request is written, so
+    that its Redis call is not sent before the request (a word waits in its list meanwhile)."""
     try:
+        await asyncio.wrap_future(written)
         read = _control_client().blpop([control_key(early_id)], timeout=HOLD_S)
         got = await cast("Awaitable[list[Any] | None]", read)  # the asyncio client's commands are awaitable
         word = None if got is None else control_parse(got[1])

@@ -39,8 +39,30 @@ def _worker_loop() -> asyncio.AbstractEventLoop:
 
 
 def start(coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
-    """Start ``coro`` on this process's loop thread (from synchronous code); its future gives the result."""
-    return asyncio.run_coroutine_threadsafe(coro, _worker_loop())
+    """Start ``coro`` on this process's loop thread; its future gives the result (and cancels it). Called on that
+    thread (the early lane's listener), its task is made at once, not a loop turn later through the thread-safe
+    queue."""
+    target = _worker_loop()
+    try:
+        running: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+    except RuntimeError:
+        running = None
+    if running is not target:
+        return asyncio.run_coroutine_threadsafe(coro, target)
+    task = target.create_task(coro)
+    future: concurrent.futures.Future[T] = concurrent.futures.Future()
+
+    def settle(done: asyncio.Task[T]) -> None:
+        if done.cancelled():
+            future.cancel()
+        elif (exc := done.exception()) is not None:
+            future.set_exception(exc)
+        else:
+            future.set_result(done.result())
+
+    task.add_done_callback(settle)
+    future.add_done_callback(lambda f: target.call_soon_threadsafe(task.cancel) if f.cancelled() else None)
+    return future
 
 
 def run(coro: Coroutine[Any, Any, T]) -> T:

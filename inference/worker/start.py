@@ -174,13 +174,15 @@ async def run_ticketed_turn(
         await run_claimed_turn(claimed.turn, claimed.messages, claimed.budget, opened=opened if keep else None)
 
 
-def early_send(ticket: StartTicket) -> tuple[Claim, concurrent.futures.Future[None]] | None:
+def early_send(ticket: StartTicket) -> early_lane.Started | None:
     """An early ticket's backend request (inference/worker/early.py), sent as a ticketed turn's is, to where this
-    process last saw its rig; None for a rig it has not seen."""
+    process last saw its rig: its claim, its run, and its write (set once the request is written, or could not be);
+    None for a rig it has not seen."""
     if (seen := _rigs_seen.get(ticket.rig_id)) is None:
         return None
     claim: Claim = concurrent.futures.Future()
-    return claim, loop.start(run_ticketed_turn(ticket, seen, claim, concurrent.futures.Future(), "early lane"))
+    sent: concurrent.futures.Future[None] = concurrent.futures.Future()
+    return claim, loop.start(run_ticketed_turn(ticket, seen, claim, sent, "early lane")), sent
 
 
 def early_claim(ticket: StartTicket) -> Claim:
