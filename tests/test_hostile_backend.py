@@ -102,6 +102,31 @@ def test_a_llamacpp_event_rigdash_cannot_read_fails_the_turn_at_once_keeping_its
 
 
 @pytest.mark.django_db(transaction=True)
+def test_a_nul_character_in_a_reply_is_stored_as_the_replacement_character_and_the_turn_ends(owner):
+    """PostgreSQL stores no NUL (U+0000) in text or jsonb, and a model may decode one (a byte token 0): the worker
+    replaces it as it reads the chunk, so the live text, the checkpoints and the end hold the same storable text,
+    and the turn ends (a text that cannot be stored would leave it decoding)."""
+    call = {"index": 0, "id": "c\u0000", "type": "function", "function": {"name": "f", "arguments": '{"a": "\u0000"}'}}
+    body = (_event({"choices": [{"delta": {"reasoning_content": "th\u0000ink"}}]})
+            + _event({"choices": [{"delta": {"content": "Hel\u0000lo"}}]})
+            + _event({"choices": [{"delta": {"tool_calls": [call]}}]})
+            + _event({"choices": [{"delta": {}, "finish_reason": "tool_calls"}]}) + b"data: [DONE]\n\n")  # fmt: skip
+    with sse_server(body) as url:
+        rig = Rig.objects.create(name="nul", kind="llamacpp", base_url=url, queue="rig.nul")
+        session = ChatSession.objects.create(owner=owner, rig=rig, model_name="m")
+        turn = Turn.objects.create(session=session, user_text="hello")
+        assert starts.turn_run(turn.pk) == "ran"
+    turn.refresh_from_db()
+    assert (turn.status, turn.reply_text, turn.thinking_text) == (Turn.Status.DONE, "Hel\ufffdlo", "th\ufffdink")
+    [stored] = turn.stats["tool_calls"]
+    assert stored["id"] == "c\ufffd" and json.loads(stored["function"]["arguments"]) == {"a": "\ufffd"}
+    from inference.live import state as live
+
+    published = live.snapshot(turn.pk)  # what the chat's page and the API's streams were sent
+    assert (published.text, published.thinking) == ("Hel\ufffdlo", "th\ufffdink")
+
+
+@pytest.mark.django_db(transaction=True)
 @pytest.mark.parametrize(
     "line",
     [

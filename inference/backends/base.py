@@ -6,10 +6,11 @@ A backend lists its models, reports its health and streams one chat completion. 
 
 from __future__ import annotations
 
+import dataclasses
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, NamedTuple
+from typing import Any, ClassVar, NamedTuple, TypeVar
 
 ReadGate = Callable[[], Awaitable[None]]
 OnSent = Callable[[], None]
@@ -341,6 +342,33 @@ class StreamChunk:
     def carries(self) -> bool:
         """Whether the chunk holds anything for the client (text, thoughts, tool calls or logprobs)."""
         return bool(self.text or self.thinking or self.tool_calls or self.logprobs)
+
+    def storable(self) -> StreamChunk:
+        """The chunk with each NUL character in its text, thoughts, tool calls and logprobs replaced
+        (``without_nul``); itself when it holds no text or thoughts with one, and no tool calls or logprobs."""
+        if self.tool_calls is None and self.logprobs is None and NUL not in self.text and NUL not in self.thinking:
+            return self
+        return dataclasses.replace(
+            self, text=without_nul(self.text), thinking=without_nul(self.thinking),
+            tool_calls=without_nul(self.tool_calls), logprobs=without_nul(self.logprobs),
+        )  # fmt: skip
+
+
+NUL = "\x00"
+T = TypeVar("T")
+
+
+def without_nul(value: T) -> T:
+    """``value`` with each NUL character (U+0000) replaced by U+FFFD, in the strings nested in its lists and dicts too.
+    Model output may hold one (a byte token 0 decoded), and PostgreSQL stores none in a text or jsonb column: the
+    turn's text could not be stored, and it would stay running."""
+    if isinstance(value, str):
+        return value.replace(NUL, "\ufffd") if NUL in value else value  # type: ignore[return-value]
+    if isinstance(value, list):
+        return [without_nul(item) for item in value]  # type: ignore[return-value]
+    if isinstance(value, dict):
+        return {without_nul(k): without_nul(v) for k, v in value.items()}  # type: ignore[return-value]
+    return value
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,7 @@ from django.conf import settings
 from django.utils import timezone
 
 from inference import events
+from inference.backends.base import without_nul
 from inference.errors import InvalidInput
 from inference.live import agents, progress, state
 from inference.models import ChatSession, Rig, Turn
@@ -84,11 +85,11 @@ def turn_finish(*, turn: Turn, outcome: TurnOutcome) -> bool:
     """Store a running turn's end once; False if it had already ended (e.g. reaped as interrupted)."""
     updated = Turn.objects.filter(pk=turn.pk, status__in=Turn.RUNNING).update(
         status=outcome.status,
-        reply_text=outcome.reply_text,
-        thinking_text=outcome.thinking_text,
-        finish_reason=outcome.finish_reason,
-        stats=outcome.stats,
-        error=outcome.error,
+        reply_text=without_nul(outcome.reply_text),  # the worker's chunks have none; a backend's words may
+        thinking_text=without_nul(outcome.thinking_text),
+        finish_reason=without_nul(outcome.finish_reason),
+        stats=without_nul(outcome.stats),
+        error=without_nul(outcome.error),
         finished_at=timezone.now(),
         prompt_tokens=_prompt_in_context(outcome.stats),
         output_tokens=outcome.stats.get("output_tokens", outcome.stats.get("output_events")),

@@ -11,6 +11,7 @@ from django.conf import settings
 from django.db import connection, transaction
 
 from inference import events
+from inference.backends.base import without_nul
 from inference.db import lock_rows, locking
 from inference.errors import InvalidInput, NotFound, QueueUnavailable
 from inference.models import ChatSession, Rig, Turn
@@ -160,6 +161,7 @@ def _turn_prepare(
     behind and a burst's other turns commit without a savepoint around each (``turn_submit_many``)."""
     if not isinstance(text, str) or not text.strip():
         raise InvalidInput("empty_message", "The message is empty.")
+    text, params = without_nul(text), without_nul(params)  # as PostgreSQL can store them
     limit = settings.RIGDASH.max_message_chars
     if len(text) > limit:
         raise InvalidInput("message_too_long", f"The message has {len(text)} characters; the limit is {limit}.")

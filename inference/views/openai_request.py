@@ -15,6 +15,7 @@ from typing import Any
 
 from django.conf import settings
 
+from inference.backends.base import without_nul
 from inference.errors import InvalidInput
 from inference.turns.params import params_validate
 from rigdash import strictjson
@@ -56,7 +57,8 @@ def body_read(raw_body: bytes) -> dict[str, Any]:
         raise BadRequest(f"The body is not valid JSON: {exc}"[:200]) from exc
     if not isinstance(body, dict):
         raise BadRequest("The body must be a JSON object.")
-    return body
+    # A NUL character (only ever escaped in JSON) becomes U+FFFD: PostgreSQL stores none, in text or jsonb.
+    return without_nul(body) if b"\\u0000" in raw_body else body
 
 
 def message_text(message: dict[str, Any]) -> str:

@@ -303,6 +303,7 @@ class TurnStream:
 
     def accept(self, chunk: StreamChunk, now: float) -> None:
         self.last_read_at = now
+        chunk = chunk.storable()  # what is published is what can be stored
         if chunk.context_tokens is not None:
             self.context_tokens = chunk.context_tokens
         if chunk.stats is not None and chunk.stats.prompt_tokens is not None:
