@@ -490,3 +490,28 @@ def test_a_remembered_key_revoked_since_is_refused_and_its_early_request_withdra
     # Refused once, the key is no longer remembered: the next request reads its row first, and sends nothing.
     assert view(_view_request(path, new.secret, SUBMITS[api][2], header)).status_code == 401
     assert len(_lane(dead_rig.queue)) == lane_before + len(offers)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_nul_character_in_a_request_is_stored_as_the_replacement_character(dead_rig):
+    """PostgreSQL stores no NUL (U+0000) in text or jsonb: an API request's messages, a chat page's message and its
+    params holding one are stored with U+FFFD, not refused with a database error (a 500)."""
+    from inference.views.openai_chat import authenticated_submit
+
+    _served(dead_rig)
+    owner = make_user("owner")
+    new = apikeys.api_key_create(owner=owner, name="tool")
+    body = {
+        "model": "m",
+        "messages": [{"role": "system", "content": "s\u0000"}, {"role": "user", "content": "h\u0000i"}],
+    }
+    submitted = authenticated_submit(_view_request("/v1/chat/completions", new.secret, body))
+    assert isinstance(submitted, tuple)
+    turn = Turn.objects.select_related("session").get(pk=submitted[0].pk)
+    assert turn.user_text == "h\ufffdi" and turn.session.context_messages == [{"role": "system", "content": "s\ufffd"}]
+    [chat_turn] = submit.turn_submit_many(
+        [submit.SubmitRequest(owner, make_session(owner, dead_rig, "m").pk, "a\u0000b", {"system": "x\u0000"})]
+    )
+    assert isinstance(chat_turn, Turn)
+    chat_turn.refresh_from_db()
+    assert chat_turn.user_text == "a\ufffdb" and "\u0000" not in json.dumps(chat_turn.params)
