@@ -7,13 +7,13 @@ from django.urls import path
 
 from inference.views import (
     anthropic_messages,
+    anthropic_models,
     board,
     chat,
     chats,
     keys,
     models,
     ollama_api,
-    openai,
     openai_chat,
     openai_completions,
     openai_embeddings,
@@ -28,7 +28,7 @@ app_name = "inference"
 # Anthropic's Messages API and Ollama's (docs/openai.md). The web server serves them without the session middleware
 # (rigdash/apihandler.py), so no view here may read ``request.session`` or a session's user.
 key_urlpatterns = [
-    path("v1/models", openai.models_list, name="openai_models"),
+    path("v1/models", anthropic_models.models_list, name="openai_models"),  # OpenAI's, or Anthropic's by header
     path("v1/chat/completions", openai_chat.chat_completions, name="openai_chat_completions"),
     path("v1/embeddings", openai_embeddings.embeddings, name="openai_embeddings"),
     path("v1/completions", openai_completions.completions, name="openai_completions"),
@@ -40,7 +40,7 @@ key_urlpatterns = [
     path("api/show", ollama_api.show, name="ollama_show"),
     path("api/ps", ollama_api.ps, name="ollama_ps"),
     path("api/version", ollama_api.version, name="ollama_version"),
-    path("v1/models/<path:model_id>", openai.model_detail, name="openai_model"),
+    path("v1/models/<path:model_id>", anthropic_models.model_detail, name="openai_model"),
 ]
 
 urlpatterns = [

@@ -200,6 +200,48 @@ def test_refusals_come_back_in_anthropics_shape(web_url, rig, model_name, owner)
     assert Turn.objects.count() == 0
 
 
+@pytest.mark.llama
+@pytest.mark.django_db(transaction=True)
+def test_anthropics_client_lists_and_retrieves_the_models_page_by_page(web_url, rig, llama_url, model_name,
+                                                                       owner) -> None:  # fmt: skip
+    """``/v1/models`` in Anthropic's shape for Anthropic's client (its ``anthropic-version`` header, its key in
+    ``x-api-key``), the same ids as OpenAI's list, paged; OpenAI's shape for anyone else."""
+    from inference.models import Rig
+
+    Rig.objects.create(name="twin", kind=Rig.Kind.LLAMACPP, base_url=llama_url, queue="rig.twin")
+    key = apikeys.api_key_create(owner=owner, name="claude").secret
+    client = _client(web_url, key)
+    openai_ids = [m["id"] for m in httpx.get(f"{web_url}/v1/models",
+                                             headers={"Authorization": f"Bearer {key}"}).json()["data"]]  # fmt: skip
+    assert openai_ids == [model_name, f"test-rig/{model_name}", f"twin/{model_name}"]
+    listed = client.models.list()
+    assert [m.id for m in listed.data] == openai_ids and listed.has_more is False
+    assert listed.data[0].type == "model" and listed.data[0].created_at.tzinfo is not None
+    paged = [m.id for m in client.models.list(limit=1)]  # the client follows after_id, page by page
+    assert paged == openai_ids
+    first = client.models.list(limit=1)
+    assert first.has_more is True and first.first_id == first.last_id == model_name
+    back = client.models.list(limit=5, before_id=f"twin/{model_name}")
+    assert [m.id for m in back.data] == openai_ids[:2] and back.has_more is False
+    assert client.models.retrieve(f"twin/{model_name}").display_name == f"twin/{model_name}"
+
+    with pytest.raises(anthropic.NotFoundError) as missing:
+        client.models.retrieve("no-such-model")
+    assert missing.value.body["error"]["type"] == "not_found_error"
+    with pytest.raises(anthropic.BadRequestError) as bad:
+        client.models.list(limit=0)
+    assert "limit" in bad.value.body["error"]["message"]
+    with pytest.raises(anthropic.BadRequestError):
+        client.models.list(after_id="no-such-model")
+    with pytest.raises(anthropic.AuthenticationError) as wrong_key:
+        _client(web_url, "rdk_" + "x" * 43).models.list()
+    assert wrong_key.value.body["type"] == "error"
+    # Without the header: OpenAI's shape, and a key only as a bearer token.
+    plain = httpx.get(f"{web_url}/v1/models/{model_name}", headers={"Authorization": f"Bearer {key}"})
+    assert plain.json()["object"] == "model"
+    assert httpx.get(f"{web_url}/v1/models", headers={"X-Api-Key": key}).status_code == 401
+
+
 def test_a_streamed_replys_blocks_start_and_stop_in_order() -> None:
     """Thoughts, text and two tool calls as the stream's pieces give them: each block started once, its deltas at its
     index, a thinking block signed before its stop; a call index the backend garbled counts as the first call's."""

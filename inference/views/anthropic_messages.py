@@ -43,7 +43,7 @@ ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "
 SAME_NAME = ("temperature", "top_p", "top_k", "chat_template_kwargs")
 
 
-def _error(status: int, message: str) -> JsonResponse:
+def anthropic_error(status: int, message: str) -> JsonResponse:
     kind = ERROR_TYPES.get(status, "api_error" if status >= 500 else "invalid_request_error")
     return JsonResponse({"type": "error", "error": {"type": kind, "message": message}}, status=status)
 
@@ -52,27 +52,28 @@ def _anthropic_shape(response: HttpResponse) -> HttpResponse:
     """An OpenAI-shaped error answer in Anthropic's shape, same status (and ``Retry-After``)."""
     if (message := error_words(response)) is None:
         return response
-    shaped = _error(response.status_code, message)
+    shaped = anthropic_error(response.status_code, message)
     if response.has_header("Retry-After"):
         shaped["Retry-After"] = response["Retry-After"]
     return shaped
 
 
-def _authenticated(request: HttpRequest) -> HttpResponse | None:
-    """The key from ``x-api-key`` (Anthropic's SDKs) or ``Authorization: Bearer`` (an auth token); it may come from
-    memory (``key_checked``): ``_submit`` confirms it before any answer."""
+def anthropic_authenticated(request: HttpRequest, *, remembered: bool = False) -> HttpResponse | None:
+    """The key from ``x-api-key`` (Anthropic's SDKs) or ``Authorization: Bearer`` (an auth token), as
+    ``request.api_key``; else the 401 in Anthropic's shape. ``remembered``: it may come from memory (``key_checked``),
+    for a caller that confirms it before any answer (``_submit``)."""
     header = request.headers.get("Authorization", "")
     if not header and (key := request.headers.get("X-Api-Key", "").strip()):
         header = f"Bearer {key}"
     try:
-        request.api_key = apikeys.api_key_authenticate(header, remembered=True)  # type: ignore[attr-defined]
+        request.api_key = apikeys.api_key_authenticate(header, remembered=remembered)  # type: ignore[attr-defined]
     except apikeys.KeyRejected as exc:
         return _key_refused(exc)
     return None
 
 
 def _key_refused(exc: apikeys.KeyRejected) -> HttpResponse:
-    return _error(401, exc.message.replace("Authorization: Bearer", "x-api-key:"))
+    return anthropic_error(401, exc.message.replace("Authorization: Bearer", "x-api-key:"))
 
 
 # Translation ------------------------------------------------------------------------------------------------
@@ -204,7 +205,7 @@ def openai_body(body: dict[str, Any]) -> dict[str, Any]:
 
 
 def _submit(request: HttpRequest) -> Submitted:
-    if (refused := _authenticated(request)) is not None:
+    if (refused := anthropic_authenticated(request, remembered=True)) is not None:
         return refused
     return answer_confirmed(request, _submit_parsed(request), _key_refused)
 
@@ -214,7 +215,7 @@ def _submit_parsed(request: HttpRequest) -> Submitted:
         body = body_read(request.body)
         parsed = chat_request_parse(json.dumps(openai_body(body), ensure_ascii=False).encode())
     except BadRequest as exc:
-        return _error(exc.status, exc.message)
+        return anthropic_error(exc.status, exc.message)
     submitted = turn_submit_for(request, parsed)
     return _anthropic_shape(submitted) if isinstance(submitted, HttpResponse) else submitted
 
@@ -373,7 +374,7 @@ async def messages(request: HttpRequest) -> HttpResponse | StreamingHttpResponse
     """Async, so that waiting for a reply holds no thread; the key check, the translation and the submit run in one
     hop to a database thread (``on_db_thread``)."""
     if request.method != "POST":
-        return _error(405, "Use POST.")
+        return anthropic_error(405, "Use POST.")
     submitted = await on_db_thread(_submit)(request)
     return await answered(submitted, _stream, _whole, refuse=_refused)
 

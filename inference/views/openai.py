@@ -24,7 +24,7 @@ from inference.backends.base import BackendError, ModelInfo, same_model
 from inference.board import apikeys
 from inference.models import Rig
 from inference.turns.selectors import rig_list_enabled
-from inference.turns.sessions import rig_models, rigs_loaded_models
+from inference.turns.sessions import rig_models, rigs_loaded_models, rigs_models
 from inference.views.openai_request import BadRequest, chat_request_parse
 
 __all__ = ["BadRequest", "chat_request_parse"]  # read here by the API's views and tests
@@ -100,9 +100,12 @@ _catalogue_made: tuple[float, list[CatalogueEntry]] = (float("-inf"), [])  # thi
 
 def _catalogue() -> list[CatalogueEntry]:
     found: list[tuple[Rig, ModelInfo]] = []
-    for rig in rig_list_enabled().order_by("-is_default", "name"):
+    rigs = list(rig_list_enabled().order_by("-is_default", "name"))
+    kept = rigs_models(rigs)  # one round trip for every rig's kept list
+    for rig in rigs:
         try:
-            found.extend((rig, m) for m in rig_models(rig))
+            models = kept.get(rig.pk)
+            found.extend((rig, m) for m in (rig_models(rig) if models is None else models))
         except BackendError:
             continue
     entries: dict[str, CatalogueEntry] = {}
