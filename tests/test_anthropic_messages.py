@@ -211,12 +211,14 @@ def test_anthropics_client_lists_and_retrieves_the_models_page_by_page(web_url, 
     Rig.objects.create(name="twin", kind=Rig.Kind.LLAMACPP, base_url=llama_url, queue="rig.twin")
     key = apikeys.api_key_create(owner=owner, name="claude").secret
     client = _client(web_url, key)
-    openai_ids = [m["id"] for m in httpx.get(f"{web_url}/v1/models",
-                                             headers={"Authorization": f"Bearer {key}"}).json()["data"]]  # fmt: skip
+    openai_models = httpx.get(f"{web_url}/v1/models", headers={"Authorization": f"Bearer {key}"}).json()["data"]
+    openai_ids = [m["id"] for m in openai_models]
     assert openai_ids == [model_name, f"test-rig/{model_name}", f"twin/{model_name}"]
     listed = client.models.list()
     assert [m.id for m in listed.data] == openai_ids and listed.has_more is False
     assert listed.data[0].type == "model" and listed.data[0].created_at.tzinfo is not None
+    contexts = [m["context_length"] for m in openai_models]
+    assert [m.max_input_tokens for m in listed.data] == contexts and contexts[0]
     paged = [m.id for m in client.models.list(limit=1)]  # the client follows after_id, page by page
     assert paged == openai_ids
     first = client.models.list(limit=1)

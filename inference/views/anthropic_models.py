@@ -4,7 +4,8 @@ bearer token and its errors in Anthropic's shape; any other gets OpenAI's (infer
 
 https://docs.anthropic.com/en/api/models-list: ``{"data": [model], "has_more", "first_id", "last_id"}``, a page of at
 most ``limit`` models (1-1000, default 20) after ``after_id`` or before ``before_id``; a model is
-``{"type": "model", "id", "display_name", "created_at"}``. The ids are the OpenAI API's (``model_catalogue``), in
+``{"type": "model", "id", "display_name", "created_at", "max_input_tokens"}`` (the context a request gets, as
+``/v1/models``' ``context_length``; null where unknown). The ids are the OpenAI API's (``model_catalogue``), in
 its order.
 """
 
@@ -28,7 +29,8 @@ def _anthropic(request: HttpRequest) -> bool:
 
 def _model(entry: CatalogueEntry) -> dict[str, Any]:
     created = entry.rig.created_at.isoformat().replace("+00:00", "Z")
-    return {"type": "model", "id": entry.id, "display_name": entry.id, "created_at": created}
+    return {"type": "model", "id": entry.id, "display_name": entry.id, "created_at": created,
+            "max_input_tokens": entry.context_length}  # fmt: skip
 
 
 @csrf_exempt

@@ -30,8 +30,8 @@ from inference.queue.tickets import StartTicket, ticket_from_message
 log = logging.getLogger(__name__)
 
 Claim = concurrent.futures.Future[Any]  # a held request's claim: the ClaimedTurn, or None (close it)
-# Sends a ticket's backend request before its claim (start.early_send): its claim and run, or None (the rig is not
-# one this process has seen: it never connects where a ticket alone says).
+# Sends a ticket's backend request before its claim (start.early_send): its claim, run and write, or None (the rig is
+# not one this process has seen: it never connects where a ticket alone says).
 Started = tuple[Claim, concurrent.futures.Future[None], concurrent.futures.Future[None]]  # claim, run, written
 Sender = Callable[[StartTicket], Started | None]
 Claimer = Callable[[StartTicket], Claim]  # claims a confirmed turn (start.early_claim): what it got, or None

@@ -53,6 +53,8 @@ def start(coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
     future: concurrent.futures.Future[T] = concurrent.futures.Future()
 
     def settle(done: asyncio.Task[T]) -> None:
+        if future.cancelled():  # cancelled from outside while it ended
+            return
         if done.cancelled():
             future.cancel()
         elif (exc := done.exception()) is not None:
