@@ -41,14 +41,12 @@ def api_turn_submit(*, key: ApiKey, rig: Rig, model: str, history: list[dict[str
         if key.unconfirmed:
             raise ValueError("a key from memory stores nothing before its row confirms it")
         params = _with_client(params, key, client)
-        if (
-            sent is None
-            or sent.queue != rig.queue
-            or sent.ticket != _early_ticket(rig=rig, model=model, history=history, text=text, params=params)
-        ):
-            if sent is not None:
-                early.withdraw(sent, key_id=key.pk)
-            sent = _early_offer(key_id=key.pk, rig=rig, model=model, history=history, text=text, params=params)
+        ticket = _early_ticket(rig=rig, model=model, history=history, text=text, params=params)
+        if sent is not None and (sent.queue != rig.queue or sent.ticket != ticket):
+            early.withdraw(sent, key_id=key.pk)
+            sent = None
+        if sent is None and ticket is not None:
+            sent = early.offer(key_id=key.pk, queue=rig.queue, ticket=ticket)
         how = ChatSession.Placement.MODEL if placed else ChatSession.Placement.RIG
         hidden = hidden or key.storage == ApiKey.Storage.NOTHING
         title = FORGOTTEN_TITLE if hidden else text.strip()[:TITLE_CHARS]
@@ -73,8 +71,8 @@ def api_early_offer(*, key: ApiKey, rig: Rig, model: str, history: list[dict[str
     and its turn stored, if the rig has one and an open slot: the EarlyStart to hand ``api_turn_submit`` (with the
     same arguments), or None. ``key`` may be one from memory (``ApiKey.unconfirmed``): the early request stores and
     publishes nothing until the submit's commit confirms it."""
-    params = _with_client(params, key, client)
-    return _early_offer(key_id=key.pk, rig=rig, model=model, history=history, text=text, params=params)
+    ticket = _early_ticket(rig=rig, model=model, history=history, text=text, params=_with_client(params, key, client))
+    return None if ticket is None else early.offer(key_id=key.pk, queue=rig.queue, ticket=ticket)
 
 
 def api_early_withdraw(sent: early.EarlyStart | None, *, key: ApiKey) -> None:
@@ -86,12 +84,6 @@ def api_early_withdraw(sent: early.EarlyStart | None, *, key: ApiKey) -> None:
 
 def _with_client(params: dict[str, Any], key: ApiKey, client: str) -> dict[str, Any]:
     return {**params, "client": {"key": key.name[:200], "agent": client[:200]}}
-
-
-def _early_offer(*, key_id: int, rig: Rig, model: str, history: list[dict[str, Any]], text: str,
-                 params: dict[str, Any]) -> early.EarlyStart | None:  # fmt: skip
-    ticket = _early_ticket(rig=rig, model=model, history=history, text=text, params=params)
-    return None if ticket is None else early.offer(key_id=key_id, queue=rig.queue, ticket=ticket)
 
 
 def _early_ticket(*, rig: Rig, model: str, history: list[dict[str, Any]], text: str,

@@ -50,6 +50,13 @@ def error_words(response: HttpResponse) -> str | None:
 View = Callable[..., HttpResponse]
 
 
+def key_refused(exc: apikeys.KeyRejected) -> HttpResponse:
+    """OpenAI's 401 for a key refused (``apikeys.KeyRejected``)."""
+    response = openai_error(401, exc.message, code="invalid_api_key")
+    response["WWW-Authenticate"] = 'Bearer realm="rigdash-api"'
+    return response
+
+
 def key_required(view: View) -> View:
     """Authenticate by API key; the view gets ``request.api_key`` and ``request.user`` (the key's owner)."""
 
@@ -59,9 +66,7 @@ def key_required(view: View) -> View:
         try:
             key = apikeys.api_key_authenticate(request.headers.get("Authorization", ""))
         except apikeys.KeyRejected as exc:
-            response = openai_error(401, exc.message, code="invalid_api_key")
-            response["WWW-Authenticate"] = 'Bearer realm="rigdash-api"'
-            return response
+            return key_refused(exc)
         request.api_key = key  # type: ignore[attr-defined]
         request.user = key.owner
         return view(request, *args, **kwargs)

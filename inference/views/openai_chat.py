@@ -24,7 +24,7 @@ from inference.models import ApiKey, Turn
 from inference.queue.early import EarlyStart
 from inference.turns.api import api_early_offer, api_early_withdraw, api_turn_submit, api_turn_texts_forget
 from inference.turns.lifecycle import turn_cancel
-from inference.views.openai import BadRequest, chat_request_parse, model_catalogue, model_resolve
+from inference.views.openai import BadRequest, chat_request_parse, key_refused, model_catalogue, model_resolve
 from inference.views.openai import openai_error as error
 from inference.views.openai_request import ChatCompletionRequest
 from inference.views.turn_listener import Extras, TurnListener, on_db_thread, reply_pieces
@@ -244,12 +244,6 @@ def answer_confirmed(
     except apikeys.KeyRejected as exc:
         return refused(exc)
     return answer
-
-
-def key_refused(exc: apikeys.KeyRejected) -> HttpResponse:
-    response = error(401, exc.message, code="invalid_api_key")
-    response["WWW-Authenticate"] = 'Bearer realm="rigdash-api"'
-    return response
 
 
 def sse(payload: dict[str, Any] | str) -> bytes:
