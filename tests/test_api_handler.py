@@ -97,3 +97,68 @@ async def test_the_api_security_middleware_answers_as_djangos_own_on_the_event_l
     assert ours.status_code == theirs.status_code == (301 if secure else 200)
     assert dict(ours.headers) == dict(theirs.headers) and ours.headers.get("X-Content-Type-Options") == "nosniff"
     assert threads[0] != threading.get_ident() and threads[1] == threading.get_ident()
+
+
+async def _asgi_get(app, path: str) -> list[dict]:  # type: ignore[no-untyped-def]
+    """One GET through an ASGI app, as a server calls it: what the app sent."""
+    import asyncio
+
+    scope = {
+        "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "GET", "scheme": "http",
+        "path": path, "raw_path": path.encode(), "root_path": "", "query_string": b"", "headers": [],
+        "server": ("testserver", 80), "client": ("127.0.0.1", 5000),
+    }  # fmt: skip
+    messages = [{"type": "http.request", "body": b"", "more_body": False}]
+    sent: list[dict] = []
+
+    async def receive() -> dict:
+        if messages:
+            return messages.pop(0)
+        await asyncio.Event().wait()  # the client stays connected
+        raise AssertionError("unreachable")
+
+    async def send(message: dict) -> None:
+        sent.append(message)
+
+    await app(scope, receive, send)
+    return sent
+
+
+async def test_the_api_handler_sends_no_request_started_signal_and_closes_its_response_on_the_loop():
+    """``ApiHandler.handle``: Django's, less the ``request_started`` signal and the thread it ran in, and with the
+    response closed (``request_finished``) on the loop's thread. Django's own ``handle`` on the same handler does
+    both in another thread: the test tells the two apart."""
+    import threading
+
+    from django.core import signals
+    from django.core.handlers.asgi import ASGIHandler
+
+    from rigdash.apihandler import ApiHandler
+
+    class StockHandler(ApiHandler):
+        handle = ASGIHandler.handle
+
+    started: list[int] = []
+    finished: list[int] = []
+
+    def on_started(**kwargs: object) -> None:
+        started.append(threading.get_ident())
+
+    def on_finished(**kwargs: object) -> None:
+        finished.append(threading.get_ident())
+
+    signals.request_started.connect(on_started)
+    signals.request_finished.connect(on_finished)
+    try:
+        ours = await _asgi_get(ApiHandler(), "/v1/no/such/route")
+        assert (started, finished) == ([], [threading.get_ident()])
+        stock = await _asgi_get(StockHandler(), "/v1/no/such/route")
+        assert len(started) == 1 and started[0] != threading.get_ident()
+        assert len(finished) == 2 and finished[1] != threading.get_ident()
+    finally:
+        signals.request_started.disconnect(on_started)
+        signals.request_finished.disconnect(on_finished)
+    # The same answer either way: OpenAI's 404 for a path no route holds.
+    assert [m["type"] for m in ours] == [m["type"] for m in stock] == ["http.response.start", "http.response.body"]
+    assert ours[0]["status"] == stock[0]["status"] == 404
+    assert ours[1]["body"] == stock[1]["body"] and b"unknown_url" in ours[1]["body"]
