@@ -173,6 +173,57 @@ def test_an_api_request_sends_an_early_ticket_that_its_turns_task_names_and_the_
     assert live.sync_client().get(early.open_slots_key(dead_rig.pk)) == b"1"  # the dispatch's count, after the commit
 
 
+@pytest.mark.django_db(transaction=True)
+def test_the_early_requests_confirmation_goes_out_before_the_turns_task(dead_rig, monkeypatch):
+    """The holder claims the turn on the confirmation: sending the Celery task first would put it on the first token's
+    way."""
+    from inference.tasks import turns_run_task
+
+    key = apikeys.api_key_create(owner=make_user("owner"), name="tool").key
+    early.open_slots_set(dead_rig.pk, 2)
+    real_send = turns_run_task.apply_async
+    words_at_send: list[list[dict[str, Any]]] = []
+
+    def send(*args: Any, **kwargs: Any) -> Any:
+        [offer] = _lane(dead_rig.queue)
+        words_at_send.append(_control(offer["id"]))
+        return real_send(*args, **kwargs)
+
+    monkeypatch.setattr(turns_run_task, "apply_async", send)
+    turn = _request(key, dead_rig, BODIES["plain"])
+    [task_ticket] = _task_tickets(dead_rig.queue)
+    assert task_ticket["turn_id"] == turn.pk and words_at_send == [[{"confirm": task_ticket}]]
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("with_early", [True, False], ids=["confirmed to its holder", "no early request"])
+def test_a_task_the_broker_refuses_leaves_a_confirmed_turn_to_its_early_requests_holder(dead_rig, broker_down,
+                                                                                        with_early):  # fmt: skip
+    """The broker refuses the task (mocked: ``broker_down``). A turn confirmed to the worker holding its early request
+    stays handed out and the request is answered (the holder claims it); without an early request it is refused with
+    QueueUnavailable and waits, as a chat's turn does (tests/test_submits.py)."""
+    from inference.errors import QueueUnavailable
+    from inference.worker import claim as claims
+
+    key = apikeys.api_key_create(owner=make_user("owner"), name="tool").key
+    early.open_slots_set(dead_rig.pk, 2 if with_early else 0)
+    if not with_early:
+        with pytest.raises(QueueUnavailable):
+            _request(key, dead_rig, BODIES["plain"])
+        [turn] = Turn.objects.all()
+        assert (turn.status, turn.dispatched_at) == (Turn.Status.QUEUED, None)
+        return
+    turn = _request(key, dead_rig, BODIES["plain"])
+    [offer] = _lane(dead_rig.queue)
+    [word] = _control(offer["id"])
+    ticket = ticket_from_message(word["confirm"])
+    assert ticket is not None and ticket.turn_id == turn.pk and ticket.early == offer["id"]
+    turn.refresh_from_db()
+    assert turn.status == Turn.Status.QUEUED and turn.dispatched_at is not None  # handed out, to the holder
+    claimed = claims.turns_start(turn_ids=[turn.pk], worker="holder", tickets={turn.pk: ticket}, rig_id=dead_rig.pk)
+    assert claimed[turn.pk] is not None and Turn.objects.get(pk=turn.pk).worker == "holder"
+
+
 def _hold(offer: dict[str, Any]) -> worker_early.Held:
     """The worker's hold of an offer, with no request behind it (the ticket comparison alone)."""
     ticket = ticket_from_message(offer["ticket"])

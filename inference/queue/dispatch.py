@@ -316,11 +316,16 @@ def _send(turn_ids: list[int], queue: str, tickets: Sequence[StartTicket] = (), 
     Their start tickets go with it (inference/queue/tickets.py), and the rig they were handed to (``rig_id``): the
     claim takes only turns still handed to it.
 
+    A turn whose request went out early (inference/queue/early.py) is confirmed to the process holding it first, which
+    claims it at once: the task is sent after, off its first token's way, for a holder that is gone.
+
     When the message cannot be sent (the broker is down), the turns go back to waiting, so the next dispatch
     (after a turn ends, or beat's ``dispatch_all``) hands them out again instead of the 120 s resend; the caller
-    gets ``QueueUnavailable`` (the broker's error as its cause), which a page or an API client is shown."""
+    gets ``QueueUnavailable`` (the broker's error as its cause), which a page or an API client is shown. A turn
+    confirmed to its early request's holder stays handed out (the holder claims it; were it gone, the resend)."""
     if not turn_ids:
         return
+    confirmed = early.confirm(tickets)
     try:
         # Straight to the queue's list: through the default exchange, kombu has no binding to look up.
         kwargs: dict[str, Any] = {"tickets": [ticket.as_message() for ticket in tickets]} if tickets else {}
@@ -335,9 +340,12 @@ def _send(turn_ids: list[int], queue: str, tickets: Sequence[StartTicket] = (), 
             **task_reprs(turn_ids, tickets, rig_id),
         )
     except Exception as exc:
-        Turn.objects.filter(pk__in=turn_ids, status=Turn.Status.QUEUED).update(dispatched_at=None)
-        raise QueueUnavailable(turn_ids) from exc
-    early.confirm(tickets)  # a turn whose request went out early is claimed where it is held, before the task lands
+        waiting = [turn_id for turn_id in turn_ids if turn_id not in confirmed]
+        Turn.objects.filter(pk__in=waiting, status=Turn.Status.QUEUED).update(dispatched_at=None)
+        if waiting:
+            raise QueueUnavailable(waiting) from exc
+        log.warning("turns %s: their task could not be sent; their early requests' holders claim them: %r", turn_ids,
+                    exc)  # fmt: skip
 
 
 def waiting_reason(rig: Rig) -> str:

@@ -9,13 +9,13 @@ and stores the turn as before. The worker sends the backend request at once and 
 (inference/worker/early.py).
 
 The database still decides. Once the submit's dispatch has handed the turn out and committed, the web process
-confirms the early ticket on the holder's own control list (``confirm``), beside the turn's Celery task: the
-process that holds the request claims the turn at once, without waiting for the task's delivery, wherever the task
-goes. Both name the early ticket (``StartTicket.early``); the worker uses the early request only when the turn's
-ticket is the one it was sent for (same rig, model, conversation, parameters and token cap) and its claim succeeds.
-Anything else closes it before any of it is published: a refusal (a quota, a rate limit: the submit withdraws it at
-once, on the same control list), a dispatch that makes the turn wait, a ticket that differs (an owner's per-reply
-limit the web process did not know), or no word within ``HOLD_S``.
+confirms the early ticket on the holder's own control list (``confirm``), then sends the turn's Celery task: the
+process that holds the request claims the turn at once, without waiting for the task's sending or delivery,
+wherever the task goes. Both name the early ticket (``StartTicket.early``); the worker uses the early request only
+when the turn's ticket is the one it was sent for (same rig, model, conversation, parameters and token cap) and its
+claim succeeds. Anything else closes it before any of it is published: a refusal (a quota, a rate limit: the submit
+withdraws it at once, on the same control list), a dispatch that makes the turn wait, a ticket that differs (an
+owner's per-reply limit the web process did not know), or no word within ``HOLD_S``.
 
 Slots: the rig's free slot count, with nobody waiting, is kept in Redis by every dispatch of the rig
 (``open_slots_set``), and an early ticket takes one atomically (``_OFFER``), so concurrent requests never send more
@@ -130,16 +130,19 @@ def withdraw(early: EarlyStart, *, key_id: int) -> None:
                     exc)  # fmt: skip
 
 
-def confirm(tickets: Sequence[StartTicket]) -> None:
+def confirm(tickets: Sequence[StartTicket]) -> set[int]:
     """After the commit that handed these turns out: each early request a ticket names may be claimed by the process
-    holding it now. Without the word (Redis refused it), the turn's task still claims it where it is delivered."""
+    holding it now. The ids of the turns whose word went out; without it (Redis refused it), the turn's task still
+    claims it where it is delivered."""
     words = {ticket.early: {"confirm": ticket.as_message()} for ticket in tickets if ticket.early}
     if not words:
-        return
+        return set()
     try:
         _control_push(words)
     except RedisError as exc:
         log.warning("early requests %s could not be confirmed (their tasks claim them): %r", sorted(words), exc)
+        return set()
+    return {ticket.turn_id for ticket in tickets if ticket.early}
 
 
 def _control_push(words: dict[str, dict[str, Any]]) -> None:
