@@ -65,6 +65,27 @@ async def test_the_listener_hears_its_turns_group_on_the_real_layer_and_leaves_i
     assert not any(channel in members for members in layer.groups.values())
 
 
+async def test_what_was_published_before_the_listener_joined_comes_at_once_and_the_row_is_asked_soon(turn):
+    """A fast backend's first batches can be published before the view's listener joins the group (the worker's claim
+    beats the submit's return): they come from the live list as the listener joins, not with the next batch; and
+    since the turn's end may have gone by too, its row is asked soon, not after ``CHECK_S``."""
+    listener = TurnListener(session_id=turn.session_id, turn_id=turn.pk)
+    await listener.join()
+    try:
+        pieces = reply_pieces(listener)
+        assert await asyncio.wait_for(anext(pieces), 0.5) == "Once upon a time there"  # seq 1-4, from the live list
+        await sync_to_async(_finish)(turn)  # its end went by unheard
+        rest = await asyncio.wait_for(_rest(pieces), turn_listener.CHECK_S / 2)
+    finally:
+        await listener.leave()
+    *texts, ended = rest
+    assert texts == [" was a fox."] and isinstance(ended, Turn) and ended.status == Turn.Status.DONE
+
+
+async def _rest(pieces: Any) -> list[Any]:
+    return [piece async for piece in pieces]
+
+
 async def test_a_dropped_batch_is_read_back_from_the_live_list_and_nothing_comes_twice(turn):
     listener = TurnListener(session_id=turn.session_id, turn_id=turn.pk)  # fed by hand: the layer's deliveries
     for event in (_token(turn, 1), _token(turn, 3), _token(turn, 2), _token(turn, 4), _token(turn, 3)):

@@ -6,6 +6,9 @@ The listener joins the turn's session group (``events.session_group``) on a chan
 (``direct_ready`` / ``direct_deliver``); with any other layer the events come through the channel's queue. Pub/sub
 may drop a message (a reconnect, a full outbox), so nothing is trusted to arrive:
 
+- what the worker published before the listener joined (its claim can beat the view to the group) is read from the
+  turn's live list once the listener has joined (``TurnListener.published``), and the turn's row is asked soon
+  after, since its end may have gone by too;
 - a ``chat.token`` batch whose ``seq_from`` is not the next seq (one was missed) is answered by one read of the
   turn's live list (``state.snapshot``), which holds seq 1..n; a batch already held is dropped;
 - the end is ``chat.turn_end``, or, when no event came for ``CHECK_S``, the turn's row says it ended (its end
@@ -26,6 +29,7 @@ from asgiref.sync import sync_to_async
 from channels.db import DatabaseSyncToAsync
 from channels.layers import get_channel_layer
 from django.conf import settings
+from redis.exceptions import RedisError
 
 from inference import events
 from inference.live import state
@@ -34,6 +38,7 @@ from inference.models import Turn
 log = logging.getLogger(__name__)
 
 CHECK_S = 1.0  # with no event for this long, the turn's row is read: has it ended?
+CAUGHT_UP_CHECK_S = 0.05  # the same, first, for a turn that published before the listener joined
 EVENT_TYPES = frozenset({"chat.token", "chat.turn_end"})
 
 # The API views' database work runs on these threads. Django's ASGI handler gives each request a new thread, and a
@@ -64,6 +69,7 @@ class TurnListener:
         self.channel = ""
         self._holder: asyncio.Task[None] | None = None
         self._direct = False
+        self.published: state.LiveSnapshot | None = None  # the live list as it was once the listener joined
 
     async def join(self) -> None:
         self.channel = await self.layer.new_channel()
@@ -74,6 +80,12 @@ class TurnListener:
         # Receives what the layer queues (any layer but RigDash's, or a message to this channel alone); cancelling it
         # is how channels_redis drops the channel and its subscription (as when a consumer ends).
         self._holder = asyncio.get_running_loop().create_task(self._receive())
+        # Then the batches published before the subscription: Redis runs the SUBSCRIBE, written already, before this
+        # read, so every batch is in one or the other (or both: ``reply_pieces`` keeps each once).
+        try:
+            self.published = await _snapshot(self.turn_id)
+        except (RedisError, OSError, ValueError) as exc:  # the events and the end's row check still give the reply
+            log.warning("turn %s: its live list could not be read as the listener joined: %r", self.turn_id, exc)
 
     async def leave(self) -> None:
         if self._direct:
@@ -137,8 +149,17 @@ async def reply_pieces(listener: TurnListener) -> AsyncIterator[str | Extras | T
     missed is resynced from the live list, which holds the text and the thoughts: the view makes up missed tool calls
     from the ended row."""
     seq, sent, thought = 0, "", ""
+    wait = CHECK_S
+    if (caught := listener.published) is not None and caught.seq:
+        seq, sent, thought = caught.seq, caught.text, caught.thinking
+        if caught.thinking:
+            yield {"thinking": caught.thinking}
+        if caught.text:
+            yield caught.text
+        wait = CAUGHT_UP_CHECK_S
     while True:
-        event = await listener.next_event(CHECK_S)
+        event = await listener.next_event(wait)
+        wait = CHECK_S
         if event is None or event["type"] == "chat.turn_end":
             ended = await ended_turn(listener.turn_id)
             if ended is None:
