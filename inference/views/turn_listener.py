@@ -80,8 +80,9 @@ class TurnListener:
         # Receives what the layer queues (any layer but RigDash's, or a message to this channel alone); cancelling it
         # is how channels_redis drops the channel and its subscription (as when a consumer ends).
         self._holder = asyncio.get_running_loop().create_task(self._receive())
-        # Then the batches published before the subscription: Redis runs the SUBSCRIBE, written already, before this
-        # read, so every batch is in one or the other (or both: ``reply_pieces`` keeps each once).
+        # Then the batches published before the subscription. The SUBSCRIBE was written before this read is sent (on
+        # another connection, after a thread hop), so Redis runs it first: every batch is in the list or in an event,
+        # or both (``reply_pieces`` keeps each once); one that fell between would come back by the seq gap's resync.
         try:
             self.published = await _snapshot(self.turn_id)
         except (RedisError, OSError, ValueError) as exc:  # the events and the end's row check still give the reply
