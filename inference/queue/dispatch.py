@@ -341,11 +341,12 @@ def _send(turn_ids: list[int], queue: str, tickets: Sequence[StartTicket] = (), 
         )
     except Exception as exc:
         waiting = [turn_id for turn_id in turn_ids if turn_id not in confirmed]
+        if not waiting:
+            log.warning("turns %s: their task could not be sent; their early requests' holders claim them: %r",
+                        turn_ids, exc)  # fmt: skip
+            return
         Turn.objects.filter(pk__in=waiting, status=Turn.Status.QUEUED).update(dispatched_at=None)
-        if waiting:
-            raise QueueUnavailable(waiting) from exc
-        log.warning("turns %s: their task could not be sent; their early requests' holders claim them: %r", turn_ids,
-                    exc)  # fmt: skip
+        raise QueueUnavailable(waiting) from exc
 
 
 def waiting_reason(rig: Rig) -> str:
