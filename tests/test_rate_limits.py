@@ -102,8 +102,8 @@ def test_reply_tokens_count_per_user_and_per_key_each_on_its_own(owner, rig, bro
 # Over the real web server and worker ---------------------------------------------------------------------
 
 
-def _ask(web_url: str, key: str, model: str) -> httpx.Response:
-    body = {"model": model, "messages": [{"role": "user", "content": "Say hi."}], "max_tokens": 12}
+def _ask(web_url: str, key: str, model: str, content: str = "Say hi.") -> httpx.Response:
+    body = {"model": model, "messages": [{"role": "user", "content": content}], "max_tokens": 12, "temperature": 0}
     return httpx.post(f"{web_url}/v1/chat/completions", json=body, headers={"Authorization": f"Bearer {key}"},
                       timeout=120)  # fmt: skip
 
@@ -145,7 +145,8 @@ def test_a_reply_over_the_minutes_tokens_makes_the_next_request_429_of_type_toke
 ):
     Quota.objects.create(user=owner, tokens_per_minute=5)
     key = apikeys.api_key_create(owner=owner, name="one").secret
-    answered = _ask(web_url, key, model_name)
+    # A count runs to max_tokens (12) at temperature 0; "Say hi." may end within the 5.
+    answered = _ask(web_url, key, model_name, content="Count from 1 to 20, separated by commas.")
     ended = time.time()
     assert answered.status_code == 200
     assert answered.json()["usage"]["completion_tokens"] > 5
