@@ -33,6 +33,7 @@ key_urlpatterns = [
     path("v1/embeddings", openai_embeddings.embeddings, name="openai_embeddings"),
     path("v1/completions", openai_completions.completions, name="openai_completions"),
     path("v1/messages", anthropic_messages.messages, name="anthropic_messages"),
+    path("v1/messages/count_tokens", anthropic_messages.count_tokens, name="anthropic_count_tokens"),
     path("api/chat", ollama_api.chat, name="ollama_chat"),
     path("api/generate", ollama_api.generate, name="ollama_generate"),
     path("api/embed", ollama_api.embed, name="ollama_embed"),

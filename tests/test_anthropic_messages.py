@@ -17,7 +17,7 @@ import httpx
 import pytest
 
 from inference.board import apikeys
-from inference.models import Turn
+from inference.models import Quota, Turn
 from inference.turns.board_rows import board_row_for
 from inference.views.anthropic_messages import openai_body
 from inference.views.openai_request import BadRequest
@@ -130,19 +130,27 @@ def test_anthropics_client_gets_llama_servers_own_answer_whole_and_streamed(
 
     counting = {**request, "max_tokens": 60, "messages": [{"role": "user", "content": "Count from 1 to 10, separated "
                                                                                       "by commas."}]}  # fmt: skip
-    stopped = client.messages.create(**counting, stop_sequences=["5"])
-    own_stopped = _own_answer(llama_url, _direct({**counting, "stop_sequences": ["5"]}))
+    stopped = client.messages.create(**counting, stop_sequences=["7", "5"])
+    own_stopped = _own_answer(llama_url, _direct({**counting, "stop_sequences": ["7", "5"]}))
     assert stopped.content[0].text == own_stopped["content"][0]["text"] and "5" not in stopped.content[0].text
-    assert stopped.stop_reason == "end_turn"  # llama-server's own says stop_sequence (docs/openai.md)
+    # Which sequence ended it, as llama-server's own answer says; its reason as Anthropic's API gives it (llama-server
+    # says end_turn: docs/openai.md).
+    assert (stopped.stop_reason, stopped.stop_sequence) == ("stop_sequence", "5")
+    assert own_stopped["stop_sequence"] == "5"
+    with client.messages.stream(**counting, stop_sequences=["5"]) as stream:
+        ended = stream.get_final_message()
+    assert (ended.stop_reason, ended.stop_sequence) == ("stop_sequence", "5")
+    unmatched = client.messages.create(**{**counting, "max_tokens": 3}, stop_sequences=["@@"])
+    assert (unmatched.stop_reason, unmatched.stop_sequence) == ("max_tokens", None)
 
     turns = list(Turn.objects.order_by("pk"))
-    assert [t.status for t in turns] == [Turn.Status.DONE] * 3
+    assert [t.status for t in turns] == [Turn.Status.DONE] * 5
     assert turns[0].session.context_messages == [{"role": "system", "content": "You are terse."}]
     rows = [board_row_for(t.pk) for t in turns]
     assert all(r is not None and r["via_api"] and r["api_client"]["key"] == "claude" for r in rows)
     assert all(r is not None and r["api_client"]["agent"].startswith("Anthropic/Python") for r in rows)
     used = apikeys.api_key_usage([turns[0].session.api_key])[turns[0].session.api_key_id]
-    assert used.turns == 3 and used.output_tokens == sum(t.output_tokens or 0 for t in turns)
+    assert used.turns == 5 and used.output_tokens == sum(t.output_tokens or 0 for t in turns)
 
 
 @pytest.mark.llama
@@ -164,8 +172,10 @@ def test_anthropics_client_runs_a_tool_use_loop(web_url, celery_worker, fake_rig
     result = {"type": "tool_result", "tool_use_id": call.id, "content": "12 C"}
     messages += [{"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in asked.content]},
                  {"role": "user", "content": [result]}]  # fmt: skip
-    answer = client.messages.create(model=FAKE_MODEL, max_tokens=100, messages=messages, tools=TOOLS)
-    assert answer.stop_reason == "end_turn" and answer.content[0].text == "It is 12 C in Oslo."
+    answer = client.messages.create(model=FAKE_MODEL, max_tokens=100, messages=messages, tools=TOOLS,
+                                    stop_sequences=["Celsius"])  # fmt: skip
+    assert answer.content[0].text == "It is 12 C in Oslo."
+    assert (answer.stop_reason, answer.stop_sequence) == ("stop_sequence", "Celsius")  # the server's stop_reason
     assert FakeOpenAI.bodies[-1]["messages"][-2:] == [
         {"role": "assistant", "content": "", "tool_calls": [{"id": "call_7", "type": "function",
          "function": {"name": "get_weather", "arguments": json.dumps({"city": "Oslo"})}}]},
@@ -270,3 +280,79 @@ def test_a_streamed_replys_blocks_start_and_stop_in_order() -> None:
         ("start", 3, "tool_use"), ("delta", 3, "input_json_delta"), ("stop", 3, None),
         ("start", 4, "tool_use"), ("delta", 4, "input_json_delta"), ("stop", 4, None),
     ]  # fmt: skip
+
+
+# Token counting (POST /v1/messages/count_tokens) ---------------------------------------------------------------
+
+
+@pytest.mark.llama
+@pytest.mark.django_db(transaction=True)
+def test_anthropics_client_counts_tokens_as_llama_server_itself_counts_them(
+    web_url, llama_url, rig, model_name, owner
+) -> None:
+    """No worker: a count is not a turn. The figure is the rig's own server's for the same body (its template, the
+    system prompt, the tools)."""
+    client = _client(web_url, apikeys.api_key_create(owner=owner, name="claude").secret)
+    plain: dict[str, Any] = {"model": model_name, "system": "You are terse.",
+                             "messages": [{"role": "user", "content": "Count from 1 to 10."}]}  # fmt: skip
+    with_tools = {**plain, "tools": TOOLS, "tool_choice": {"type": "auto"}}
+    counts = []
+    for body in (plain, with_tools):
+        own = httpx.post(f"{llama_url}/v1/messages/count_tokens", json=body, timeout=30)
+        assert own.status_code == 200, own.text
+        counted = client.messages.count_tokens(**body)
+        assert counted.input_tokens == own.json()["input_tokens"] > 0
+        counts.append(counted.input_tokens)
+    longer = client.messages.count_tokens(
+        **{**plain, "messages": [*plain["messages"], {"role": "assistant", "content": "1, 2, 3"}]}
+    )
+    assert longer.input_tokens > counts[0]
+    assert Turn.objects.count() == 0  # nothing stored, nothing queued
+
+
+@pytest.mark.llama
+@pytest.mark.django_db(transaction=True)
+def test_a_count_is_refused_by_what_is_wrong_and_counts_in_the_keys_rate_limit(web_url, rig, model_name, owner):
+    key = apikeys.api_key_create(owner=owner, name="claude").secret
+    url = f"{web_url}/v1/messages/count_tokens"
+    hi = {"model": model_name, "messages": [{"role": "user", "content": "hi"}]}
+
+    def ask(body: Any, headers: dict[str, str] | None = None) -> httpx.Response:
+        return httpx.post(url, json=body, headers={"x-api-key": key} if headers is None else headers, timeout=30)
+
+    cases = [
+        (ask(hi, {"x-api-key": "rdk_" + "x" * 40}), 401, "authentication_error", "API key"),
+        (ask(hi, {}), 401, "authentication_error", "x-api-key"),
+        (ask({**hi, "messages": "hi"}), 400, "invalid_request_error", "messages: a non-empty list is required"),
+        (ask({**hi, "messages": [{"role": "tool", "content": "x"}]}), 400, "invalid_request_error", "role is 'user'"),
+        (ask({"messages": hi["messages"]}), 400, "invalid_request_error", "model"),
+        (ask({**hi, "model": "no-such-model"}), 404, "not_found_error", "no-such-model"),
+        (httpx.get(url, headers={"x-api-key": key}), 405, "invalid_request_error", "Use POST"),
+    ]
+    for answer, status, kind, words in cases:
+        assert answer.status_code == status, answer.text
+        error = answer.json()
+        assert error["type"] == "error" and error["error"]["type"] == kind and words in error["error"]["message"]
+    garbled = httpx.post(url, content=b'{"model": ', headers={"x-api-key": key}, timeout=30)
+    assert garbled.status_code == 400 and garbled.json()["error"]["type"] == "invalid_request_error"
+
+    Quota.objects.create(user=owner, key_requests_per_minute=2)
+    assert ask(hi).status_code == 200 and ask(hi).status_code == 200
+    limited = ask(hi)
+    assert limited.status_code == 429 and limited.json()["error"]["type"] == "rate_limit_error", limited.text
+    assert 1 <= int(limited.headers["Retry-After"]) <= 60
+    assert Turn.objects.count() == 0
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_rig_whose_server_cannot_count_answers_501(web_url, fake_rig, owner) -> None:  # noqa: F811
+    """An OpenAI-compatible server has no token count (nor a way to read its template): 501, and it is not asked."""
+    key = apikeys.api_key_create(owner=owner, name="claude").secret
+    answer = httpx.post(f"{web_url}/v1/messages/count_tokens", headers={"x-api-key": key}, timeout=30,
+                        json={"model": FAKE_MODEL, "messages": [{"role": "user", "content": "hi"}]})  # fmt: skip
+    assert answer.status_code == 501, answer.text
+    assert answer.json()["error"] == {
+        "type": "api_error",
+        "message": "Rig fake-rig's server (openai) cannot count tokens.",
+    }
+    assert FakeOpenAI.bodies == []

@@ -87,7 +87,7 @@ def test_a_key_that_stores_nothing_answers_whole_and_keeps_only_counts(web_url, 
     key = apikeys.api_key_create(owner=owner, name="private", storage=ApiKey.Storage.NOTHING)
     client = _client(web_url, key.secret)
     asked = [*HISTORY, {"role": "user", "content": "What is the weather in Oslo?"}]
-    whole = client.chat.completions.create(model=FAKE_MODEL, messages=asked)
+    whole = client.chat.completions.create(model=FAKE_MODEL, messages=asked, stop=["Celsius"])
     streamed = client.chat.completions.create(model=FAKE_MODEL, messages=asked, stream=True)
     text = "".join(c.choices[0].delta.content or "" for c in streamed if c.choices)
     called = client.chat.completions.create(model=FAKE_MODEL, messages=asked, tools=TOOLS)
@@ -105,7 +105,8 @@ def test_a_key_that_stores_nothing_answers_whole_and_keeps_only_counts(web_url, 
     assert len(turns) == 4 and all(t.status == Turn.Status.DONE for t in turns)
     for turn in turns:
         assert turn.user_text == turn.reply_text == turn.thinking_text == "" and turn.params["forgotten"] is True
-        assert "message" not in turn.params and "passthrough" not in turn.params and "tool_calls" not in turn.stats
+        assert "message" not in turn.params and "passthrough" not in turn.params
+        assert "tool_calls" not in turn.stats and "stop_sequence" not in turn.stats  # the reply's, as its text
         assert turn.session.hidden and turn.session.context_messages == [] and "Oslo" not in turn.session.title
         assert (turn.output_tokens or 0) > 0  # the counts stay
         row = board_row_for(turn.pk)  # the board row stays, naming the key and the client

@@ -306,6 +306,13 @@ def test_router_without_autoload_refuses_an_unloaded_model_by_name(servers, web_
     embeddings = gateway.post("/v1/embeddings", {"model": "smol", "input": "hi"})  # refused before any instance
     _openai_error(embeddings, 400, "not loaded")
     assert embeddings.json()["error"]["code"] == "model_not_loaded", embeddings.text
+    # Anthropic's token count: the loaded model's by its instance, as the router's own; the unloaded one refused.
+    count = {"model": "tiny", "messages": [{"role": "user", "content": "Name a colour."}], "system": "Be brief."}
+    counted = gateway.http.post("/v1/messages/count_tokens", json=count)
+    assert counted.status_code == 200, counted.text
+    assert counted.json() == server.post("/v1/messages/count_tokens", count).json() and counted.json()["input_tokens"]
+    refused = gateway.http.post("/v1/messages/count_tokens", json={**count, "model": "smol"})
+    assert refused.status_code == 409 and "not loaded on rig manual" in refused.json()["error"]["message"], refused.text
     assert _running(gateway) == ["tiny"] and _router_status(server)["smol"] == "unloaded"  # nothing was loaded
     turns = _all_turns_of_the_key(gateway, rig, done=2)
     assert {t.finish_reason for t in turns if t.status == Turn.Status.FAILED} == {"model_not_loaded"}

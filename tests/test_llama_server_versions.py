@@ -173,7 +173,7 @@ def test_the_rig_page_says_what_the_older_server_does_not_report(old_servers, pa
 
 
 def test_the_gateway_answers_as_the_older_server_does_and_counts_its_turns(old_servers, web_url, celery_worker,
-                                                                          owner) -> None:  # fmt: skip
+                                                                          owner, llama_url) -> None:  # fmt: skip
     server = old_servers["defaults"]
     rig = _rig("old", server)
     gateway = Gateway(web_url, owner, "old-build")
@@ -200,6 +200,15 @@ def test_the_gateway_answers_as_the_older_server_does_and_counts_its_turns(old_s
     lines = gateway.stream("/api/chat", {"model": model, "messages": HI, "options": options})
     assert "".join(line["message"]["content"] for line in lines) == _text(direct) and lines[-1]["done"]
     assert lines[-1]["eval_count"] == told["completion_tokens"]
+
+    # Anthropic's token count: this build has no /v1/chat/completions/input_tokens (404), so RigDash applies its
+    # template and tokenizes; the figure is this server's own count_tokens, and the embedded build's (same model).
+    count = {"model": model, "system": "Be brief.", "messages": [{"role": "user", "content": "Name a colour."}]}
+    assert server.post("/v1/chat/completions/input_tokens", {"model": model, "messages": HI}).status_code == 404
+    counted = gateway.http.post("/v1/messages/count_tokens", json=count)
+    assert counted.status_code == 200, counted.text
+    assert counted.json() == server.post("/v1/messages/count_tokens", count).json()
+    assert counted.json() == httpx.post(f"{llama_url}/v1/messages/count_tokens", json=count, timeout=30).json()
 
     turns = _all_turns_of_the_key(gateway, rig, done=gateway.sent)
     for turn in turns:  # on the board as the API's, with the server's token counts

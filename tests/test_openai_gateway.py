@@ -85,7 +85,10 @@ class FakeOpenAI(BaseHTTPRequestHandler):
         else:
             for word in ("It is ", "12 C ", "in Oslo."):
                 yield chunk({"content": word})
-            yield chunk({}, "stop")
+            finish = chunk({}, "stop")
+            if body.get("stop"):  # as vLLM names the stop string that ended a reply (this server stops on none)
+                finish["choices"][0]["stop_reason"] = body["stop"][0]
+            yield finish
         yield {"object": "chat.completion.chunk", "choices": [], "usage": {"prompt_tokens": 30, "completion_tokens": 4}}
 
 

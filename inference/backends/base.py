@@ -337,6 +337,8 @@ class StreamChunk:
     tool_calls: list[dict[str, Any]] | None = None
     # OpenAI's ``choices[0].logprobs`` of this chunk, when the request asked for them.
     logprobs: dict[str, Any] | None = None
+    # The request's stop sequence that ended the reply, on the last chunk, where the backend says which.
+    stop_word: str | None = None
 
     @property
     def carries(self) -> bool:
@@ -450,6 +452,11 @@ class Backend(ABC):
     async def prompt_tokens(self, model: str, messages: list[dict[str, str]]) -> int:
         """Tokens ``messages`` make as ``model``'s prompt: its chat template applied, then its tokenizer."""
         raise BackendNotSupported(f"{self.kind} cannot count a prompt's tokens")
+
+    async def input_tokens(self, body: dict[str, Any]) -> int:
+        """Tokens an OpenAI chat request's prompt makes (``body``: its ``model``, ``messages``, ``tools``, template
+        options), as the server would read it with nothing cached, without running it."""
+        raise BackendNotSupported(f"{self.kind} cannot count a request's tokens")
 
     async def embeddings(self, body: dict[str, Any]) -> dict[str, Any]:
         """OpenAI's ``/v1/embeddings`` answer to ``body`` (its ``model`` the server's name for it); BackendRefused

@@ -23,7 +23,7 @@ TITLE_CHARS = 60
 FORGOTTEN_TITLE = "(not stored)"
 # What a key that stores nothing keeps of a request's params: how it was run, not what it said.
 SECRET_PARAMS = ("message", "passthrough")
-SECRET_STATS = ("tool_calls", "logprobs")  # the reply's calls and tokens are the reply
+SECRET_STATS = ("tool_calls", "logprobs", "stop_sequence")  # the reply's calls, tokens and end are the reply
 FORGET_BATCH = 500
 
 

@@ -17,9 +17,13 @@ from typing import Any
 
 from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
 
+from inference.backends.base import BackendError, BackendNotSupported, BackendRefused, user_message
 from inference.board import apikeys
-from inference.models import Turn
-from inference.views.openai import error_words
+from inference.errors import InvalidInput
+from inference.models import Rig, Turn
+from inference.queue.ratelimits import RateLimited
+from inference.turns.counting import api_count_admit, api_input_tokens
+from inference.views.openai import error_words, model_catalogue, model_resolve
 from inference.views.openai_chat import (
     ENDED_STATUSES,
     Piece,
@@ -224,7 +228,18 @@ def _submit_parsed(request: HttpRequest) -> Submitted:
 
 
 def _stop_reason(turn: Turn) -> str:
+    """Anthropic's stop reason: ``stop_sequence`` where the backend said which of the request's sequences ended the
+    reply (``_stop_sequence``), as Anthropic's API answers; llama-server's own ``/v1/messages`` says ``end_turn``."""
+    if _stop_sequence(turn) is not None:
+        return "stop_sequence"
     return {"length": "max_tokens", "tool_calls": "tool_use"}.get(turn.finish_reason, "end_turn")
+
+
+def _stop_sequence(turn: Turn) -> str | None:
+    """The stop sequence that ended the reply (inference/worker/stream.py keeps the backend's word), or None: no
+    sequence matched, or the backend does not say which (Ollama)."""
+    word = (turn.stats or {}).get("stop_sequence")
+    return word if isinstance(word, str) and word and turn.finish_reason == "stop" else None
 
 
 def _usage(turn: Turn) -> dict[str, int]:
@@ -264,7 +279,7 @@ def _message(turn: Turn, model_id: str) -> dict[str, Any]:
 
 def _whole(turn: Turn, model_id: str) -> HttpResponse:
     return JsonResponse({**_message(turn, model_id), "content": _content(turn), "stop_reason": _stop_reason(turn),
-                         "stop_sequence": None, "usage": _usage(turn)})  # fmt: skip
+                         "stop_sequence": _stop_sequence(turn), "usage": _usage(turn)})  # fmt: skip
 
 
 def _refused(turn: Turn) -> HttpResponse | None:
@@ -363,11 +378,61 @@ async def _stream(
                 yield event
         for event in blocks.stop():
             yield event
-        end = {"stop_reason": _stop_reason(ended), "stop_sequence": None}
+        end = {"stop_reason": _stop_reason(ended), "stop_sequence": _stop_sequence(ended)}
         yield _event("message_delta", {"type": "message_delta", "delta": end, "usage": _usage(ended)})
         yield _event("message_stop", {"type": "message_stop"})
     finally:
         await asyncio.shield(listener_finish(listener, ended is None))
+
+
+# Token counting ---------------------------------------------------------------------------------------------
+
+# What a count sends of the translated request: what makes the prompt (llama-server's input_tokens reads the rest
+# as a chat completion would, and ignores it).
+COUNTED = ("model", "messages", "tools", "tool_choice", "chat_template_kwargs")
+
+
+async def count_tokens(request: HttpRequest) -> HttpResponse:
+    """``POST /v1/messages/count_tokens``: the request's prompt (system, messages, tools) counted by the rig that
+    would serve it, as ``{"input_tokens": n}``. The key, the body and the model are checked on a database thread;
+    the rig's server is asked on the loop (an unreachable rig delays only this request)."""
+    if request.method != "POST":
+        return anthropic_error(405, "Use POST.")
+    checked = await on_db_thread(_count_checked)(request)
+    if isinstance(checked, HttpResponse):
+        return checked
+    rig, body = checked
+    try:
+        count = await api_input_tokens(rig=rig, body=body)
+    except BackendRefused as exc:  # the request was the client's: the server's status and words
+        return anthropic_error(exc.status, exc.words)
+    except BackendNotSupported:
+        return anthropic_error(501, f"Rig {rig.name}'s server ({rig.kind}) cannot count tokens.")
+    except BackendError as exc:
+        return anthropic_error(503, user_message(rig.name, exc))
+    return JsonResponse({"input_tokens": count})
+
+
+def _count_checked(request: HttpRequest) -> tuple[Rig, dict[str, Any]] | HttpResponse:
+    if (refused := anthropic_authenticated(request)) is not None:
+        return refused
+    try:
+        fields = openai_body(body_read(request.body))  # a count's body is a message's, without max_tokens
+        chat_request_parse(json.dumps({**fields, "stream": False}, ensure_ascii=False).encode())  # sizes, roles
+    except BadRequest as exc:
+        return anthropic_error(exc.status, exc.message)
+    entry = model_resolve(fields["model"], model_catalogue())
+    if entry is None:
+        return anthropic_error(404, f"The model '{fields['model']}' does not exist")
+    try:
+        api_count_admit(key=request.api_key, rig=entry.rig, model=entry.model)  # type: ignore[attr-defined]
+    except RateLimited as exc:
+        refused = anthropic_error(429, exc.message)
+        refused["Retry-After"] = str(exc.retry_after_s)
+        return refused
+    except InvalidInput as exc:
+        return anthropic_error(409, exc.message)
+    return entry.rig, {**{k: v for k, v in fields.items() if k in COUNTED}, "model": entry.model}
 
 
 async def messages(request: HttpRequest) -> HttpResponse | StreamingHttpResponse:

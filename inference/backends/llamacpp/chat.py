@@ -7,6 +7,7 @@ Protocol: https://github.com/ggml-org/llama.cpp/tree/master/tools/server (``/v1/
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import json
 import math
@@ -143,6 +144,19 @@ def _error(status: int | None, message: str) -> BackendError:
     return refusal_or(failures.classify("llama-server", message, status=status), "llama-server", status, message)
 
 
+def _answer_object(path: str, response: httpx.Response) -> dict[str, Any]:
+    """A JSON object answer of llama-server's to ``path``, or its error by what the server said."""
+    if response.status_code >= 400:
+        raise _error_body(response.status_code, response.content)
+    try:
+        payload = response.json()
+    except ValueError as exc:
+        raise BackendProtocolError(f"llama-server sent non-JSON for {path}") from exc
+    if not isinstance(payload, dict):
+        raise BackendProtocolError(f"llama-server's {path} answer is not an object")
+    return payload
+
+
 class LlamaCppBackend(Backend):
     kind = "llamacpp"
     label = "llama.cpp server"
@@ -272,21 +286,15 @@ class LlamaCppBackend(Backend):
         """Router mode: free ``model``'s instance (``POST /models/unload``); the next request for it loads it."""
         await self._router_call("/models/unload", model)
 
-    async def _post_json(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+    async def _post(self, path: str, body: dict[str, Any]) -> httpx.Response:
         try:
             async with self._client(read_timeout=self.timeout_s) as client:
-                response = await client.post(path, json=body)
+                return await client.post(path, json=body)
         except httpx.HTTPError as exc:
             raise BackendUnavailable(f"llama-server at {self.base_url} is unreachable: {exc!r}") from exc
-        if response.status_code >= 400:
-            raise _error_body(response.status_code, response.content)
-        try:
-            payload = response.json()
-        except ValueError as exc:
-            raise BackendProtocolError(f"llama-server sent non-JSON for {path}") from exc
-        if not isinstance(payload, dict):
-            raise BackendProtocolError(f"llama-server's {path} answer is not an object")
-        return payload
+
+    async def _post_json(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        return _answer_object(path, await self._post(path, body))
 
     async def prompt_tokens(self, model: str, messages: list[dict[str, str]]) -> int:
         """``/apply-template`` then ``/tokenize`` with the special tokens the template writes parsed as such: the
@@ -299,6 +307,25 @@ class LlamaCppBackend(Backend):
         if not isinstance(tokens, list):
             raise BackendProtocolError("llama-server's /tokenize answer has no tokens")
         return len(tokens)
+
+    async def input_tokens(self, body: dict[str, Any]) -> int:
+        """``/v1/chat/completions/input_tokens`` (the request's template, tools and images, as its chat completion
+        would read them; a router passes it to the model's instance). A build without it (404) gets
+        ``/apply-template`` then ``/tokenize``, which count an image as its placeholder text."""
+        path = "/v1/chat/completions/input_tokens"
+        response = await self._post(path, body)
+        if response.status_code != 404:
+            count = _answer_object(path, response).get("input_tokens")
+        else:
+            prompt = (await self._post_json("/apply-template", body)).get("prompt")
+            if not isinstance(prompt, str):
+                raise BackendProtocolError("llama-server's /apply-template answer has no prompt")
+            tokenize = {"model": body.get("model"), "content": prompt, "add_special": True, "parse_special": True}
+            tokens = (await self._post_json("/tokenize", tokenize)).get("tokens")
+            count = len(tokens) if isinstance(tokens, list) else None
+        if not isinstance(count, int) or isinstance(count, bool) or count < 0:
+            raise BackendProtocolError("llama-server's token count is not a count")
+        return count
 
     async def model_architecture(self, model: str) -> ModelArchitecture:
         """From the GGUF file itself, when llama-server's model file is readable on RigDash's host."""
@@ -339,6 +366,11 @@ class LlamaCppBackend(Backend):
                 payload["reasoning_effort"] = request.think
         if request.stop:
             payload["stop"] = list(request.stop)
+        if request.stop or request.extra.get("stop"):  # the chat's settings, or an API client's own field
+            # Which sequence ended the reply comes only in the final result's ``__verbose`` object: ``verbose`` asks
+            # for it and ``response_fields`` keeps it to that field (tools/server/server-task.cpp
+            # ``to_json_oaicompat_chat_stream``, ``to_json_non_oaicompat``). A server without them ignores them.
+            payload["verbose"], payload["response_fields"] = True, ["stopping_word"]
         return passthrough_merged(payload, request.extra)
 
     async def embeddings(self, body: dict[str, Any]) -> dict[str, Any]:
@@ -405,6 +437,7 @@ class _NativeEvents:
             finish_reason=finish,
             stats=stats_from_timings(times) if times else None,
             context_tokens=context_tokens(times) if times else None,
+            stop_word=_stop_word(event) if finish else None,
         )
 
     def done(self) -> None:
@@ -417,10 +450,15 @@ class _Events:
 
     def __init__(self) -> None:
         self.finished = False
+        self.stop_word: str | None = None
 
     def event(self, data: str, *, last_in_read: bool) -> StreamChunk:
         chunk = _chunk(data, timings=last_in_read)
-        self.finished = self.finished or bool(chunk.finish_reason)
+        self.stop_word = chunk.stop_word or self.stop_word
+        if chunk.finish_reason:
+            self.finished = True
+            if self.stop_word and not chunk.stop_word:
+                return dataclasses.replace(chunk, stop_word=self.stop_word)  # the finish carries the reply's end
         return chunk
 
     def done(self) -> None:
@@ -457,8 +495,12 @@ def _chunk(data: str, *, timings: bool = True) -> StreamChunk:
     calls = tool_call_deltas(delta, data)  # an API client's tools: None for every chat-page token
     logprobs = choice.get("logprobs") if isinstance(choice, dict) else None
     logprobs = logprobs if isinstance(logprobs, dict) else None
+    # The final result's first chunk, where the request asked for it: before the finish when the end brought text.
+    verbose = event.get("__verbose")
+    stop_word = _stop_word(verbose) if isinstance(verbose, dict) else None
     if times is None or not (timings or finish):
-        return StreamChunk(text=text, thinking=thinking, finish_reason=finish, tool_calls=calls, logprobs=logprobs)
+        return StreamChunk(text=text, thinking=thinking, finish_reason=finish, tool_calls=calls, logprobs=logprobs,
+                           stop_word=stop_word)  # fmt: skip
     if not _timings_ok(times):
         raise BackendBadEvent(f"fields of unexpected types: {data[:200]!r}")
     # With timings_per_token every chunk carries the running timings; the first one already holds prompt_n
@@ -471,7 +513,14 @@ def _chunk(data: str, *, timings: bool = True) -> StreamChunk:
         context_tokens=context_tokens(times) if times else None,
         tool_calls=calls,
         logprobs=logprobs,
+        stop_word=stop_word,
     )
+
+
+def _stop_word(fields: dict[str, Any]) -> str | None:
+    """The stop sequence that ended a reply (llama-server's ``stopping_word``; "" when none did)."""
+    word = fields.get("stopping_word")
+    return word if isinstance(word, str) and word else None
 
 
 def _timings_ok(timings: dict[str, Any]) -> bool:

@@ -161,6 +161,7 @@ class UsageEvents:
     def __init__(self) -> None:
         self.finished = False
         self.finish_reason: str | None = None
+        self.stop_word: str | None = None  # vLLM's ``stop_reason``: the stop string that ended the reply
         self.usage: dict[str, Any] = {}
         self.first_text_at: float | None = None
         self.last_text_at: float | None = None
@@ -192,6 +193,8 @@ class UsageEvents:
             raise BackendBadEvent(f"fields of unexpected types: {data[:200]!r}")
         if finish:
             self.finish_reason = finish
+            stopped_by = choices[0].get("stop_reason")  # a stop token's id when no string matched
+            self.stop_word = stopped_by if isinstance(stopped_by, str) and stopped_by else None
         calls = tool_call_deltas(delta, data)
         logprobs = choices[0].get("logprobs")
         chunk = StreamChunk(
@@ -209,7 +212,7 @@ class UsageEvents:
         if self.finish_reason is None:
             return None
         self.finished = True
-        return StreamChunk(text="", finish_reason=self.finish_reason, stats=self.stats())
+        return StreamChunk(text="", finish_reason=self.finish_reason, stats=self.stats(), stop_word=self.stop_word)
 
     def stats(self) -> BackendStats:
         output = self.usage.get("completion_tokens")
