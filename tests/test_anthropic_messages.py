@@ -356,3 +356,45 @@ def test_a_rig_whose_server_cannot_count_answers_501(web_url, fake_rig, owner) -
         "message": "Rig fake-rig's server (openai) cannot count tokens.",
     }
     assert FakeOpenAI.bodies == []
+
+
+# Claude Code's billing header (its cch= stamp changes on every request) -------------------------------------------
+
+HEADER = "x-anthropic-billing-header: cc_version=2.1.101.e51; cc_entrypoint=cli; cch={};"
+
+
+@pytest.mark.parametrize(
+    ("system", "sent"),
+    [
+        (HEADER.format("a5145") + "You are Claude Code.", HEADER.format("fffff") + "You are Claude Code."),
+        ([{"type": "text", "text": HEADER.format("0b9c2")}, {"type": "text", "text": "You are Claude Code."}],
+         HEADER.format("fffff") + "You are Claude Code."),
+        ("Say cch=a5145; as it is.", "Say cch=a5145; as it is."),  # not the header: left alone
+        ("x-anthropic-billing-header: cc_version=2; cch=a51;x", "x-anthropic-billing-header: cc_version=2; cch=a51;x"),
+        ("x-anthropic-billing-header: cch=a5145", "x-anthropic-billing-header: cch=a5145"),  # no ';' after it
+    ],
+)  # fmt: skip
+def test_the_billing_headers_stamp_is_fixed_as_llama_server_fixes_it(system: Any, sent: str) -> None:
+    body = {"model": "m", "system": system, "messages": [{"role": "user", "content": "hi"}]}
+    assert openai_body(body)["messages"][0] == {"role": "system", "content": sent}
+
+
+@pytest.mark.llama
+@pytest.mark.django_db(transaction=True)
+def test_requests_differing_only_in_the_billing_stamp_reuse_the_servers_prompt_cache(
+    web_url, celery_worker, rig, model_name, owner
+) -> None:
+    """Claude Code's system prompt through RigDash: the second request's prompt is read from the server's cache
+    (``cache_read_input_tokens``), not again from its first tokens."""
+    client = _client(web_url, apikeys.api_key_create(owner=owner, name="claude-code").secret)
+    rules = " ".join(f"Rule {n}: answer in plain words and keep each answer short." for n in range(1, 25))
+    answers = []
+    for stamp in ("a5145", "e07d3"):
+        answers.append(client.messages.create(
+            model=model_name, max_tokens=1, extra_body={"temperature": 0},
+            system=[{"type": "text", "text": HEADER.format(stamp)}, {"type": "text", "text": rules}],
+            messages=[{"role": "user", "content": "Name a colour."}],
+        ))  # fmt: skip
+    second = answers[1].usage
+    prompt = second.input_tokens + (second.cache_read_input_tokens or 0)
+    assert prompt > 300 and (second.cache_read_input_tokens or 0) >= prompt - 8, second

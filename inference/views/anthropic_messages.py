@@ -128,13 +128,33 @@ def _tool_result(block: dict[str, Any]) -> dict[str, Any]:
     return {"role": "tool", "tool_call_id": str(block.get("tool_use_id") or ""), "content": content}
 
 
+BILLING_HEADER = "x-anthropic-billing-header:"
+CCH_CHARS = 5
+
+
+def _billing_header_fixed(text: str) -> str:
+    """Claude Code's system prompt begins with a billing header whose ``cch=`` stamp changes on every request, so no
+    prompt cache would reach past it: its five characters become ``fffff``, as llama-server's own ``/v1/messages``
+    does (tools/server/server-chat.cpp ``normalize_anthropic_billing_header``). Any other text is left as it is."""
+    if not text.startswith(BILLING_HEADER):
+        return text
+    at = text.find("cch=", len(BILLING_HEADER))
+    if at < 0:
+        return text
+    start = at + len("cch=")
+    if start + CCH_CHARS < len(text) and text[start + CCH_CHARS] == ";":
+        return text[:start] + "f" * CCH_CHARS + text[start + CCH_CHARS :]
+    return text
+
+
 def _messages(body: dict[str, Any]) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     system = body.get("system")
     if isinstance(system, str) and system:
-        out.append({"role": "system", "content": system})
+        out.append({"role": "system", "content": _billing_header_fixed(system)})
     elif isinstance(system, list) and system:
-        text = "".join(str(b.get("text") or "") for b in system if isinstance(b, dict) and b.get("type") == "text")
+        text = "".join(_billing_header_fixed(str(b.get("text") or "")) for b in system
+                       if isinstance(b, dict) and b.get("type") == "text")  # fmt: skip
         out.append({"role": "system", "content": text})
     elif system not in (None, "", []):
         raise BadRequest("system must be a string or a list of text blocks")
