@@ -17,26 +17,23 @@ from typing import Any
 
 from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
 
-from inference.backends.base import BackendError, BackendNotSupported, BackendRefused, user_message
 from inference.board import apikeys
-from inference.errors import InvalidInput
-from inference.models import Rig, Turn
-from inference.queue.ratelimits import RateLimited
-from inference.turns.counting import api_count_admit, api_input_tokens
-from inference.views.openai import error_words, model_catalogue, model_resolve
+from inference.models import Turn
+from inference.views.openai import error_words
 from inference.views.openai_chat import (
     ENDED_STATUSES,
     Piece,
     Submitted,
     answer_confirmed,
     answered,
-    chained,
     ended_error,
     listener_finish,
     tool_call_rest,
     turn_submit_for,
+    written,
 )
 from inference.views.openai_request import BadRequest, body_read, chat_request_parse
+from inference.views.token_counts import CountRefused, count_answer
 from inference.views.turn_listener import TurnListener, on_db_thread
 
 # Anthropic's error types by HTTP status (https://docs.anthropic.com/en/api/errors); any other 5xx is api_error.
@@ -374,20 +371,11 @@ async def _stream(
         start = {**_message(turn, model_id), "content": [], "stop_reason": None, "stop_sequence": None,
                  "usage": {"input_tokens": 0, "output_tokens": 0}}  # fmt: skip
         yield _event("message_start", {"type": "message_start", "message": start})
-        async for piece in chained(first, pieces):
-            if isinstance(piece, Turn):
-                ended = piece
-            elif isinstance(piece, str):
-                for event in blocks.text(piece):
-                    yield event
-            elif thought := piece.get("thinking"):
-                for event in blocks.thinking(thought):
-                    yield event
+        async for out in written(first, pieces, blocks, calls_sent):
+            if isinstance(out, Turn):
+                ended = out
             else:
-                for call in piece.get("tool_calls") or []:
-                    calls_sent.append(call)
-                    for event in blocks.tool(call):
-                        yield event
+                yield out
         assert ended is not None
         if ended.status in ENDED_STATUSES:
             message = ended.error or f"The reply was {ended.status}."
@@ -407,52 +395,22 @@ async def _stream(
 
 # Token counting ---------------------------------------------------------------------------------------------
 
-# What a count sends of the translated request: what makes the prompt (llama-server's input_tokens reads the rest
-# as a chat completion would, and ignores it).
-COUNTED = ("model", "messages", "tools", "tool_choice", "chat_template_kwargs")
-
 
 async def count_tokens(request: HttpRequest) -> HttpResponse:
     """``POST /v1/messages/count_tokens``: the request's prompt (system, messages, tools) counted by the rig that
-    would serve it, as ``{"input_tokens": n}``. The key, the body and the model are checked on a database thread;
-    the rig's server is asked on the loop (an unreachable rig delays only this request)."""
-    if request.method != "POST":
-        return anthropic_error(405, "Use POST.")
-    checked = await on_db_thread(_count_checked)(request)
-    if isinstance(checked, HttpResponse):
-        return checked
-    rig, body = checked
-    try:
-        count = await api_input_tokens(rig=rig, body=body)
-    except BackendRefused as exc:  # the request was the client's: the server's status and words
-        return anthropic_error(exc.status, exc.words)
-    except BackendNotSupported:
-        return anthropic_error(501, f"Rig {rig.name}'s server ({rig.kind}) cannot count tokens.")
-    except BackendError as exc:
-        return anthropic_error(503, user_message(rig.name, exc))
-    return JsonResponse({"input_tokens": count})
+    would serve it, as ``{"input_tokens": n}`` (inference/views/token_counts.py)."""
+    return await count_answer(request, authenticate=anthropic_authenticated, translate=openai_body,
+                              refused=_count_refused, answer=lambda count: {"input_tokens": count})  # fmt: skip
 
 
-def _count_checked(request: HttpRequest) -> tuple[Rig, dict[str, Any]] | HttpResponse:
-    if (refused := anthropic_authenticated(request)) is not None:
-        return refused
-    try:
-        fields = openai_body(body_read(request.body))  # a count's body is a message's, without max_tokens
-        chat_request_parse(json.dumps({**fields, "stream": False}, ensure_ascii=False).encode())  # sizes, roles
-    except BadRequest as exc:
-        return anthropic_error(exc.status, exc.message)
-    entry = model_resolve(fields["model"], model_catalogue())
-    if entry is None:
-        return anthropic_error(404, f"The model '{fields['model']}' does not exist")
-    try:
-        api_count_admit(key=request.api_key, rig=entry.rig, model=entry.model)  # type: ignore[attr-defined]
-    except RateLimited as exc:
-        refused = anthropic_error(429, exc.message)
-        refused["Retry-After"] = str(exc.retry_after_s)
-        return refused
-    except InvalidInput as exc:
-        return anthropic_error(409, exc.message)
-    return entry.rig, {**{k: v for k, v in fields.items() if k in COUNTED}, "model": entry.model}
+count_tokens.csrf_exempt = True  # type: ignore[attr-defined]  # API keys only, never a session cookie
+
+
+def _count_refused(refusal: CountRefused) -> HttpResponse:
+    shaped = anthropic_error(refusal.status, refusal.message)
+    if refusal.retry_after_s is not None:
+        shaped["Retry-After"] = str(refusal.retry_after_s)
+    return shaped
 
 
 async def messages(request: HttpRequest) -> HttpResponse | StreamingHttpResponse:

@@ -12,7 +12,7 @@ import functools
 import json
 import math
 from collections.abc import AsyncIterator, Callable
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
 from django.utils import timezone
@@ -367,6 +367,37 @@ async def chained(first: Piece, rest: AsyncIterator[Piece]) -> AsyncIterator[Pie
     if not isinstance(first, Turn):
         async for piece in rest:
             yield piece
+
+
+class PieceWriter(Protocol):
+    """An API's events for a reply's pieces (Anthropic's content blocks, the Responses API's output items)."""
+
+    def text(self, text: str) -> list[bytes]: ...
+
+    def thinking(self, text: str) -> list[bytes]: ...
+
+    def tool(self, call: dict[str, Any]) -> list[bytes]: ...
+
+
+async def written(
+    first: Piece, rest: AsyncIterator[Piece], writer: PieceWriter, calls_sent: list[dict[str, Any]]
+) -> AsyncIterator[bytes | Turn]:
+    """Each piece of a reply as ``writer``'s events, in order, then the ended turn; the tool-call deltas written are
+    kept in ``calls_sent`` (``tool_call_rest`` completes them from the ended turn)."""
+    async for piece in chained(first, rest):
+        if isinstance(piece, Turn):
+            yield piece
+            return
+        if isinstance(piece, str):
+            events = writer.text(piece)
+        elif thought := piece.get("thinking"):
+            events = writer.thinking(thought)
+        else:
+            calls = piece.get("tool_calls") or []
+            calls_sent.extend(calls)
+            events = [event for call in calls for event in writer.tool(call)]
+        for event in events:
+            yield event
 
 
 def tool_call_rest(sent: list[dict[str, Any]], stored: list[dict[str, Any]]) -> list[dict[str, Any]]:
