@@ -16,7 +16,7 @@ from inference.board import apikeys
 from inference.models import Turn
 from inference.turns.board_rows import board_row_for
 from inference.views.openai_request import BadRequest
-from inference.views.openai_responses import chat_body
+from inference.views.openai_responses import _Events, chat_body
 from tests.test_openai_gateway import FAKE_MODEL, WEATHER, FakeOpenAI, fake_rig  # noqa: F401  (the fixture)
 
 FUNCTION = {"type": "function", "name": "get_weather", "description": "The weather", "parameters": WEATHER}
@@ -215,3 +215,31 @@ def test_refusals_come_back_in_openais_shape_and_store_nothing(web_url, fake_rig
         client.responses.input_tokens.count(model=FAKE_MODEL, input=[{"type": "mystery"}])
     assert bad.value.body["param"] == "input" and "not a message" in bad.value.message
     assert Turn.objects.count() == 0 and FakeOpenAI.bodies == []
+
+
+def test_a_streamed_replys_items_open_and_close_in_order_with_their_indexes() -> None:
+    """Thoughts, then text, then a tool call in two deltas (a reasoning model's reply; SmolLM2 gives only text): each
+    item is added, streamed and done before the next, at its place in the output."""
+    turn = Turn(pk=7)
+    events = _Events(turn)
+    raw = [*events.thinking("Use "), *events.thinking("the tool."), *events.text("Checking."),
+           *events.tool({"index": 0, "id": "call_1", "function": {"name": "get_weather", "arguments": '{"ci'}}),
+           *events.tool({"index": 0, "function": {"arguments": 'ty": "Oslo"}'}}), *events.close()]  # fmt: skip
+    parsed = [json.loads(chunk.decode().split("data: ", 1)[1]) for chunk in raw]
+    assert [e["sequence_number"] for e in parsed] == list(range(len(parsed)))
+    assert [(e["type"], e.get("output_index")) for e in parsed] == [
+        ("response.output_item.added", 0), ("response.reasoning_text.delta", 0), ("response.reasoning_text.delta", 0),
+        ("response.reasoning_text.done", 0), ("response.output_item.done", 0),
+        ("response.output_item.added", 1), ("response.content_part.added", 1), ("response.output_text.delta", 1),
+        ("response.output_text.done", 1), ("response.content_part.done", 1), ("response.output_item.done", 1),
+        ("response.output_item.added", 2), ("response.function_call_arguments.delta", 2),
+        ("response.function_call_arguments.delta", 2), ("response.function_call_arguments.done", 2),
+        ("response.output_item.done", 2),
+    ]  # fmt: skip
+    assert [item["type"] for item in events.output] == ["reasoning", "message", "function_call"]
+    assert events.output[0]["content"][0]["text"] == "Use the tool." and events.output[1]["content"][0]["text"] == (
+        "Checking.")  # fmt: skip
+    call = events.output[2]
+    assert (call["call_id"], call["id"], call["arguments"], call["status"]) == (
+        "call_1", "fc_call_1", '{"city": "Oslo"}', "completed")  # fmt: skip
+    assert parsed[0]["item"]["status"] == "in_progress" and parsed[11]["item"]["arguments"] == ""

@@ -342,7 +342,7 @@ class _Events:
         index = delta["index"] if isinstance(delta.get("index"), int) else 0  # the backend's word, not trusted
         events = []
         if self.open_key != ("call", index):
-            events = self._start(("call", index), _call_item(delta, status="in_progress"))
+            events = self._start(("call", index), {**_call_item(delta, status="in_progress"), "arguments": ""})
         assert self.open is not None
         if arguments := (delta.get("function") or {}).get("arguments"):
             self.open["arguments"] += arguments
