@@ -40,6 +40,7 @@ key_urlpatterns = [
     path("api/chat", ollama_api.chat, name="ollama_chat"),
     path("api/generate", ollama_api.generate, name="ollama_generate"),
     path("api/embed", ollama_api.embed, name="ollama_embed"),
+    path("api/embeddings", ollama_api.embeddings, name="ollama_embeddings"),
     path("api/tags", ollama_api.tags, name="ollama_tags"),
     path("api/show", ollama_api.show, name="ollama_show"),
     path("api/ps", ollama_api.ps, name="ollama_ps"),

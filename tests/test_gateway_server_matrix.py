@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import httpx
+import ollama as ollama_client
 import pytest
 
 from inference.board import apikeys
@@ -356,6 +357,14 @@ def test_one_slot_embeddings_server_serves_a_chat_and_embeddings_in_turn(servers
     ollama = gateway.post("/api/embed", {"model": model, "input": ["a cat"]})
     assert ollama.status_code == 200, ollama.text
     assert ollama.json()["embeddings"][0] == pytest.approx(expected[0], abs=1e-5)
+    # Ollama's older /api/embeddings, as the official ollama client's embeddings() asks it.
+    bearer = {"Authorization": f"Bearer {gateway.key.secret}"}
+    client = ollama_client.Client(host=str(gateway.http.base_url), headers=bearer)
+    assert client.embeddings(model=model, prompt="a cat")["embedding"] == pytest.approx(expected[0], abs=1e-5)
+    assert client.embeddings(model=model, prompt="")["embedding"] == []  # no vector, no turn
+    missing = gateway.http.post("/api/embeddings", json={"prompt": "a cat"})
+    assert missing.status_code == 400 and missing.json() == {"error": "model is required"}
+    assert len(gateway.turns()) == 4  # the chat, the two embeddings before, and the older endpoint's one
 
 
 def _listed(gateway: Gateway) -> dict[str, tuple[int | None, str | None, bool]]:

@@ -350,6 +350,38 @@ async def embed(request: HttpRequest) -> HttpResponse:
     return JsonResponse({"model": model_id, "embeddings": vectors, "prompt_eval_count": tokens})
 
 
+def _embeddings_submit(request: HttpRequest, body: dict[str, Any]) -> Any:
+    """Ollama's older ``/api/embeddings``: one ``prompt``'s vector. An empty prompt is answered with no vector and
+    no turn (Ollama's loads the model for it; RigDash loads models in their turn)."""
+    if not isinstance(body.get("model"), str) or not body["model"]:
+        return _error(400, "model is required")
+    prompt = body.get("prompt", "")
+    if not isinstance(prompt, str):
+        return _error(400, "prompt must be a string")
+    entry = model_resolve(body["model"], model_catalogue())
+    if entry is None:
+        return _error(404, f"model '{body['model']}' not found")
+    if not prompt:
+        return JsonResponse({"embedding": []})
+    submitted = embeddings_submit(request, entry, {"input": prompt})
+    return _ollama_shape(submitted) if isinstance(submitted, HttpResponse) else submitted
+
+
+async def embeddings(request: HttpRequest) -> HttpResponse:
+    """Ollama's older /api/embeddings (still served by Ollama, and used by older clients): a turn like /api/embed,
+    answered as ``{"embedding": [...]}``."""
+    if request.method != "POST":
+        return _error(405, "Use POST.")
+    submitted = await on_db_thread(_key_view(_embeddings_submit))(request)
+    if isinstance(submitted, HttpResponse):
+        return submitted
+    answer = await embeddings_answer(submitted[0])
+    if isinstance(answer, HttpResponse):
+        return _ollama_shape(answer)
+    vectors = [item.get("embedding") for item in answer.get("data") or [] if isinstance(item, dict)]
+    return JsonResponse({"embedding": vectors[0] if vectors else []})
+
+
 def _sync(view: Callable[[HttpRequest, dict[str, Any]], HttpResponse], method: str) -> Callable[..., Any]:
     async def wrapped(request: HttpRequest) -> HttpResponse:
         if request.method != method:
@@ -368,5 +400,5 @@ async def version(request: HttpRequest) -> HttpResponse:
 tags = _sync(_tags, "GET")
 ps = _sync(_ps, "GET")
 show = _sync(_show, "POST")
-for _view in (chat, generate, embed):
+for _view in (chat, generate, embed, embeddings):
     _view.csrf_exempt = True  # type: ignore[attr-defined]  # API keys only, never a session cookie
