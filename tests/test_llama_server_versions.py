@@ -187,12 +187,14 @@ def test_the_gateway_answers_as_the_older_server_does_and_counts_its_turns(old_s
     _same_answers(server, gateway, "/v1/completions", {"model": model, "prompt": "def add(a, b):\n", "max_tokens": 8,
                                                        **GREEDY})  # fmt: skip
 
-    # The usage RigDash reports is the server's own, the whole prompt (cached tokens included) and the reply.
+    # The usage RigDash reports is the server's own: the whole prompt, the reply, the prompt's cached tokens (the
+    # same request again, so the server had it cached both times).
     direct = server.post("/v1/chat/completions", chat).json()
     whole = gateway.post("/v1/chat/completions", chat).json()
     assert _text(whole) == _text(direct)
     told = {name: direct["usage"][name] for name in ("prompt_tokens", "completion_tokens", "total_tokens")}
-    assert whole["usage"] == told
+    assert whole["usage"] == {**told, "prompt_tokens_details": direct["usage"]["prompt_tokens_details"]}
+    assert whole["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
     options = {"num_predict": 8, **GREEDY}
     ollama = gateway.post("/api/chat", {"model": model, "messages": HI, "options": options, "stream": False}).json()
     assert ollama["message"]["content"] == _text(direct), ollama

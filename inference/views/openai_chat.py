@@ -37,9 +37,16 @@ FINISH_REASONS = frozenset({"length", "tool_calls", "content_filter", "function_
 USER_AGENT_CHARS = 200
 
 
-def usage_of(turn: Turn) -> dict[str, int]:
+def usage_of(turn: Turn) -> dict[str, Any]:
+    """OpenAI's usage, as llama-server gives it: the whole prompt, the reply, and the prompt's tokens read from the
+    server's cache (``prompt_tokens_details``) where the backend said how many."""
     prompt, completion = turn.prompt_tokens or 0, turn.output_tokens or 0
-    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+    usage: dict[str, Any] = {"prompt_tokens": prompt, "completion_tokens": completion,
+                             "total_tokens": prompt + completion}  # fmt: skip
+    cached = (turn.stats or {}).get("cached_tokens")
+    if isinstance(cached, int) and not isinstance(cached, bool) and cached >= 0:
+        usage["prompt_tokens_details"] = {"cached_tokens": cached}
+    return usage
 
 
 def finish_reason_of(turn: Turn) -> str:
