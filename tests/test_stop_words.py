@@ -41,6 +41,8 @@ def test_the_request_asks_llama_server_for_the_stop_word_only_with_stop_sequence
     passed = backend._payload(ChatRequest(model="m", messages=[], max_tokens=8, extra={"stop": "###"}))  # an API's
     assert passed["verbose"] is True and passed["stop"] == "###"
     assert "verbose" not in backend._payload(ChatRequest(model="m", messages=[], max_tokens=8))
+    raw = ChatRequest(model="m", messages=[], max_tokens=8, prompt="def f(", stop=("\n\n",))  # /v1/completions
+    assert "verbose" not in backend._payload(raw) and backend._payload(raw)["stop"] == ["\n\n"]
 
 
 @pytest.mark.parametrize(("stop_reason", "word"), [("END", "END"), (128009, None), (None, None), ("", None)])

@@ -366,10 +366,11 @@ class LlamaCppBackend(Backend):
                 payload["reasoning_effort"] = request.think
         if request.stop:
             payload["stop"] = list(request.stop)
-        if request.stop or request.extra.get("stop"):  # the chat's settings, or an API client's own field
+        if request.prompt is None and (request.stop or request.extra.get("stop")):  # the chat's, or the client's
             # Which sequence ended the reply comes only in the final result's ``__verbose`` object: ``verbose`` asks
             # for it and ``response_fields`` keeps it to that field (tools/server/server-task.cpp
-            # ``to_json_oaicompat_chat_stream``, ``to_json_non_oaicompat``). A server without them ignores them.
+            # ``to_json_oaicompat_chat_stream``, ``to_json_non_oaicompat``). A server without them ignores them. A
+            # chat's partial chunks carry none; a raw completion's would carry one each, so it is not asked there.
             payload["verbose"], payload["response_fields"] = True, ["stopping_word"]
         return passthrough_merged(payload, request.extra)
 
