@@ -17,6 +17,7 @@ import httpx
 import pytest
 
 from inference.board import apikeys
+from inference.live import served
 from inference.models import Quota, Turn
 from inference.turns.board_rows import board_row_for
 from inference.views.anthropic_messages import openai_body
@@ -307,6 +308,16 @@ def test_anthropics_client_counts_tokens_as_llama_server_itself_counts_them(
         **{**plain, "messages": [*plain["messages"], {"role": "assistant", "content": "1, 2, 3"}]}
     )
     assert longer.input_tokens > counts[0]
+    # As the sampler keeps the rig's loaded models: a model left out is refused unasked, one listed is counted.
+    served.loaded_store(rig.pk, ["another-model"])
+    try:
+        with pytest.raises(anthropic.APIStatusError) as unloaded:
+            client.messages.count_tokens(**plain)
+        assert unloaded.value.status_code == 409 and "not loaded on rig test-rig" in unloaded.value.message
+        served.loaded_store(rig.pk, [model_name])
+        assert client.messages.count_tokens(**plain).input_tokens == counts[0]
+    finally:
+        served.loaded_store(rig.pk, None)
     assert Turn.objects.count() == 0  # nothing stored, nothing queued
 
 

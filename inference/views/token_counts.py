@@ -38,7 +38,7 @@ class CountRefused(Exception):
         )
 
 
-Checked = tuple[Rig, dict[str, Any]] | HttpResponse | CountRefused
+Checked = tuple[Rig, str, dict[str, Any], set[str] | None] | HttpResponse | CountRefused
 
 
 async def count_answer(
@@ -58,9 +58,11 @@ async def count_answer(
         return refused(checked)
     if isinstance(checked, HttpResponse):
         return checked
-    rig, body = checked
+    rig, model, body, kept = checked
     try:
-        count = await api_input_tokens(rig=rig, body=body)
+        count = await api_input_tokens(rig=rig, model=model, body=body, kept=kept)
+    except InvalidInput as exc:  # the server does not hold the model now
+        return refused(CountRefused(409, exc.message, code=exc.code, param="model"))
     except BackendRefused as exc:  # the request was the client's: the server's status and words
         return refused(CountRefused(exc.status, exc.words, code="backend_refused"))
     except BackendNotSupported:
@@ -87,9 +89,9 @@ def _checked(
     if entry is None:
         return CountRefused(404, f"The model '{fields['model']}' does not exist", code="model_not_found", param="model")
     try:
-        api_count_admit(key=request.api_key, rig=entry.rig, model=entry.model)  # type: ignore[attr-defined]
+        kept = api_count_admit(key=request.api_key, rig=entry.rig, model=entry.model)  # type: ignore[attr-defined]
     except RateLimited as exc:
         return CountRefused(429, exc.message, code="rate_limit_exceeded", retry_after_s=exc.retry_after_s)
     except InvalidInput as exc:
         return CountRefused(409, exc.message, code=exc.code, param="model")
-    return entry.rig, {**{k: v for k, v in fields.items() if k in COUNTED}, "model": entry.model}
+    return entry.rig, entry.model, {**{k: v for k, v in fields.items() if k in COUNTED}, "model": entry.model}, kept
