@@ -26,16 +26,17 @@ COUNTED = ("model", "messages", "tools", "tool_choice", "chat_template_kwargs")
 
 
 class CountRefused(Exception):
+    """Why a count is not answered: its HTTP status, words and code (OpenAI's ``code``), the field at fault, and
+    when to try again (a rate limit's ``Retry-After``)."""
+
     def __init__(self, status: int, message: str, *, code: str, param: str | None = None,
                  retry_after_s: int | None = None) -> None:  # fmt: skip
         super().__init__(message)
-        self.status, self.message, self.code, self.param, self.retry_after_s = (
-            status,
-            message,
-            code,
-            param,
-            retry_after_s,
-        )
+        self.status = status
+        self.message = message
+        self.code = code
+        self.param = param
+        self.retry_after_s = retry_after_s
 
 
 Checked = tuple[Rig, str, dict[str, Any], set[str] | None] | HttpResponse | CountRefused
