@@ -21,7 +21,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from inference.backends import sse
-from inference.backends.base import UNREADABLE_EVENT, BackendError, ChatRequest
+from inference.backends.base import UNREADABLE_EVENT, BackendBadEvent, BackendError, ChatRequest
 from inference.backends.llamacpp.chat import _chunk
 from inference.backends.ollama import OllamaBackend
 from inference.models import ChatSession, Rig, Turn
@@ -293,3 +293,17 @@ def test_ordinary_users_see_the_rigs_name_and_a_plain_reason_and_staff_the_detai
     assert (
         b"Rig down: the backend could not be reached" in refused.content and str(port).encode() not in refused.content
     )
+
+
+@pytest.mark.parametrize(
+    "call",
+    [{"index": 0, "function": "get_weather"}, {"index": 0, "function": {"name": 7}},
+     {"index": 0, "function": {"name": "f", "arguments": {"city": "Oslo"}}}],
+    ids=["function a string", "name a number", "arguments an object"],
+)  # fmt: skip
+def test_a_tool_call_delta_of_another_shape_is_a_bad_event(call):
+    """Every API's writer reads a delta's ``function`` as an object of strings: a server that sends another shape
+    ends the reply as an unreadable event, not a crash in one API's stream."""
+    with pytest.raises(BackendBadEvent):
+        _chunk(json.dumps({"choices": [{"delta": {"tool_calls": [call]}}]}))
+    assert _chunk(json.dumps({"choices": [{"delta": {"tool_calls": [{"index": 0, "function": {"name": "f"}}]}}]}))

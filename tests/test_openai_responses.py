@@ -243,3 +243,10 @@ def test_a_streamed_replys_items_open_and_close_in_order_with_their_indexes() ->
     assert (call["call_id"], call["id"], call["arguments"], call["status"]) == (
         "call_1", "fc_call_1", '{"city": "Oslo"}', "completed")  # fmt: skip
     assert parsed[0]["item"]["status"] == "in_progress" and parsed[11]["item"]["arguments"] == ""
+
+
+@pytest.mark.parametrize("field", [5, "text", {"text": "x"}])
+def test_a_reasoning_items_odd_fields_are_left_out_not_a_crash(field: Any) -> None:
+    body = {"model": "m", "input": [{"type": "reasoning", "summary": field, "content": field},
+                                    {"role": "user", "content": "hi"}]}  # fmt: skip
+    assert chat_body(body)["messages"] == [{"role": "user", "content": "hi"}]

@@ -112,7 +112,8 @@ def _item(item: Any, index: int, messages: list[dict[str, Any]]) -> None:
         result = output if isinstance(output, str) else _input_parts(output, f"{where}.output")
         messages.append({"role": "tool", "tool_call_id": item["call_id"], "content": result})
     elif kind == "reasoning":
-        texts = [p.get("text") for p in [*(content or []), *(item.get("summary") or [])] if isinstance(p, dict)]
+        parts = [p for field in (content, item.get("summary")) if isinstance(field, list) for p in field]
+        texts = [p.get("text") for p in parts if isinstance(p, dict)]
         if text := next((t for t in texts if isinstance(t, str) and t), ""):
             _assistant(messages)["reasoning_content"] = text
     else:

@@ -32,14 +32,25 @@ def passthrough_merged(payload: dict[str, Any], extra: Mapping[str, Any]) -> dic
 
 
 def tool_call_deltas(delta: Any, data: str) -> list[dict[str, Any]] | None:
-    """``delta.tool_calls`` as the server sent it (a list of objects), or None; anything else is a bad event. A
-    call the model malformed (arguments that are not JSON) is passed on as it came: the client reads it."""
+    """``delta.tool_calls`` as the server sent it (a list of objects, each ``function`` an object whose ``name`` and
+    ``arguments`` are strings where given), or None; anything else is a bad event, which every API's writer can
+    then rely on. A call the model malformed (arguments that are not JSON) is passed on as it came: the client
+    reads it."""
     calls = delta.get("tool_calls") if isinstance(delta, dict) else None
     if calls is None:
         return None
-    if not isinstance(calls, list) or not all(isinstance(call, dict) for call in calls):
+    if not isinstance(calls, list) or not all(isinstance(call, dict) and _function_ok(call) for call in calls):
         raise BackendBadEvent(f"fields of unexpected types: {data[:200]!r}")
     return calls or None
+
+
+def _function_ok(call: dict[str, Any]) -> bool:
+    function = call.get("function")
+    if function is None:
+        return True
+    return isinstance(function, dict) and all(
+        isinstance(function.get(name), str | None) for name in ("name", "arguments")
+    )
 
 
 def tool_calls_merged(deltas: list[dict[str, Any]]) -> list[dict[str, Any]]:
