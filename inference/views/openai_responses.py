@@ -31,6 +31,7 @@ from inference.views.openai_chat import (
     listener_finish,
     tool_call_rest,
     turn_submit_for,
+    usage_of,
     written,
 )
 from inference.views.openai_request import BadRequest, body_read, chat_request_parse
@@ -231,10 +232,13 @@ def _output(turn: Turn) -> list[dict[str, Any]]:
 
 
 def _usage(turn: Turn) -> dict[str, Any]:
-    prompt, output = turn.prompt_tokens or 0, turn.output_tokens or 0
-    cached = int((turn.stats or {}).get("cached_tokens") or 0)
-    return {"input_tokens": prompt, "output_tokens": output, "total_tokens": prompt + output,
-            "input_tokens_details": {"cached_tokens": cached}}  # fmt: skip
+    """The chat completion's usage (``usage_of``) under the Responses API's names."""
+    chat = usage_of(turn)
+    usage = {"input_tokens": chat["prompt_tokens"], "output_tokens": chat["completion_tokens"],
+             "total_tokens": chat["total_tokens"]}  # fmt: skip
+    if "prompt_tokens_details" in chat:
+        usage["input_tokens_details"] = chat["prompt_tokens_details"]
+    return usage
 
 
 def _response(turn: Turn, model_id: str, *, status: str, output: list[dict[str, Any]] | None = None,

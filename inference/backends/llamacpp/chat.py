@@ -297,35 +297,35 @@ class LlamaCppBackend(Backend):
         return _answer_object(path, await self._post(path, body))
 
     async def prompt_tokens(self, model: str, messages: list[dict[str, str]]) -> int:
-        """``/apply-template`` then ``/tokenize`` with the special tokens the template writes parsed as such: the
-        count llama-server's ``prompt_n`` gives the same messages with nothing cached."""
-        prompt = (await self._post_json("/apply-template", {"messages": messages})).get("prompt")
-        if not isinstance(prompt, str):
-            raise BackendProtocolError("llama-server's /apply-template answer has no prompt")
-        body = {"content": prompt, "add_special": True, "parse_special": True}
-        tokens = (await self._post_json("/tokenize", body)).get("tokens")
-        if not isinstance(tokens, list):
-            raise BackendProtocolError("llama-server's /tokenize answer has no tokens")
-        return len(tokens)
+        """The count llama-server's ``prompt_n`` gives the same messages with nothing cached (``_templated_tokens``)."""
+        return await self._templated_tokens({"messages": messages})
 
     async def input_tokens(self, body: dict[str, Any]) -> int:
         """``/v1/chat/completions/input_tokens`` (the request's template, tools and images, as its chat completion
         would read them; a router passes it to the model's instance). A build without it (404) gets
-        ``/apply-template`` then ``/tokenize``, which count an image as its placeholder text."""
+        ``_templated_tokens``, which counts an image as its placeholder text."""
         path = "/v1/chat/completions/input_tokens"
         response = await self._post(path, body)
-        if response.status_code != 404:
-            count = _answer_object(path, response).get("input_tokens")
-        else:
-            prompt = (await self._post_json("/apply-template", body)).get("prompt")
-            if not isinstance(prompt, str):
-                raise BackendProtocolError("llama-server's /apply-template answer has no prompt")
-            tokenize = {"model": body.get("model"), "content": prompt, "add_special": True, "parse_special": True}
-            tokens = (await self._post_json("/tokenize", tokenize)).get("tokens")
-            count = len(tokens) if isinstance(tokens, list) else None
+        if response.status_code == 404:
+            return await self._templated_tokens(body)
+        count = _answer_object(path, response).get("input_tokens")
         if not isinstance(count, int) or isinstance(count, bool) or count < 0:
             raise BackendProtocolError("llama-server's token count is not a count")
         return count
+
+    async def _templated_tokens(self, body: dict[str, Any]) -> int:
+        """``/apply-template`` then ``/tokenize`` with the special tokens the template writes parsed as such: the
+        tokens of the chat request ``body``'s prompt (a router routes both by its ``model``, where it names one)."""
+        prompt = (await self._post_json("/apply-template", body)).get("prompt")
+        if not isinstance(prompt, str):
+            raise BackendProtocolError("llama-server's /apply-template answer has no prompt")
+        tokenize = {"content": prompt, "add_special": True, "parse_special": True}
+        if "model" in body:
+            tokenize["model"] = body["model"]
+        tokens = (await self._post_json("/tokenize", tokenize)).get("tokens")
+        if not isinstance(tokens, list):
+            raise BackendProtocolError("llama-server's /tokenize answer has no tokens")
+        return len(tokens)
 
     async def model_architecture(self, model: str) -> ModelArchitecture:
         """From the GGUF file itself, when llama-server's model file is readable on RigDash's host."""
