@@ -12,6 +12,7 @@ from inference.views import (
     chat,
     chats,
     keys,
+    llamacpp_native,
     models,
     ollama_api,
     openai_chat,
@@ -46,6 +47,12 @@ key_urlpatterns = [
     path("api/ps", ollama_api.ps, name="ollama_ps"),
     path("api/version", ollama_api.version, name="ollama_version"),
     path("v1/models/<path:model_id>", anthropic_models.model_detail, name="openai_model"),
+    # llama-server's own API (inference/views/llamacpp_native.py), as llama.vim, llama.vscode and SillyTavern ask it.
+    path("completion", llamacpp_native.completion, name="llamacpp_completion"),
+    path("completions", llamacpp_native.completion, name="llamacpp_completions"),
+    path("infill", llamacpp_native.infill, name="llamacpp_infill"),
+    path("tokenize", llamacpp_native.tokenize, name="llamacpp_tokenize"),
+    path("detokenize", llamacpp_native.detokenize, name="llamacpp_detokenize"),
 ]
 
 urlpatterns = [

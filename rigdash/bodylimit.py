@@ -1,9 +1,10 @@
 """Request bodies are refused past their route's limit before they are read (Django's ASGI handler spools a whole
 body to memory or disk before any view or ``DATA_UPLOAD_MAX_MEMORY_SIZE`` looks at it).
 
-Two route classes: the OpenAI-compatible API (``/v1/``, ``RIGDASH_API_MAX_BODY_BYTES``) and everything else, pages
-and RigDash's JSON API (``RIGDASH_MAX_BODY_BYTES``). A declared Content-Length over the limit is answered 413 at
-once, unread, and the connection closed; a chunked body is counted as it arrives and cut off with 413 once past it.
+Two route classes: the OpenAI-compatible API (``/v1/``) and llama-server's own (``NATIVE_PATHS``), both
+``RIGDASH_API_MAX_BODY_BYTES``, and everything else, pages and RigDash's JSON API (``RIGDASH_MAX_BODY_BYTES``). A
+declared Content-Length over the limit is answered 413 at once, unread, and the connection closed; a chunked body is
+counted as it arrives and cut off with 413 once past it.
 """
 
 from __future__ import annotations
@@ -16,11 +17,14 @@ from django.conf import settings
 ASGIApp = Any
 Message = dict[str, Any]
 API_PREFIX = "/v1/"
+# llama-server's own routes that RigDash serves (inference/urls.py): a code completion carries files for context.
+NATIVE_PATHS = frozenset({"/completion", "/completions", "/infill", "/tokenize", "/detokenize"})
 
 
 def body_limit_for(path: str) -> int:
     """The largest body, in bytes, a request to ``path`` may carry."""
-    return int(settings.API_MAX_BODY_BYTES if path.startswith(API_PREFIX) else settings.MAX_BODY_BYTES)
+    api = path.startswith(API_PREFIX) or path in NATIVE_PATHS
+    return int(settings.API_MAX_BODY_BYTES if api else settings.MAX_BODY_BYTES)
 
 
 def too_large_answer(path: str, limit: int) -> tuple[bytes, bytes]:
@@ -29,6 +33,9 @@ def too_large_answer(path: str, limit: int) -> tuple[bytes, bytes]:
     if path.startswith(API_PREFIX):  # OpenAI's error shape (inference/views/openai.py, openai_error)
         error = {"message": message, "type": "invalid_request_error", "param": None, "code": "request_too_large"}
         return json.dumps({"error": error}).encode(), b"application/json"
+    if path in NATIVE_PATHS:  # llama-server's (inference/views/llamacpp_native.py, native_error)
+        native = {"code": 413, "message": message, "type": "invalid_request_error"}
+        return json.dumps({"error": native}).encode(), b"application/json"
     if path.startswith("/api/"):  # RigDash's JSON API (inference/views/http.py, json_error)
         return json.dumps({"error": {"code": "too_large", "message": message}}).encode(), b"application/json"
     return message.encode(), b"text/plain; charset=utf-8"

@@ -98,6 +98,17 @@ def test_a_page_route_has_its_own_limit_and_shape(limited_web):
     assert status == 413 and json.loads(body)["error"]["code"] == "too_large"
 
 
+def test_llama_servers_own_routes_take_the_apis_limit_in_its_shape(limited_web):
+    """/infill carries files for context: the API's limit, not the pages'; the 413 in llama-server's shape."""
+    host, port = limited_web
+    with socket.create_connection((host, port)) as sock:
+        sock.sendall(_head("/infill", port, {"Content-Length": str(API_LIMIT + 1), "Content-Type": "application/json"}))
+        status, _, body = _read_answer(sock)
+    assert status == 413 and json.loads(body)["error"] == {
+        "code": 413, "message": f"The request body is larger than {API_LIMIT} bytes.", "type": "invalid_request_error"
+    }  # fmt: skip
+
+
 def _send_chunked(sock: socket.socket, total: int, chunk_size: int = 16 * 1024) -> int:
     """Send up to ``total`` bytes as chunks; the bytes sent before the server stopped taking them."""
     sent = 0

@@ -314,8 +314,17 @@ def test_router_without_autoload_refuses_an_unloaded_model_by_name(servers, web_
     assert counted.json() == server.post("/v1/messages/count_tokens", count).json() and counted.json()["input_tokens"]
     refused = gateway.http.post("/v1/messages/count_tokens", json={**count, "model": "smol"})
     assert refused.status_code == 409 and "not loaded on rig manual" in refused.json()["error"]["message"], refused.text
+    # llama-server's own API through the router: /completion by the loaded model's instance, as the router's own;
+    # /tokenize of the unloaded one refused (it would load it), the loaded one's the server's own.
+    native = {"model": "tiny", "prompt": "Once", "n_predict": 4, **GREEDY}
+    own, mine = server.post("/completion", native).json(), gateway.post("/completion", native).json()
+    assert (mine["content"], mine["tokens_predicted"]) == (own["content"], own["tokens_predicted"]), mine
+    tokenized = gateway.http.post("/tokenize", json={"model": "tiny", "content": "Once"})
+    assert tokenized.json() == server.post("/tokenize", {"model": "tiny", "content": "Once"}).json()
+    refused = gateway.http.post("/tokenize", json={"model": "smol", "content": "Once"})
+    assert refused.status_code == 409 and refused.json()["error"]["code"] == 409, refused.text
     assert _running(gateway) == ["tiny"] and _router_status(server)["smol"] == "unloaded"  # nothing was loaded
-    turns = _all_turns_of_the_key(gateway, rig, done=2)
+    turns = _all_turns_of_the_key(gateway, rig, done=3)
     assert {t.finish_reason for t in turns if t.status == Turn.Status.FAILED} == {"model_not_loaded"}
 
 

@@ -212,6 +212,14 @@ def test_the_gateway_answers_as_the_older_server_does_and_counts_its_turns(old_s
     assert counted.json() == server.post("/v1/messages/count_tokens", count).json()
     assert counted.json() == httpx.post(f"{llama_url}/v1/messages/count_tokens", json=count, timeout=30).json()
 
+    # llama-server's own API on this build: its last result has the fields the embedded build's has.
+    native = {"model": model, "prompt": "def add(a, b):\n", "n_predict": 8, **GREEDY}
+    own, mine = server.post("/completion", native).json(), gateway.post("/completion", native).json()
+    told_native = ("content", "tokens_predicted", "tokens_evaluated", "stop_type", "stopping_word", "tokens_cached")
+    assert {name: mine.get(name) for name in told_native} == {name: own[name] for name in told_native}, mine
+    hello = {"model": model, "content": "Hello, world", "with_pieces": True}
+    assert gateway.http.post("/tokenize", json=hello).json() == server.post("/tokenize", hello).json()
+
     turns = _all_turns_of_the_key(gateway, rig, done=gateway.sent)
     for turn in turns:  # on the board as the API's, with the server's token counts
         row = board_rows.board_row_for(turn.pk)

@@ -221,6 +221,9 @@ class ChatRequest:
     # A raw completion (OpenAI's ``/v1/completions``): the prompt as the client wrote it, no chat template; None for
     # a chat. ``messages`` then holds it as one user message, for estimates.
     prompt: str | None = None
+    # A request in llama-server's own API (``Capabilities.native_completions``): "completion" or "infill", its body
+    # ``extra`` as the client sent it (``prompt`` the completion's, as ``prompt`` says); None for any other request.
+    native: str | None = None
 
 
 class LayerKV(NamedTuple):
@@ -339,6 +342,9 @@ class StreamChunk:
     logprobs: dict[str, Any] | None = None
     # The request's stop sequence that ended the reply, on the last chunk, where the backend says which.
     stop_word: str | None = None
+    # On the last chunk of a request in llama-server's own API: the figures of its last event that the answer to
+    # the client repeats (``truncated``, ``tokens_cached``, ``stop_type``...), as the server sent them.
+    ending: dict[str, Any] | None = None
 
     @property
     def carries(self) -> bool:
@@ -398,6 +404,9 @@ class Capabilities:
     # The server loads a model when a request names one it does not hold (Ollama): a turn for an unloaded model waits
     # for the load before its first token (``loaded_models`` says which are loaded).
     loads_on_demand: bool = False
+    # The server's own completion API (llama-server's ``/completion`` and ``/infill``): a request in its fields is
+    # sent there as the client wrote it (``ChatRequest.native``); another kind refuses one.
+    native_completions: bool = False
 
 
 class Backend(ABC):
@@ -457,6 +466,15 @@ class Backend(ABC):
         """Tokens an OpenAI chat request's prompt makes (``body``: its ``model``, ``messages``, ``tools``, template
         options), as the server would read it with nothing cached, without running it."""
         raise BackendNotSupported(f"{self.kind} cannot count a request's tokens")
+
+    async def tokenize(self, body: dict[str, Any]) -> dict[str, Any]:
+        """llama-server's ``/tokenize`` answer to ``body`` (``content``, ``add_special``, ``with_pieces``...; its
+        ``model`` the server's name for it): text as the model's token ids."""
+        raise BackendNotSupported(f"{self.kind} cannot tokenize text")
+
+    async def detokenize(self, body: dict[str, Any]) -> dict[str, Any]:
+        """llama-server's ``/detokenize`` answer to ``body`` (``tokens``; its ``model``): token ids as text."""
+        raise BackendNotSupported(f"{self.kind} cannot detokenize tokens")
 
     async def embeddings(self, body: dict[str, Any]) -> dict[str, Any]:
         """OpenAI's ``/v1/embeddings`` answer to ``body`` (its ``model`` the server's name for it); BackendRefused

@@ -12,7 +12,7 @@ from typing import Any
 from django.conf import settings
 
 from inference.backends import backend_for, backend_supports, capabilities
-from inference.backends.base import same_model
+from inference.backends.base import Backend, same_model
 from inference.errors import InvalidInput
 from inference.live import served
 from inference.models import ApiKey, ChatSession, Rig
@@ -38,16 +38,30 @@ async def api_input_tokens(*, rig: Rig, model: str, body: dict[str, Any], kept: 
     ``kept``: ``api_count_admit``'s answer; without one, a server that loads models on demand is asked which it holds
     first (InvalidInput where not this one). BackendError as the backend failed (BackendNotSupported: its kind cannot
     count)."""
+    return await (await _holding(rig, model, kept)).input_tokens(body)
+
+
+async def api_tokens_convert(*, rig: Rig, model: str, body: dict[str, Any], kept: set[str] | None,
+                             way: str) -> dict[str, Any]:  # fmt: skip
+    """llama-server's own ``/tokenize`` (``way`` "tokenize") or ``/detokenize`` answer to ``body`` on ``rig``, as
+    ``api_input_tokens`` asks (BackendNotSupported: its kind has neither)."""
+    backend = await _holding(rig, model, kept)
+    return await (backend.tokenize(body) if way == "tokenize" else backend.detokenize(body))
+
+
+async def _holding(rig: Rig, model: str, kept: set[str] | None) -> Backend:
+    """``rig``'s backend, once it is known to hold ``model`` now (InvalidInput where a server that loads models on
+    demand does not)."""
     backend = backend_for(rig, timeout_s=max(COUNT_TIMEOUT_S, settings.RIGDASH.backend_health_timeout_s))
     if kept is None and capabilities(rig.kind).loads_on_demand and backend_supports(rig.kind, "loaded_models"):
         _loaded_or_refused(rig, model, {loaded.name for loaded in await backend.loaded_models()})
-    return await backend.input_tokens(body)
+    return backend
 
 
 def _loaded_or_refused(rig: Rig, model: str, loaded: set[str]) -> None:
     if not any(same_model(name, model) for name in loaded):
         raise InvalidInput(
             "model_not_loaded",
-            f"The model '{model}' is not loaded on rig {rig.name} now, and counting its tokens would load it outside "
+            f"The model '{model}' is not loaded on rig {rig.name} now, and reading its tokens would load it outside "
             "the fair queue. A request for it loads it in its turn.",
         )

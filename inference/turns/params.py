@@ -54,7 +54,9 @@ ALLOWED = (*NUMBER_RULES, "system", "stop", "think")
 # ``client``: an API request's key name and user agent, for the board. ``raw_prompt``: a raw completion
 # (/v1/completions): the turn's text is the prompt, sent with no chat template. ``embeddings``: an embeddings request
 # (/v1/embeddings), its body in ``passthrough``; the worker asks for vectors, not a reply (inference/worker/embed.py).
-TURN_ONLY = ("prefill", "passthrough", "message", "client", "raw_prompt", "embeddings")
+# ``native``: a raw completion in llama-server's own API (``NATIVE_ROUTES``), its body in ``passthrough``.
+TURN_ONLY = ("prefill", "passthrough", "message", "client", "raw_prompt", "embeddings", "native")
+NATIVE_ROUTES = ("completion", "infill")
 PREFILL_MAX_CHARS = 100_000
 LABELS = {
     "temperature": "temperature",
@@ -143,6 +145,10 @@ def params_validate(raw: Any, *, turn: bool = False) -> dict[str, Any]:
             if not isinstance(value, bool) and value not in THINK_LEVELS:
                 raise _bad(f"think must be true, false or an effort level ({', '.join(THINK_LEVELS)})")
             clean[name] = value
+        elif name == "native":
+            if value not in NATIVE_ROUTES:
+                raise _bad(f"native must be one of {', '.join(NATIVE_ROUTES)}")
+            clean[name] = value
         elif name in ("raw_prompt", "embeddings"):
             if not isinstance(value, bool):
                 raise _bad(f"{name} must be true or false")
@@ -200,6 +206,7 @@ def chat_request(model: str, messages: list[dict[str, Any]], max_tokens: int, pa
         num_ctx=params.get("num_ctx"),
         extra=params.get("passthrough") or {},
         prompt=messages[-1]["content"] if params.get("raw_prompt") else None,
+        native=params.get("native"),
     )
 
 

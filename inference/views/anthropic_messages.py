@@ -19,7 +19,7 @@ from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpRe
 
 from inference.board import apikeys
 from inference.models import Turn
-from inference.views.openai import error_words
+from inference.views.openai import error_words, key_authenticated
 from inference.views.openai_chat import (
     ENDED_STATUSES,
     Piece,
@@ -63,14 +63,7 @@ def anthropic_authenticated(request: HttpRequest, *, remembered: bool = False) -
     """The key from ``x-api-key`` (Anthropic's SDKs) or ``Authorization: Bearer`` (an auth token), as
     ``request.api_key``; else the 401 in Anthropic's shape. ``remembered``: it may come from memory (``key_checked``),
     for a caller that confirms it before any answer (``_submit``)."""
-    header = request.headers.get("Authorization", "")
-    if not header and (key := request.headers.get("X-Api-Key", "").strip()):
-        header = f"Bearer {key}"
-    try:
-        request.api_key = apikeys.api_key_authenticate(header, remembered=remembered)  # type: ignore[attr-defined]
-    except apikeys.KeyRejected as exc:
-        return _key_refused(exc)
-    return None
+    return key_authenticated(request, _key_refused, remembered=remembered)
 
 
 def _key_refused(exc: apikeys.KeyRejected) -> HttpResponse:

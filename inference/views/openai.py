@@ -50,6 +50,22 @@ def error_words(response: HttpResponse) -> str | None:
 View = Callable[..., HttpResponse]
 
 
+def key_authenticated(
+    request: HttpRequest, refused: Callable[[apikeys.KeyRejected], HttpResponse], *, remembered: bool = False
+) -> HttpResponse | None:
+    """The key from ``Authorization: Bearer``, or where there is none from ``X-Api-Key`` (as Anthropic's SDKs and
+    llama-server's ``--api-key`` clients send it), as ``request.api_key``; else ``refused(why)``. ``remembered``: it
+    may come from memory (``key_checked``), for a caller that confirms it before any answer."""
+    header = request.headers.get("Authorization", "")
+    if not header and (key := request.headers.get("X-Api-Key", "").strip()):
+        header = f"Bearer {key}"
+    try:
+        request.api_key = apikeys.api_key_authenticate(header, remembered=remembered)  # type: ignore[attr-defined]
+    except apikeys.KeyRejected as exc:
+        return refused(exc)
+    return None
+
+
 def key_refused(exc: apikeys.KeyRejected) -> HttpResponse:
     """OpenAI's 401 for a key refused (``apikeys.KeyRejected``)."""
     response = openai_error(401, exc.message, code="invalid_api_key")

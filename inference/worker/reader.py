@@ -8,7 +8,7 @@ from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from typing import Any, Protocol, cast
 
 from inference.backends import backend_for
-from inference.backends.base import BackendError, ChatRequest, OnSent, StreamChunk
+from inference.backends.base import BackendError, BackendNotSupported, ChatRequest, OnSent, StreamChunk
 from inference.models import Rig
 
 
@@ -32,7 +32,12 @@ class OpenedStream:
         self.early: list[StreamChunk] = []
         self.sent_by = "claim"  # what sent it: "claim", "ticket" (before its claim) or "early lane" (before its submit)
         backend = backend_for(rig)
-        chunks = backend.stream_chat(request, read_gate=self.gate, on_sent=on_sent)
+        if request.native is not None and not backend.capabilities.native_completions:
+            chunks: AsyncIterator[StreamChunk] = _refused(
+                BackendNotSupported(f"{backend.label or rig.kind} has no /{request.native} (llama-server's own API)")
+            )
+        else:
+            chunks = backend.stream_chat(request, read_gate=self.gate, on_sent=on_sent)
         if not backend.calls_read_gate:
             chunks = _gathered(chunks, self.gate)
         self.chunks = cast(AsyncGenerator[StreamChunk, None], chunks)
@@ -69,6 +74,11 @@ class OpenedStream:
         self.reader.cancel()
         await asyncio.gather(self.reader, return_exceptions=True)
         await self.chunks.aclose()
+
+
+async def _refused(why: BackendError) -> AsyncIterator[StreamChunk]:
+    raise why
+    yield  # an async generator that sends nothing
 
 
 async def _gathered(

@@ -455,6 +455,7 @@ async def stream_turn(
             **({"tool_calls": tool_calls_merged(state.tool_call_deltas)} if state.tool_call_deltas else {}),
             **({"logprobs": state.logprobs} if state.logprobs else {}),
             **({"stop_sequence": final.stop_word} if final is not None and final.stop_word else {}),
+            **({"native_ending": final.ending} if final is not None and final.ending else {}),
             **({"error_detail": detail} if detail else {}),
             **({"backend_refused": refused} if refused else {}),
         },

@@ -161,7 +161,8 @@ class LlamaCppBackend(Backend):
     kind = "llamacpp"
     label = "llama.cpp server"
     calls_read_gate = True
-    capabilities = Capabilities(reasoning_levels=True, loads_on_demand=True)  # router and sleep modes
+    # loads_on_demand: router and sleep modes.
+    capabilities = Capabilities(reasoning_levels=True, loads_on_demand=True, native_completions=True)
 
     def _client(self, *, read_timeout: float | None) -> httpx.AsyncClient:
         timeout = httpx.Timeout(self.timeout_s, read=read_timeout)
@@ -374,6 +375,12 @@ class LlamaCppBackend(Backend):
             payload["verbose"], payload["response_fields"] = True, ["stopping_word"]
         return passthrough_merged(payload, request.extra)
 
+    async def tokenize(self, body: dict[str, Any]) -> dict[str, Any]:
+        return await self._post_json("/tokenize", body)
+
+    async def detokenize(self, body: dict[str, Any]) -> dict[str, Any]:
+        return await self._post_json("/detokenize", body)
+
     async def embeddings(self, body: dict[str, Any]) -> dict[str, Any]:
         return await embeddings_post(
             server="llama-server", base_url=self.base_url, body=body, timeout_s=self.timeout_s, headers=self.headers,
@@ -387,7 +394,9 @@ class LlamaCppBackend(Backend):
         # cost per token).
         payload, path = self._payload(request), "/v1/chat/completions"
         reader: EventReader = _Events()
-        if request.prompt is not None:
+        if request.native is not None:
+            payload, path, reader = _native(request), f"/{request.native}", _NativeEvents()
+        elif request.prompt is not None:
             payload, path = _infill(payload) if "suffix" in request.extra else (payload, "/v1/completions")
             reader = _NativeEvents() if path == "/infill" else reader
         return stream_chat_events(
@@ -411,6 +420,27 @@ def _infill(payload: dict[str, Any]) -> tuple[dict[str, Any], str]:
     body = {name: value for name, value in payload.items() if name not in ("prompt", "suffix", "max_tokens")}
     body.update(input_prefix=payload["prompt"], input_suffix=payload["suffix"], n_predict=payload["max_tokens"])
     return body, "/infill"
+
+
+# What RigDash sets in a request in llama-server's own API, whatever the client sent: the stream it reads, with running
+# timings, the model and the reply's cap. ``response_fields`` would leave out the fields the stream is read by: the
+# answer to the client applies the client's (inference/views/llamacpp_native.py).
+NATIVE_OWNED = frozenset({"model", "stream", "timings_per_token", "n_predict", "max_tokens", "response_fields"})
+
+
+def _native(request: ChatRequest) -> dict[str, Any]:
+    """A request in llama-server's own API (``/completion``, ``/infill``) as the client wrote it, with RigDash's own
+    fields (``NATIVE_OWNED``). The cap is the turn's, or the client's ``n_predict`` where it asked for fewer (0: a
+    prompt only read into the cache, as llama.vim's warm-up asks)."""
+    body = {name: value for name, value in request.extra.items() if name not in NATIVE_OWNED}
+    asked = request.extra.get("n_predict")
+    fewer = isinstance(asked, int) and not isinstance(asked, bool) and 0 <= asked < request.max_tokens
+    body.update(
+        model=request.model, stream=True, timings_per_token=True, n_predict=asked if fewer else request.max_tokens
+    )
+    if request.native == "completion":
+        body["prompt"] = request.prompt
+    return body
 
 
 class _NativeEvents:
@@ -439,10 +469,27 @@ class _NativeEvents:
             stats=stats_from_timings(times) if times else None,
             context_tokens=context_tokens(times) if times else None,
             stop_word=_stop_word(event) if finish else None,
+            ending=_ending(event) if finish else None,
         )
 
     def done(self) -> None:
         return None
+
+
+# A native completion's last event's own figures that its answer repeats (tools/server/server-task.cpp,
+# ``server_task_result_cmpl_final::to_json_non_oaicompat``); RigDash reads the rest (the timings, the stop word) itself.
+NATIVE_ENDING = ("tokens_predicted", "tokens_evaluated", "tokens_cached", "truncated", "has_new_line", "stop_type")
+
+
+def _ending(event: dict[str, Any]) -> dict[str, Any]:
+    """``NATIVE_ENDING``'s fields of ``event`` that are a flag, a word or a count (a hostile server's other values are
+    left out)."""
+    kept: dict[str, Any] = {}
+    for name in NATIVE_ENDING:
+        value = event.get(name)
+        if isinstance(value, bool | str) or (isinstance(value, int) and 0 <= value < 1 << 53):
+            kept[name] = value[:32] if isinstance(value, str) else value
+    return kept
 
 
 class _Events:
