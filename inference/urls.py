@@ -19,6 +19,7 @@ from inference.views import (
     openai_completions,
     openai_embeddings,
     openai_responses,
+    rerank,
     rigs,
     sweeps,
     usage,
@@ -37,6 +38,8 @@ key_urlpatterns = [
     path("v1/responses", openai_responses.responses, name="openai_responses"),
     path("v1/responses/input_tokens", openai_responses.input_tokens, name="openai_responses_input_tokens"),
     path("v1/messages", anthropic_messages.messages, name="anthropic_messages"),
+    path("v1/rerank", rerank.rerank, name="rerank"),
+    path("v1/reranking", rerank.rerank, name="reranking"),
     path("v1/messages/count_tokens", anthropic_messages.count_tokens, name="anthropic_count_tokens"),
     path("api/chat", ollama_api.chat, name="ollama_chat"),
     path("api/generate", ollama_api.generate, name="ollama_generate"),
@@ -53,6 +56,8 @@ key_urlpatterns = [
     path("infill", llamacpp_native.infill, name="llamacpp_infill"),
     path("tokenize", llamacpp_native.tokenize, name="llamacpp_tokenize"),
     path("detokenize", llamacpp_native.detokenize, name="llamacpp_detokenize"),
+    path("rerank", rerank.rerank, name="llamacpp_rerank"),
+    path("reranking", rerank.rerank, name="llamacpp_reranking"),
 ]
 
 urlpatterns = [

@@ -18,7 +18,9 @@ ASGIApp = Any
 Message = dict[str, Any]
 API_PREFIX = "/v1/"
 # llama-server's own routes that RigDash serves (inference/urls.py): a code completion carries files for context.
-NATIVE_PATHS = frozenset({"/completion", "/completions", "/infill", "/tokenize", "/detokenize"})
+NATIVE_PATHS = frozenset(
+    {"/completion", "/completions", "/infill", "/tokenize", "/detokenize", "/rerank", "/reranking"}
+)
 
 
 def body_limit_for(path: str) -> int:

@@ -9,10 +9,7 @@ infill cases run on a tiny model written here with fill-in-the-middle tokens (te
 from __future__ import annotations
 
 import json
-import os
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import httpx
@@ -20,9 +17,10 @@ import pytest
 
 from inference.board import apikeys
 from inference.models import Quota, Rig, Turn
-from rigdash.launcher import Stack, free_port, llama_server_command, wait_http
+from rigdash.launcher import Stack
 from tests import tiny_gguf
-from tests.conftest import LOG_DIR, TEST_QUEUE_2
+from tests.conftest import TEST_QUEUE_2
+from tests.tinykit import models_only_rig, tiny_llama_server
 
 pytestmark = [pytest.mark.llama, pytest.mark.django_db(transaction=True)]
 PROMPT = "The capital of France is"
@@ -33,28 +31,15 @@ COMPARED = ("content", "stop", "tokens_predicted", "tokens_evaluated", "tokens_c
 
 
 @pytest.fixture(scope="module")
-def fim_url(stack: Stack, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def fim_url(stack: Stack, tmp_path_factory: pytest.TempPathFactory) -> str:
     """llama-server with a tiny llama model whose vocabulary names fill-in-the-middle tokens (all its weights are
-    zero: its output is nonsense, the same nonsense every time), named ``tiny-fim``."""
+    zero: its output is nonsense, the same nonsense every time), named ``tiny-fim``. One slot of 4,096 tokens: the
+    server takes ``input_extra`` only past its batch size (2,048)."""
     meta, tensors = tiny_gguf.llama_gqa(layers=2)
     meta |= {"tokenizer.ggml.fim_pre_token_id": 3, "tokenizer.ggml.fim_suf_token_id": 4,
              "tokenizer.ggml.fim_mid_token_id": 5}  # fmt: skip
     model = tiny_gguf.write_gguf(tmp_path_factory.mktemp("fim") / "tiny-fim.gguf", meta, tensors)
-    before = os.environ.get("LLAMA_MODEL_PATH")
-    os.environ["LLAMA_MODEL_PATH"] = str(model)
-    try:
-        port = free_port()
-        command = llama_server_command(port=port, slots=1, ctx=4096)  # extra context is taken past n_batch (2048)
-    finally:
-        if before is None:
-            os.environ.pop("LLAMA_MODEL_PATH")
-        else:
-            os.environ["LLAMA_MODEL_PATH"] = before
-    command[command.index("--alias") + 1] = "tiny-fim"
-    proc = stack.start("llama-server-fim", command, log_path=LOG_DIR / "llama-server-fim.log")
-    url = f"http://127.0.0.1:{port}"
-    wait_http(f"{url}/health", timeout_s=120, proc=proc)
-    yield url
+    return tiny_llama_server(stack, model, "tiny-fim", ctx=4096)
 
 
 def _post(url: str, path: str, body: dict[str, Any], key: str | None = None) -> httpx.Response:
@@ -217,28 +202,11 @@ def test_tokenize_and_detokenize_are_the_servers_own_answers(web_url, rig, llama
     assert 1 <= int(asked[2].headers["Retry-After"]) <= 60 and asked[2].json()["error"]["code"] == 429
 
 
-class _ModelsOnly(BaseHTTPRequestHandler):
-    def log_message(self, *args: Any) -> None:
-        return None
-
-    def do_GET(self) -> None:
-        data = json.dumps({"object": "list", "data": [{"id": "vllm-model", "object": "model"}]}).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-
 @pytest.fixture
 def openai_rig(db: Any) -> Iterator[Rig]:
-    """An OpenAI-compatible server (vLLM's kind) that lists one model; it is never asked more."""
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _ModelsOnly)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield Rig.objects.create(name="vllm-rig", kind=Rig.Kind.OPENAI, base_url=f"http://127.0.0.1:{server.server_address[1]}",
-                             queue="rig.native-vllm")  # fmt: skip
-    server.shutdown()
-    server.server_close()
+    """An OpenAI-compatible rig: RigDash refuses the request before asking its server anything."""
+    with models_only_rig("vllm-rig", "rig.native-vllm") as rig:
+        yield rig
 
 
 def test_bad_requests_get_llama_servers_error_shape_and_store_nothing(web_url, rig, model_name, openai_rig, owner):

@@ -122,7 +122,7 @@ def test_no_timeout_is_declared_before_the_load_check_answers(settings, loads: b
         loading = asyncio.ensure_future(_late_check(loads=loads))
         started = time.perf_counter()
         try:
-            await embed._answered(1, client, asyncio.sleep(30), loading)
+            await embed._answered(1, client, asyncio.sleep(30), loading, "the embeddings")
         except embed._TimedOut as exc:
             return str(exc), time.perf_counter() - started
         finally:

@@ -48,10 +48,16 @@ def _value(value: Any) -> tuple[int, bytes]:
     return _ARR, struct.pack("<IQ", kind, len(value)) + items
 
 
-def write_gguf(path: Path, meta: dict[str, Any], tensors: dict[str, tuple[int, ...]] | None = None) -> Path:
-    """A GGUF file with ``meta`` and zero-filled f32 ``tensors`` (name: shape, ne0 first). Ints are u32 (i32 when
-    negative) and int lists i32, as llama.cpp's converter writes them."""
-    tensors = tensors or {}
+def write_gguf(
+    path: Path,
+    meta: dict[str, Any],
+    tensors: dict[str, tuple[int, ...]] | None = None,
+    values: dict[str, list[float]] | None = None,
+) -> Path:
+    """A GGUF file with ``meta`` and f32 ``tensors`` (name: shape, ne0 first), zero-filled but for those ``values``
+    gives (every element, in order). Ints are u32 (i32 when negative) and int lists i32, as llama.cpp's converter
+    writes them."""
+    tensors, values = tensors or {}, values or {}
     out = bytearray(b"GGUF" + struct.pack("<IQQ", 3, len(tensors), len(meta)))
     for key, value in meta.items():
         kind, data = _value(value)
@@ -66,8 +72,9 @@ def write_gguf(path: Path, meta: dict[str, Any], tensors: dict[str, tuple[int, .
         sizes.append(size)
         offset += -(-size // ALIGN) * ALIGN
     out += bytes(-len(out) % ALIGN)
-    for size in sizes:
-        out += bytes(-(-size // ALIGN) * ALIGN)
+    for name, size in zip(tensors, sizes, strict=True):
+        data = struct.pack(f"<{size // 4}f", *values[name]) if name in values else bytes(size)
+        out += data + bytes(-(-size // ALIGN) * ALIGN - size)
     path.write_bytes(bytes(out))
     return path
 
@@ -129,6 +136,15 @@ def llama_gqa(layers: int = 4, heads: int = 4, kv_heads: int = 1) -> tuple[dict[
     for i in range(layers):
         tensors |= _attention(i, heads, kv_heads, head, head) | _ffn(i)
     return meta, tensors
+
+
+def reranker(layers: int = 2) -> tuple[dict[str, Any], dict[str, tuple[int, ...]], dict[str, list[float]]]:
+    """A llama model (``llama_gqa``) whose token embeddings and output norm are not zero, so that llama-server's
+    rank pooling (``--reranking``: the last token's hidden state, its first element as the score) gives each text
+    a score of its own: its last byte's embedding, through layers that add nothing."""
+    meta, tensors = llama_gqa(layers=layers)
+    embedding = [((token * 37 + dim * 11) % 23 - 11) / 7 for token in range(VOCAB) for dim in range(EMBD)]
+    return meta, tensors, {"token_embd.weight": embedding, "output_norm.weight": [1.0] * EMBD}
 
 
 def qwen3(layers: int = 3, heads: int = 4, kv_heads: int = 2, head: int = 48) -> tuple[dict, dict]:

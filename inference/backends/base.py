@@ -481,6 +481,12 @@ class Backend(ABC):
         where the server does not serve embeddings, with its status and words."""
         raise BackendNotSupported(f"{self.kind} cannot make embeddings")
 
+    async def rerank(self, body: dict[str, Any]) -> dict[str, Any] | list[Any]:
+        """The server's answer to a rerank request (``body``: Jina's ``query``, ``documents``, ``top_n``, or TEI's
+        ``texts``; its ``model`` the server's name): Jina's object with ``results``, or TEI's list. BackendRefused
+        where the server does not rerank, with its status and words."""
+        raise BackendNotSupported(f"{self.kind} cannot rerank documents")
+
     async def loaded_models(self) -> list[LoadedModel]:
         raise BackendNotSupported(f"{self.kind} cannot list loaded models")
 

@@ -1,5 +1,6 @@
-"""Whole answers of turns that stream nothing (an embeddings request's vectors: inference/worker/embed.py), kept in
-Redis from the worker's end of the turn until the view that waits on it reads them once, never in the database."""
+"""Whole answers of turns that stream nothing (an embeddings request's vectors, a rerank's scores:
+inference/worker/embed.py), kept in Redis from the worker's end of the turn until the view that waits on it reads them
+once, never in the database."""
 
 from __future__ import annotations
 

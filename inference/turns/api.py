@@ -16,7 +16,7 @@ from inference.live import state as live
 from inference.models import ApiKey, ChatSession, Rig, Turn
 from inference.queue import early, quotas
 from inference.queue.tickets import StartTicket
-from inference.turns.params import turn_params
+from inference.turns.params import one_answer, turn_params
 from inference.turns.submit import turn_submit
 
 TITLE_CHARS = 60
@@ -92,7 +92,7 @@ def _early_ticket(*, rig: Rig, model: str, history: list[dict[str, Any]], text: 
     are the request's alone (an API session has no chat settings), the token cap is the request's within the server's
     (an owner's per-reply limit makes the tickets differ, and the worker then starts the turn without it). None where
     the rig has no early lane (inference/queue/early.py) or the submit refuses the parameters."""
-    if not settings.RIGDASH_EARLY_LANE or params.get("embeddings") or not rig.enabled or rig.agent_key or not rig.queue:
+    if not settings.RIGDASH_EARLY_LANE or one_answer(params) or not rig.enabled or rig.agent_key or not rig.queue:
         return None
     try:
         clean = turn_params(session=ChatSession(), raw=params)
@@ -115,6 +115,17 @@ def api_embeddings_submit(*, key: ApiKey, rig: Rig, model: str, body: dict[str, 
     count = len(inputs) if isinstance(inputs, list) else 1
     params = {"embeddings": True, "max_tokens": 1, "passthrough": {k: v for k, v in body.items() if k != "model"}}
     return api_turn_submit(key=key, rig=rig, model=model, history=[], text=f"embeddings of {count} input(s)",
+                           params=params, placed=placed, client=client, hidden=True)  # fmt: skip
+
+
+def api_rerank_submit(*, key: ApiKey, rig: Rig, model: str, body: dict[str, Any], placed: bool = False,
+                      client: str = "") -> Turn:  # fmt: skip
+    """A rerank request (its body, checked: a query and documents, Jina's or TEI's names) as a turn, as an embeddings
+    request is (``api_embeddings_submit``): queued, counted, answered whole, its texts never kept."""
+    documents = body.get("documents", body.get("texts"))
+    count = len(documents) if isinstance(documents, list) else 0
+    params = {"rerank": True, "max_tokens": 1, "passthrough": {k: v for k, v in body.items() if k != "model"}}
+    return api_turn_submit(key=key, rig=rig, model=model, history=[], text=f"rerank of {count} document(s)",
                            params=params, placed=placed, client=client, hidden=True)  # fmt: skip
 
 

@@ -55,7 +55,11 @@ ALLOWED = (*NUMBER_RULES, "system", "stop", "think")
 # (/v1/completions): the turn's text is the prompt, sent with no chat template. ``embeddings``: an embeddings request
 # (/v1/embeddings), its body in ``passthrough``; the worker asks for vectors, not a reply (inference/worker/embed.py).
 # ``native``: a raw completion in llama-server's own API (``NATIVE_ROUTES``), its body in ``passthrough``.
-TURN_ONLY = ("prefill", "passthrough", "message", "client", "raw_prompt", "embeddings", "native")
+# ``rerank``: a rerank request (/v1/rerank), its body in ``passthrough``; answered whole, as embeddings are.
+TURN_ONLY = ("prefill", "passthrough", "message", "client", "raw_prompt", "embeddings", "native", "rerank")
+# A turn answered whole by one backend request, nothing streamed or decoded (inference/worker/embed.py): no chat
+# request goes out before its claim.
+ONE_ANSWER = ("embeddings", "rerank")
 NATIVE_ROUTES = ("completion", "infill")
 PREFILL_MAX_CHARS = 100_000
 LABELS = {
@@ -149,7 +153,7 @@ def params_validate(raw: Any, *, turn: bool = False) -> dict[str, Any]:
             if value not in NATIVE_ROUTES:
                 raise _bad(f"native must be one of {', '.join(NATIVE_ROUTES)}")
             clean[name] = value
-        elif name in ("raw_prompt", "embeddings"):
+        elif name in ("raw_prompt", *ONE_ANSWER):
             if not isinstance(value, bool):
                 raise _bad(f"{name} must be true or false")
             clean[name] = value
@@ -208,6 +212,11 @@ def chat_request(model: str, messages: list[dict[str, Any]], max_tokens: int, pa
         prompt=messages[-1]["content"] if params.get("raw_prompt") else None,
         native=params.get("native"),
     )
+
+
+def one_answer(params: Mapping[str, Any] | None) -> bool:
+    """Whether a turn with ``params`` is answered whole by one backend request (``ONE_ANSWER``)."""
+    return any((params or {}).get(name) for name in ONE_ANSWER)
 
 
 def settings_summary(values: Mapping[str, Any]) -> str:

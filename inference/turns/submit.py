@@ -20,7 +20,7 @@ from inference.queue.early import EarlyStart, fits
 from inference.queue.quotas import Limits
 from inference.queue.tickets import StartTicket
 from inference.turns import board_rows, selectors
-from inference.turns.params import turn_params
+from inference.turns.params import one_answer, turn_params
 
 log = logging.getLogger(__name__)
 
@@ -268,7 +268,7 @@ def _start_tickets(
         mine = limits.get(turn.session.owner_id)
         if mine is None or mine.max_output_tokens_per_day is not None or turn.session_id not in conversations:
             continue
-        if (turn.params or {}).get("embeddings"):  # no chat request to send before the claim
+        if one_answer(turn.params):  # no chat request to send before the claim
             continue
         tickets[turn.pk] = StartTicket(
             turn_id=turn.pk,

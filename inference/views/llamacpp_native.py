@@ -60,7 +60,7 @@ def native_error(status: int, message: str) -> JsonResponse:
     return JsonResponse({"error": {"code": status, "message": message, "type": kind}}, status=status)
 
 
-def _native_shape(response: HttpResponse) -> HttpResponse:
+def native_shape(response: HttpResponse) -> HttpResponse:
     """An OpenAI-shaped error answer in llama-server's shape, same status (and ``Retry-After``)."""
     if (message := error_words(response)) is None:
         return response
@@ -71,7 +71,7 @@ def _native_shape(response: HttpResponse) -> HttpResponse:
     return shaped
 
 
-def _authenticated(request: HttpRequest, *, remembered: bool = False) -> HttpResponse | None:
+def native_authenticated(request: HttpRequest, *, remembered: bool = False) -> HttpResponse | None:
     """The key as llama-server's ``--api-key`` takes it (``Authorization: Bearer``, or ``X-Api-Key``), as
     ``request.api_key``; else the 401 in llama-server's shape."""
     return key_authenticated(request, _key_refused, remembered=remembered)
@@ -149,7 +149,7 @@ def _parsed(body: dict[str, Any], route: str, model_id: str) -> ChatCompletionRe
     return ChatCompletionRequest(model_id, [], text, bool(stream), False, params)
 
 
-def _model_entry(body: dict[str, Any]) -> CatalogueEntry:
+def model_entry(body: dict[str, Any]) -> CatalogueEntry:
     """The model the request names, or where it names none (llama-server serves one model and reads no ``model``),
     the one model of the default rig; BadRequest (404 for a model not served) otherwise."""
     model = body.get("model")
@@ -180,18 +180,18 @@ def _native_rig(entry: CatalogueEntry) -> None:
 
 
 def _submit(request: HttpRequest, route: str) -> tuple[Submitted, list[str] | None]:
-    if (refused := _authenticated(request, remembered=True)) is not None:
+    if (refused := native_authenticated(request, remembered=True)) is not None:
         return refused, None
     try:
         body = body_read(request.body)
-        entry = _model_entry(body)
+        entry = model_entry(body)
         _native_rig(entry)
         parsed = _parsed(body, route, entry.id)
         fields = _response_fields(body)
     except BadRequest as exc:
         return answer_confirmed(request, native_error(exc.status, exc.message), _key_refused), None
     submitted = turn_submit_for(request, parsed)
-    return (_native_shape(submitted) if isinstance(submitted, HttpResponse) else submitted), fields
+    return (native_shape(submitted) if isinstance(submitted, HttpResponse) else submitted), fields
 
 
 async def _completion_answer(request: HttpRequest, route: str) -> HttpResponse | StreamingHttpResponse:
@@ -228,7 +228,7 @@ infill.csrf_exempt = True  # type: ignore[attr-defined]
 
 def _refused(turn: Turn) -> HttpResponse | None:
     refused = ended_error(turn)
-    return None if refused is None else _native_shape(refused)
+    return None if refused is None else native_shape(refused)
 
 
 def _stop_type(turn: Turn, ending: dict[str, Any]) -> str:
@@ -315,11 +315,11 @@ async def _stream(
 
 
 def _convert_checked(request: HttpRequest) -> tuple[CatalogueEntry, dict[str, Any], set[str] | None] | HttpResponse:
-    if (refused := _authenticated(request)) is not None:
+    if (refused := native_authenticated(request)) is not None:
         return refused
     try:
         body = body_read(request.body)
-        entry = _model_entry(body)
+        entry = model_entry(body)
     except BadRequest as exc:
         return native_error(exc.status, exc.message)
     try:

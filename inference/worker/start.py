@@ -73,7 +73,7 @@ async def run_claimed_turn(
             stats={"output_events": 0},
             error=exc.message,
         )
-    elif (turn.params or {}).get("embeddings"):  # an embeddings request (never ticketed): one answer, nothing streamed
+    elif turn_params.one_answer(turn.params):  # embeddings, a rerank (never ticketed): one answer, nothing streamed
         outcome = await embed.embeddings_outcome(turn, turn.session.rig, loop.redis_for_loop())
     else:
         request = _chat_request(turn.session.model_name, messages, budget.max_tokens, turn.params or {})

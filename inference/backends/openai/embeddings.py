@@ -1,5 +1,6 @@
 """OpenAI's ``POST /v1/embeddings`` on a server that speaks it (llama-server started with ``--embeddings``, vLLM,
-LM Studio...): the body goes as the client sent it, the model named as the server knows it.
+LM Studio...), and any request a server answers whole (``answer_post``): the body goes as the client sent it, the
+model named as the server knows it.
 
 https://platform.openai.com/docs/api-reference/embeddings. Whether a server serves embeddings is learnt by asking:
 a refusal (llama-server's 501 "Start it with ``--embeddings``") is a BackendRefused with its status and words.
@@ -26,11 +27,30 @@ async def embeddings_post(
     headers: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     """The server's answer to ``body`` (OpenAI's list of embeddings); BackendRefused for any refusal."""
+    payload = await answer_post(server=server, base_url=base_url, path="/v1/embeddings", body=body,
+                                timeout_s=timeout_s, tls=tls, headers=headers)  # fmt: skip
+    if not isinstance(payload, dict) or not isinstance(payload.get("data"), list):
+        raise BackendProtocolError(f"{server} sent something that is not a list of embeddings: {str(payload)[:200]!r}")
+    return payload
+
+
+async def answer_post(
+    *,
+    server: str,
+    base_url: str,
+    path: str,
+    body: dict[str, Any],
+    timeout_s: float,
+    tls: ssl.SSLContext | bool = True,
+    headers: dict[str, str] | None = None,
+) -> Any:
+    """The server's JSON answer to ``body`` at ``path`` (a request answered whole: embeddings, a rerank);
+    BackendRefused for any refusal, with its status and words."""
     try:
         async with httpx.AsyncClient(
             base_url=base_url, timeout=timeout_s, trust_env=False, verify=tls, headers=headers
         ) as client:
-            response = await client.post("/v1/embeddings", json=body)
+            response = await client.post(path, json=body)
     except httpx.HTTPError as exc:
         raise BackendUnavailable(f"{server} at {base_url} is unreachable: {exc!r}") from exc
     try:
@@ -45,6 +65,6 @@ async def embeddings_post(
         if isinstance(found := failures.classify(server, words, status=response.status_code), ModelNotLoaded):
             raise found
         raise BackendRefused(server, response.status_code, words)
-    if not isinstance(payload, dict) or not isinstance(payload.get("data"), list):
-        raise BackendProtocolError(f"{server} sent something that is not a list of embeddings: {response.text[:200]!r}")
+    if payload is None:
+        raise BackendProtocolError(f"{server} sent something that is not JSON for {path}: {response.text[:200]!r}")
     return payload
