@@ -152,6 +152,7 @@ def test_infill_as_llama_vscode_asks_it_equals_llama_servers_own(web_url, celery
         "temperature": 0,
         "samplers": ["top_k", "top_p", "infill"],
         "cache_prompt": True,
+        "id_slot": 0,
         "t_max_prompt_ms": 500,
         "t_max_predict_ms": 1000,
         "model": "tiny-fim",
@@ -170,6 +171,39 @@ def test_infill_as_llama_vscode_asks_it_equals_llama_servers_own(web_url, celery
     assert turn is not None and turn.rig_id == rig.pk and turn.params["native"] == "infill"
     assert turn.user_text == "def add(a, b):\n    ret\n\nprint(add(1, 2))\n"
     assert turn.params["passthrough"]["input_extra"] == body["input_extra"]
+    assert "id_slot" not in turn.params["passthrough"]  # the slot is the fair queue's to place
+
+
+def test_a_pinned_slot_is_left_out_of_what_goes_to_the_server():
+    """``id_slot`` would make a request wait in that slot behind another user's reply, outside the fair queue: it is
+    dropped from every API's body (llama-server then picks the free slot whose cache holds most of the prompt)."""
+    from inference.views.llamacpp_native import _parsed
+    from inference.views.openai_request import chat_request_parse, completion_request_parse
+
+    native = _parsed({"prompt": "x", "id_slot": 1, "cache_prompt": True}, "completion", "m")
+    assert native.params["passthrough"] == {"cache_prompt": True}
+    chat = chat_request_parse(json.dumps({"model": "m", "messages": [{"role": "user", "content": "x"}],
+                                          "id_slot": 0, "top_k": 3}).encode())  # fmt: skip
+    assert chat.params["passthrough"] == {"top_k": 3}
+    completion = completion_request_parse(b'{"model": "m", "prompt": "x", "id_slot": 0}')
+    assert "passthrough" not in completion.params
+
+
+def test_the_request_sent_keeps_the_fields_the_stream_is_read_by():
+    """The client's ``response_fields`` would strip the server's events of ``stop`` and the timings; its ``stream``
+    and cap are RigDash's. ``n_predict`` 0 (a warm-up) goes as 0; any other is the turn's cap or less."""
+    from inference.backends.base import ChatRequest
+    from inference.backends.llamacpp.chat import _native
+
+    def sent(extra: dict[str, Any], native: str = "completion") -> dict[str, Any]:
+        return _native(ChatRequest(model="m", messages=[], max_tokens=4, extra=extra, prompt="x", native=native))
+
+    mine = {"model": "m", "stream": True, "timings_per_token": True, "n_predict": 4}
+    assert sent({"response_fields": ["content"], "stream": False, "cache_prompt": True}) == {
+        **mine, "cache_prompt": True, "prompt": "x"}  # fmt: skip
+    assert sent({"n_predict": 0})["n_predict"] == 0 and sent({"n_predict": 99})["n_predict"] == 4
+    infill = {"input_prefix": "a", "input_suffix": "b", "prompt": "c"}
+    assert sent(infill, "infill") == {**mine, **infill}  # the infill's own prompt, not the turn's text
 
 
 def test_infill_on_a_model_without_fim_tokens_is_the_servers_501_in_its_shape(

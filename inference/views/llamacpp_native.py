@@ -43,12 +43,12 @@ from inference.views.openai_chat import (
     sse,
     turn_submit_for,
 )
-from inference.views.openai_request import BadRequest, ChatCompletionRequest, body_read
+from inference.views.openai_request import DROPPED, BadRequest, ChatCompletionRequest, body_read
 from inference.views.turn_listener import TurnListener, on_db_thread
 
 # Read by RigDash; the rest of a body goes to the rig's server as it came (inference/backends/llamacpp/chat.py sets
-# its own model, stream, timings and cap).
-OWNED = frozenset({"model", "stream", "n_predict", "max_tokens", "response_fields", "timings_per_token"})
+# its own model, stream, timings and cap), but ``DROPPED`` (the slot: the fair queue's).
+OWNED = frozenset({"model", "stream", "n_predict", "max_tokens", "response_fields", "timings_per_token"}) | DROPPED
 # llama-server's error types by status (tools/server/server-common.cpp, ``format_error_response``).
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
                404: "not_found_error", 501: "not_supported_error", 503: "unavailable_error"}  # fmt: skip

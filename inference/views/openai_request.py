@@ -22,6 +22,10 @@ from rigdash import strictjson
 
 # Read by RigDash; never passed on as they came (the backend request sets its own stream, model, messages and cap).
 OWNED = frozenset({"model", "messages", "stream", "stream_options", "max_tokens", "max_completion_tokens", "n"})
+# Left out of what goes to the backend: llama-server's choice of slot is RigDash's queue's (placement, the fair
+# queue). A request pinned to a slot (``id_slot``) would wait there behind another user's reply, outside the queue,
+# where the server would otherwise pick the free slot whose cache holds most of the prompt.
+DROPPED = frozenset({"id_slot"})
 
 
 class BadRequest(InvalidInput):
@@ -119,7 +123,7 @@ def chat_request_parse(raw_body: bytes) -> ChatCompletionRequest:
         raise BadRequest(f"The last message is longer than {limit} characters.", "messages")
     stream, include_usage = _stream_flags(body)
     params = _cap(body)
-    passthrough = {name: value for name, value in body.items() if name not in OWNED and value is not None}
+    passthrough = {name: value for name, value in body.items() if name not in OWNED | DROPPED and value is not None}
     if passthrough:
         params["passthrough"] = passthrough
     plain = last["role"] == "user" and set(last) == {"role", "content"} and isinstance(last["content"], str)
@@ -146,7 +150,7 @@ def completion_request_parse(raw_body: bytes) -> ChatCompletionRequest:
         raise BadRequest(f"The prompt is longer than {limit} characters.", "prompt")
     stream, include_usage = _stream_flags(body)
     params = {**_cap(body), "raw_prompt": True}
-    passthrough = {name: value for name, value in body.items() if name not in OWNED | {"prompt"} and value is not None}
+    passthrough = {k: v for k, v in body.items() if k not in OWNED | DROPPED | {"prompt"} and v is not None}
     if passthrough:
         params["passthrough"] = passthrough
     return ChatCompletionRequest(model, [], prompt, stream, include_usage, params)
