@@ -20,7 +20,7 @@ from inference.models import Quota, Rig, Turn
 from rigdash.launcher import Stack
 from tests import tiny_gguf
 from tests.conftest import TEST_QUEUE_2
-from tests.tinykit import models_only_rig, tiny_llama_server
+from tests.tinykit import tiny_llama_server, vllm_like_rig
 
 pytestmark = [pytest.mark.llama, pytest.mark.django_db(transaction=True)]
 PROMPT = "The capital of France is"
@@ -239,7 +239,7 @@ def test_tokenize_and_detokenize_are_the_servers_own_answers(web_url, rig, llama
 @pytest.fixture
 def openai_rig(db: Any) -> Iterator[Rig]:
     """An OpenAI-compatible rig: RigDash refuses the request before asking its server anything."""
-    with models_only_rig("vllm-rig", "rig.native-vllm") as rig:
+    with vllm_like_rig("vllm-rig", "rig.native-vllm") as rig:
         yield rig
 
 

@@ -6,7 +6,6 @@ reranker GGUF can be fetched, and this one scores each text by its last byte, so
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -18,11 +17,13 @@ from inference.turns.board_rows import board_row_for
 from rigdash.launcher import Stack
 from tests import tiny_gguf
 from tests.conftest import TEST_QUEUE_2, wait_until
-from tests.tinykit import models_only_rig, tiny_llama_server
+from tests.ollama_replay import ollama_fixture  # noqa: F401  (the ``ollama`` fixture)
+from tests.tinykit import tiny_llama_server, vllm_like_rig, vllm_rerank
 
 pytestmark = [pytest.mark.llama, pytest.mark.django_db(transaction=True)]
 QUERY = "Which animal is striped?"
 DOCUMENTS = ["a cat", "the dog!", "hello world?", "zebra", "a striped horse."]
+MODEL = "smollm2:135m"  # the Ollama replay's
 
 
 @pytest.fixture(scope="module")
@@ -71,14 +72,21 @@ def test_a_server_without_reranking_refuses_in_its_own_words(web_url, celery_wor
     assert turn.status == Turn.Status.FAILED and turn.stats["backend_refused"]["status"] == 501
 
 
-@pytest.fixture
-def openai_rig(db: Any) -> Iterator[Rig]:
-    """An OpenAI-compatible rig: RigDash refuses the request before asking its server anything."""
-    with models_only_rig("vllm-rig", "rig.rerank-vllm") as rig:
-        yield rig
+def test_an_openai_compatible_rig_reranks_as_vllm_answers(web_url, celery_worker, owner):
+    """vLLM's ``/v1/rerank`` (a stand-in: vLLM cannot run here): its answer as it gave it, the model the client's id;
+    its usage names only ``total_tokens``, which are the prompt's."""
+    key = apikeys.api_key_create(owner=owner, name="open-webui")
+    body = {"model": "vllm-model", "query": QUERY, "documents": DOCUMENTS, "top_n": 2}
+    with vllm_like_rig("vllm-rig", TEST_QUEUE_2):
+        mine = _post(web_url, "/v1/rerank", body, key.secret)
+        assert mine.status_code == 200, mine.text
+        assert mine.json() == vllm_rerank(body)
+    (turn,) = Turn.objects.filter(session__api_key=key.key)
+    assert turn.status == Turn.Status.DONE and turn.prompt_tokens == vllm_rerank(body)["usage"]["total_tokens"]
 
 
-def test_bad_rerank_requests_are_refused_in_llama_servers_shape(web_url, rig, model_name, openai_rig, owner):
+def test_bad_rerank_requests_are_refused_in_llama_servers_shape(web_url, rig, model_name, ollama, owner):
+    Rig.objects.create(name="ollama-rig", kind=Rig.Kind.OLLAMA, base_url=ollama.url, queue="rig.rerank-ollama")
     key = apikeys.api_key_create(owner=owner, name="bad").secret
     good = {"model": model_name, "query": QUERY, "documents": DOCUMENTS}
     cases = [
@@ -89,7 +97,7 @@ def test_bad_rerank_requests_are_refused_in_llama_servers_shape(web_url, rig, mo
         ({**good, "top_n": 0}, 400, '"top_n"'),
         ({**good, "top_n": True}, 400, '"top_n"'),
         ({**good, "model": "no-such"}, 404, "no-such"),
-        ({**good, "model": "vllm-model"}, 501, "does not rerank"),
+        ({**good, "model": MODEL}, 501, "does not rerank"),  # Ollama has no rerank API: refused, not asked
     ]
     for body, status, words in cases:
         answer = _post(web_url, "/v1/rerank", body, key)

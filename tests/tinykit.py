@@ -1,6 +1,7 @@
 """Servers the API tests start beside the stack's: llama-server on a tiny GGUF written for the test
-(tests/tiny_gguf.py), and an OpenAI-compatible stand-in that only lists a model (a rig kind RigDash refuses a request
-before asking it anything)."""
+(tests/tiny_gguf.py), and an OpenAI-compatible stand-in (vLLM cannot run here) that lists one model and answers
+``/v1/rerank`` as vLLM's does (serving/score ``RerankResponse``: results with the document, usage with total_tokens
+only), scoring each document by its length; anything else it refuses with 404."""
 
 from __future__ import annotations
 
@@ -38,23 +39,43 @@ def tiny_llama_server(stack: Stack, model: Path, alias: str, *, ctx: int, extra:
     return url
 
 
-class _ModelsOnly(BaseHTTPRequestHandler):
+class _VLLMLike(BaseHTTPRequestHandler):
     def log_message(self, *args: Any) -> None:
         return None
 
-    def do_GET(self) -> None:
-        data = json.dumps({"object": "list", "data": [{"id": "vllm-model", "object": "model"}]}).encode()
-        self.send_response(200)
+    def _send(self, status: int, payload: Any) -> None:
+        data = json.dumps(payload).encode()
+        self.send_response(status)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
         self.wfile.write(data)
 
+    def do_GET(self) -> None:
+        self._send(200, {"object": "list", "data": [{"id": "vllm-model", "object": "model"}]})
+
+    def do_POST(self) -> None:
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        if self.path != "/v1/rerank":
+            self._send(404, {"error": {"message": f"no route {self.path}", "type": "NotFoundError", "code": 404}})
+            return
+        self._send(200, vllm_rerank(body))
+
+
+def vllm_rerank(body: dict[str, Any]) -> dict[str, Any]:
+    """The stand-in's answer to a rerank ``body``: what a test compares RigDash's with."""
+    documents = body["documents"]
+    scored = sorted(((len(text) / 100, index) for index, text in enumerate(documents)), reverse=True)
+    results = [{"index": index, "document": {"text": documents[index]}, "relevance_score": score}
+               for score, index in scored[: body.get("top_n") or len(documents)]]  # fmt: skip
+    tokens = sum(len(text.split()) + len(body["query"].split()) for text in documents)
+    return {"id": "rerank-1", "model": body["model"], "usage": {"total_tokens": tokens}, "results": results}
+
 
 @contextlib.contextmanager
-def models_only_rig(name: str, queue: str) -> Iterator[Rig]:
-    """An OpenAI-compatible rig (vLLM's kind) whose server lists one model, ``vllm-model``, and answers nothing else."""
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _ModelsOnly)
+def vllm_like_rig(name: str, queue: str) -> Iterator[Rig]:
+    """An OpenAI-compatible rig (vLLM's kind) whose server lists one model, ``vllm-model``, and reranks."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _VLLMLike)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
         yield Rig.objects.create(name=name, kind=Rig.Kind.OPENAI, base_url=f"http://127.0.0.1:{server.server_address[1]}",

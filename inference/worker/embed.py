@@ -109,7 +109,9 @@ async def embeddings_outcome(turn: Turn, rig: Rig, redis: Any) -> lifecycle.Turn
         if _said(loading):  # the server loaded the model first: each outcome above holds this dict
             stats["model_loading"] = True
     usage = answer.get("usage") if isinstance(answer, dict) else None
-    prompt_tokens = usage.get("prompt_tokens") if isinstance(usage, dict) else None
+    # A rerank's tokens are all prompt: vLLM's rerank usage names only total_tokens.
+    fallback = usage.get("total_tokens") if rerank and isinstance(usage, dict) else None
+    prompt_tokens = usage.get("prompt_tokens", fallback) if isinstance(usage, dict) else None
     if rerank:  # the documents scored (a top_n answer lists fewer)
         documents = body.get("documents", body.get("texts"))
         stats["reranked"] = len(documents) if isinstance(documents, list) else 0

@@ -14,7 +14,7 @@ import math
 import os
 import ssl
 from collections.abc import AsyncIterator
-from typing import Any, cast
+from typing import Any
 from urllib.parse import urlencode
 
 import httpx
@@ -45,7 +45,7 @@ from inference.backends.base import (
 )
 from inference.backends.gguf import trained_context
 from inference.backends.llamacpp import flags as server_flags
-from inference.backends.openai.embeddings import answer_post, embeddings_post
+from inference.backends.openai.embeddings import embeddings_post, rerank_post
 from inference.backends.openai.stream import (
     EventReader,
     event_object,
@@ -383,12 +383,8 @@ class LlamaCppBackend(Backend):
 
     async def rerank(self, body: dict[str, Any]) -> dict[str, Any] | list[Any]:
         """``/v1/rerank`` (a server started with ``--reranking``; otherwise its 501 "Start it with ``--reranking``")."""
-        answer = await answer_post(server="llama-server", base_url=self.base_url, path="/v1/rerank", body=body,
-                                   timeout_s=self.timeout_s, headers=self.headers, tls=tls_context())  # fmt: skip
-        results = answer.get("results") if isinstance(answer, dict) else answer
-        if not isinstance(results, list) or not all(isinstance(item, dict) for item in results):
-            raise BackendProtocolError(f"llama-server's rerank answer has no results: {str(answer)[:200]!r}")
-        return cast(dict[str, Any] | list[Any], answer)
+        return await rerank_post(server="llama-server", base_url=self.base_url, body=body, timeout_s=self.timeout_s,
+                                 headers=self.headers, tls=tls_context())  # fmt: skip
 
     async def embeddings(self, body: dict[str, Any]) -> dict[str, Any]:
         return await embeddings_post(

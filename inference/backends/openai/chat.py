@@ -32,7 +32,7 @@ from inference.backends.base import (
     StreamChunk,
     refusal_or,
 )
-from inference.backends.openai.embeddings import embeddings_post
+from inference.backends.openai.embeddings import embeddings_post, rerank_post
 from inference.backends.openai.stream import event_object, passthrough_merged, stream_chat_events, tool_call_deltas
 
 SERVER = "the OpenAI-compatible server"
@@ -132,6 +132,12 @@ class OpenAICompatBackend(Backend):
 
     async def embeddings(self, body: dict[str, Any]) -> dict[str, Any]:
         return await embeddings_post(
+            server=SERVER, base_url=self.base_url, body=body, timeout_s=self.timeout_s, headers=self.headers, tls=True
+        )
+
+    async def rerank(self, body: dict[str, Any]) -> dict[str, Any] | list[Any]:
+        """``/v1/rerank``, as vLLM and LocalAI serve it (Jina's shape); a server without it refuses with its 404."""
+        return await rerank_post(
             server=SERVER, base_url=self.base_url, body=body, timeout_s=self.timeout_s, headers=self.headers, tls=True
         )
 

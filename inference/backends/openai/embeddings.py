@@ -9,7 +9,7 @@ a refusal (llama-server's 501 "Start it with ``--embeddings``") is a BackendRefu
 from __future__ import annotations
 
 import ssl
-from typing import Any
+from typing import Any, cast
 
 import httpx
 
@@ -32,6 +32,25 @@ async def embeddings_post(
     if not isinstance(payload, dict) or not isinstance(payload.get("data"), list):
         raise BackendProtocolError(f"{server} sent something that is not a list of embeddings: {str(payload)[:200]!r}")
     return payload
+
+
+async def rerank_post(
+    *,
+    server: str,
+    base_url: str,
+    body: dict[str, Any],
+    timeout_s: float,
+    tls: ssl.SSLContext | bool = True,
+    headers: dict[str, str] | None = None,
+) -> dict[str, Any] | list[Any]:
+    """The server's answer to a rerank request at ``/v1/rerank`` (llama-server's, vLLM's, LocalAI's): Jina's object
+    with its ``results``, or TEI's list; BackendRefused for any refusal (a server without the route: its 404)."""
+    answer = await answer_post(server=server, base_url=base_url, path="/v1/rerank", body=body, timeout_s=timeout_s,
+                               tls=tls, headers=headers)  # fmt: skip
+    results = answer.get("results") if isinstance(answer, dict) else answer
+    if not isinstance(results, list) or not all(isinstance(item, dict) for item in results):
+        raise BackendProtocolError(f"{server} sent a rerank answer without results: {str(answer)[:200]!r}")
+    return cast(dict[str, Any] | list[Any], answer)
 
 
 async def answer_post(
