@@ -272,3 +272,14 @@ def test_bad_requests_get_llama_servers_error_shape_and_store_nothing(web_url, r
     assert _post(web_url, "/tokenize", {"content": "hi"}).status_code == 401
     assert httpx.get(f"{web_url}/completion", headers={"Authorization": f"Bearer {key}"}).status_code == 405
     assert not Turn.objects.exists()
+
+
+def test_an_infills_files_for_context_count_in_the_context_quota_at_submit(web_url, rig, model_name, owner):
+    """``input_extra`` is part of the prompt the server reads (before the prefix): a quota's context limit refuses it
+    at submit, as a chat's history and tools, rather than after the server has read it."""
+    Quota.objects.create(user=owner, max_context_tokens=300)
+    key = apikeys.api_key_create(owner=owner, name="vscode").secret
+    body = {"input_prefix": "def f():\n", "input_suffix": "\n", "model": model_name}
+    refused = _post(web_url, "/infill", {**body, "input_extra": [{"filename": "a.py", "text": "word " * 400}]}, key)
+    assert refused.status_code == 429 and "context" in refused.json()["error"]["message"], refused.text
+    assert refused.json()["error"]["code"] == 429 and not Turn.objects.exists()

@@ -230,9 +230,9 @@ def quota_check_submit(
         session, text, num_ctx=params.get("num_ctx"), system=system, prefill=prefill, new_message=params.get("message")
     )
     # An API request's tools are part of its prompt (the chat template writes them out); an embeddings request's
-    # inputs are what it sends.
+    # inputs are what it sends; an infill's files for context (llama-server's ``input_extra``) go before its prefix.
     passed = params.get("passthrough") or {}
-    estimate += estimate_json_tokens(passed.get("tools")) + estimate_json_tokens(passed.get("input"))
+    estimate += sum(estimate_json_tokens(passed.get(name)) for name in ("tools", "input", "input_extra"))
     context = limits.max_context_tokens
     if context is not None and system and estimate_tokens(system) > context:
         raise QuotaExceeded(
