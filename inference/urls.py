@@ -49,6 +49,11 @@ key_urlpatterns = [
     path("api/show", ollama_api.show, name="ollama_show"),
     path("api/ps", ollama_api.ps, name="ollama_ps"),
     path("api/version", ollama_api.version, name="ollama_version"),
+    path("api/pull", ollama_api.pull, name="ollama_pull"),
+    path("api/push", ollama_api.push, name="ollama_push"),
+    path("api/create", ollama_api.create, name="ollama_create"),
+    path("api/copy", ollama_api.copy, name="ollama_copy"),
+    path("api/delete", ollama_api.delete, name="ollama_delete"),
     path("v1/models/<path:model_id>", anthropic_models.model_detail, name="openai_model"),
     # llama-server's own API (inference/views/llamacpp_native.py), as llama.vim, llama.vscode and SillyTavern ask it.
     path("completion", llamacpp_native.completion, name="llamacpp_completion"),

@@ -49,6 +49,13 @@ def test_key_routes_skip_the_pages_middleware_and_keep_the_security_headers(web_
     assert "set-cookie" not in api.headers and "Cookie" not in api.headers.get("Vary", "")
     ollama = httpx.get(f"{web_url}/api/version", headers={"Authorization": f"Bearer {key.secret}"})
     assert ollama.status_code == 200 and "version" in ollama.json()
+    # Ollama's model management: its shape, saying where models are managed, not a 404 page; the key still checked.
+    bearer = {"Authorization": f"Bearer {key.secret}"}
+    managing = (("POST", "pull"), ("POST", "push"), ("POST", "create"), ("POST", "copy"), ("DELETE", "delete"))
+    for method, path in managing:
+        managed = httpx.request(method, f"{web_url}/api/{path}", json={"model": model_name}, headers=bearer)
+        assert managed.status_code == 501 and "models page" in managed.json()["error"], (path, managed.text)
+    assert httpx.post(f"{web_url}/api/pull", json={"model": "x"}).status_code == 401
 
     # A path under /v1/ that no route holds: OpenAI's 404, in its shape, never a page.
     missing = httpx.post(f"{web_url}/v1/no/such/route", json={}, headers={"Authorization": f"Bearer {key.secret}"})

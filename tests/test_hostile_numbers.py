@@ -91,7 +91,8 @@ NO_NUMBERS = {
     "monitoring:overview", "monitoring:sweeps", "monitoring:rig_profile", "monitoring:api_rig_latency",
     "alerts:page", "alerts:acknowledge", "alerts:rule_edit", "alerts:rule_delete", "alerts:channel_new",
     "alerts:channel_edit", "alerts:channel_delete", "alerts:silence_end",
-    "inference:ollama_tags", "inference:ollama_ps", "inference:ollama_version",
+    "inference:ollama_tags", "inference:ollama_ps", "inference:ollama_version", "inference:ollama_pull",
+    "inference:ollama_push", "inference:ollama_create", "inference:ollama_copy", "inference:ollama_delete",
 }  # fmt: skip
 
 

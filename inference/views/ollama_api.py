@@ -393,6 +393,18 @@ def _sync(view: Callable[[HttpRequest, dict[str, Any]], HttpResponse], method: s
     return wrapped
 
 
+MODELS_MANAGED = (
+    "RigDash does not pull, push, create, copy or delete models through Ollama's API: staff manage a rig's models on "
+    "its models page (/rigs/<id>/models/), where each action is audited."
+)
+
+
+def _models_managed(request: HttpRequest, body: dict[str, Any]) -> HttpResponse:
+    """Ollama's model management routes: a rig's models are its staff's to change, on the rig's models page, where
+    each action is audited (docs/admin.md); a client of the API gets that answer rather than a 404."""
+    return _error(501, MODELS_MANAGED)
+
+
 async def version(request: HttpRequest) -> HttpResponse:
     return JsonResponse({"version": VERSION})
 
@@ -400,5 +412,7 @@ async def version(request: HttpRequest) -> HttpResponse:
 tags = _sync(_tags, "GET")
 ps = _sync(_ps, "GET")
 show = _sync(_show, "POST")
+pull, push, create, copy = (_sync(_models_managed, "POST") for _ in range(4))
+delete = _sync(_models_managed, "DELETE")
 for _view in (chat, generate, embed, embeddings):
     _view.csrf_exempt = True  # type: ignore[attr-defined]  # API keys only, never a session cookie
