@@ -55,6 +55,10 @@ key_urlpatterns = [
     path("api/copy", ollama_api.copy, name="ollama_copy"),
     path("api/delete", ollama_api.delete, name="ollama_delete"),
     path("v1/models/<path:model_id>", anthropic_models.model_detail, name="openai_model"),
+    # llama-server's names for the same routes without /v1/ (a client whose base URL is the server's root).
+    path("models", anthropic_models.models_list, name="root_models"),
+    path("chat/completions", openai_chat.chat_completions, name="root_chat_completions"),
+    path("responses", openai_responses.responses, name="root_responses"),
     # llama-server's own API (inference/views/llamacpp_native.py), as llama.vim, llama.vscode and SillyTavern ask it.
     path("completion", llamacpp_native.completion, name="llamacpp_completion"),
     path("completions", llamacpp_native.completion, name="llamacpp_completions"),

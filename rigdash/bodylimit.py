@@ -21,18 +21,20 @@ API_PREFIX = "/v1/"
 NATIVE_PATHS = frozenset(
     {"/completion", "/completions", "/infill", "/tokenize", "/detokenize", "/rerank", "/reranking"}
 )
+# The OpenAI routes under llama-server's names without /v1/: the API's limit and OpenAI's shape, as /v1/.
+ROOT_OPENAI_PATHS = frozenset({"/chat/completions", "/responses"})
 
 
 def body_limit_for(path: str) -> int:
     """The largest body, in bytes, a request to ``path`` may carry."""
-    api = path.startswith(API_PREFIX) or path in NATIVE_PATHS
+    api = path.startswith(API_PREFIX) or path in NATIVE_PATHS or path in ROOT_OPENAI_PATHS
     return int(settings.API_MAX_BODY_BYTES if api else settings.MAX_BODY_BYTES)
 
 
 def too_large_answer(path: str, limit: int) -> tuple[bytes, bytes]:
     """The 413's body and content type, in the route's own error shape."""
     message = f"The request body is larger than {limit} bytes."
-    if path.startswith(API_PREFIX):  # OpenAI's error shape (inference/views/openai.py, openai_error)
+    if path.startswith(API_PREFIX) or path in ROOT_OPENAI_PATHS:  # OpenAI's shape (inference/views/openai.py)
         error = {"message": message, "type": "invalid_request_error", "param": None, "code": "request_too_large"}
         return json.dumps({"error": error}).encode(), b"application/json"
     if path in NATIVE_PATHS:  # llama-server's (inference/views/llamacpp_native.py, native_error)

@@ -73,7 +73,8 @@ def test_every_post_route_is_in_the_list(world, owner):
     tops = {route.split("/")[0] for route in walk(get_resolver().url_patterns) if route}
     read_only = {"healthz", "favicon.ico", "metrics", "monitoring", "usage", "usage.csv", "static", "rigs"}  # GET only
     # The OpenAI API and llama-server's own: an API key, never a session cookie (test_openai_api, test_llamacpp_native)
-    bearer_only = {"v1", "completion", "completions", "infill", "tokenize", "detokenize", "rerank", "reranking"}
+    bearer_only = {"v1", "completion", "completions", "infill", "tokenize", "detokenize", "rerank", "reranking",
+                   "chat", "responses", "models"}  # fmt: skip
     assert tops - read_only - bearer_only <= listed
 
 

@@ -394,3 +394,18 @@ def test_ollamas_client_runs_a_tool_loop_and_embeds(web_url, celery_worker, fake
     assert sent[2] == {"role": "tool", "content": "12 C", "name": "get_weather"}
     vectors = client.embed(model="smol-embed", input=["hello", "world"]).embeddings
     assert len(vectors) == 2 and len(vectors[0]) > 0
+
+
+def test_a_client_whose_base_url_is_the_root_reaches_the_same_routes(web_url, celery_worker, rig, model_name, owner):
+    """llama-server answers /models, /chat/completions and /responses without /v1/ too; a client configured with the
+    server's root as its base URL reaches RigDash's same routes, each request a turn."""
+    key = apikeys.api_key_create(owner=owner, name="root")
+    client = openai.OpenAI(base_url=web_url, api_key=key.secret, max_retries=0, timeout=120)
+    assert model_name in {m.id for m in client.models.list().data}
+    chat = client.chat.completions.create(model=model_name, messages=[{"role": "user", "content": "Say hi."}],
+                                          max_tokens=6, temperature=0)  # fmt: skip
+    answer = client.responses.create(model=model_name, input="Say hi.", max_output_tokens=6, temperature=0)
+    assert chat.choices[0].message.content and answer.output_text
+    assert [t.status for t in Turn.objects.filter(session__api_key=key.key)] == [Turn.Status.DONE] * 2
+    with pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(base_url=web_url, api_key="rdk_wrong", max_retries=0).models.list()
