@@ -126,7 +126,7 @@ def test_response_fields_are_applied_to_rigdashs_answer_as_llama_server_applies_
     assert mine == direct and set(mine) == set(fields) - {"no/such"}
 
 
-def test_n_predict_zero_reads_the_prompt_into_the_cache_as_llama_vims_warm_up_does(
+def test_n_predict_zero_reads_the_prompt_into_the_cache_and_nothing_more(
     web_url, celery_worker, rig, llama_url, model_name, owner
 ):
     key = apikeys.api_key_create(owner=owner, name="warm-up")
