@@ -138,6 +138,10 @@ def test_n_predict_zero_reads_the_prompt_into_the_cache_and_nothing_more(
     mine = _post(web_url, "/completion", body, key.secret).json()
     assert _compared(mine) == _compared(direct) and mine["tokens_predicted"] == direct["tokens_predicted"] <= 1
     assert mine["tokens_cached"] >= mine["tokens_evaluated"] > 5  # the prompt is in the server's cache now
+    # As llama.vim asks it: no field it names exists (the path ""), so the answer is an empty object, as the server's.
+    quiet = {**body, "response_fields": [""]}
+    direct_quiet = _post(llama_url, "/completion", quiet).json()
+    assert _post(web_url, "/completion", quiet, key.secret).json() == direct_quiet == {}
 
 
 def test_infill_as_llama_vscode_asks_it_equals_llama_servers_own(web_url, celery_worker, fim_url, owner):

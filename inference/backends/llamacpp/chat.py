@@ -436,7 +436,7 @@ NATIVE_OWNED = frozenset({"model", "stream", "timings_per_token", "n_predict", "
 def _native(request: ChatRequest) -> dict[str, Any]:
     """A request in llama-server's own API (``/completion``, ``/infill``) as the client wrote it, with RigDash's own
     fields (``NATIVE_OWNED``). The cap is the turn's, or the client's ``n_predict`` where it asked for fewer (0: a
-    prompt only read into the server's cache)."""
+    prompt only read into the server's cache, as llama.vim warms it with the files it will send for context)."""
     body = {name: value for name, value in request.extra.items() if name not in NATIVE_OWNED}
     asked = request.extra.get("n_predict")
     fewer = isinstance(asked, int) and not isinstance(asked, bool) and 0 <= asked < request.max_tokens
