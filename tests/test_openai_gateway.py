@@ -11,9 +11,7 @@ deltas it streamed back reach the client as OpenAI's client accumulates them."""
 from __future__ import annotations
 
 import json
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import openai
@@ -25,6 +23,7 @@ from inference.models import ChatSession, Quota, Rig, Turn
 from inference.turns.board_rows import board_row_for
 from rigdash.launcher import Stack, free_port, llama_server_command, wait_http
 from tests.conftest import LOG_DIR, TEST_QUEUE, TEST_QUEUE_2, wait_until
+from tests.tinykit import JsonHandler, served_rig
 
 pytestmark = [pytest.mark.llama, pytest.mark.django_db(transaction=True)]
 FAKE_MODEL = "fake-tools"
@@ -34,23 +33,12 @@ TOOLS = [{"type": "function", "function": {"name": "get_weather", "description":
 ARGUMENT_PIECES = ['{"ci', 'ty": "Os', 'lo"}']
 
 
-class FakeOpenAI(BaseHTTPRequestHandler):
+class FakeOpenAI(JsonHandler):
     """An OpenAI-compatible server: a request with tools whose last message is not a tool's result gets a streamed
     tool call (id and name first, then its arguments in pieces, finish ``tool_calls``); any other gets text. A body
     with ``refuse_me`` is refused with 400, as a server refuses a field it does not take."""
 
     bodies: list[dict[str, Any]] = []
-
-    def log_message(self, *args: Any) -> None:
-        return None
-
-    def _send(self, status: int, payload: Any) -> None:
-        data = json.dumps(payload).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
 
     def do_GET(self) -> None:
         self._send(200, {"object": "list", "data": [{"id": FAKE_MODEL, "object": "model", "context_length": 4096}]})
@@ -95,13 +83,8 @@ class FakeOpenAI(BaseHTTPRequestHandler):
 @pytest.fixture
 def fake_rig(db: Any) -> Iterator[Rig]:
     FakeOpenAI.bodies = []
-    server = ThreadingHTTPServer(("127.0.0.1", 0), FakeOpenAI)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    url = f"http://127.0.0.1:{server.server_address[1]}"
-    yield Rig.objects.create(name="fake-rig", kind=Rig.Kind.OPENAI, base_url=url, queue=TEST_QUEUE)
-    server.shutdown()
-    server.server_close()
+    with served_rig(FakeOpenAI, "fake-rig", TEST_QUEUE) as rig:
+        yield rig
 
 
 def _client(web_url: str, key: str) -> openai.OpenAI:

@@ -39,7 +39,9 @@ def tiny_llama_server(stack: Stack, model: Path, alias: str, *, ctx: int, extra:
     return url
 
 
-class _VLLMLike(BaseHTTPRequestHandler):
+class JsonHandler(BaseHTTPRequestHandler):
+    """A quiet stand-in server's handler that answers JSON (``_send``)."""
+
     def log_message(self, *args: Any) -> None:
         return None
 
@@ -51,6 +53,8 @@ class _VLLMLike(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(data)
 
+
+class _VLLMLike(JsonHandler):
     def do_GET(self) -> None:
         self._send(200, {"object": "list", "data": [{"id": "vllm-model", "object": "model"}]})
 
@@ -73,9 +77,9 @@ def vllm_rerank(body: dict[str, Any]) -> dict[str, Any]:
 
 
 @contextlib.contextmanager
-def vllm_like_rig(name: str, queue: str) -> Iterator[Rig]:
-    """An OpenAI-compatible rig (vLLM's kind) whose server lists one model, ``vllm-model``, and reranks."""
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _VLLMLike)
+def served_rig(handler: type[BaseHTTPRequestHandler], name: str, queue: str) -> Iterator[Rig]:
+    """An OpenAI-compatible rig whose server is ``handler`` on a free port, for as long as the block runs."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
         yield Rig.objects.create(name=name, kind=Rig.Kind.OPENAI, base_url=f"http://127.0.0.1:{server.server_address[1]}",
@@ -83,3 +87,8 @@ def vllm_like_rig(name: str, queue: str) -> Iterator[Rig]:
     finally:
         server.shutdown()
         server.server_close()
+
+
+def vllm_like_rig(name: str, queue: str) -> contextlib.AbstractContextManager[Rig]:
+    """An OpenAI-compatible rig (vLLM's kind) whose server lists one model, ``vllm-model``, and reranks."""
+    return served_rig(_VLLMLike, name, queue)
