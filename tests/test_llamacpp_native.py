@@ -19,7 +19,7 @@ from inference.board import apikeys
 from inference.models import Quota, Rig, Turn
 from rigdash.launcher import Stack
 from tests import tiny_gguf
-from tests.conftest import TEST_QUEUE_2
+from tests.conftest import TEST_QUEUE_2, llama_busy_slots, wait_until
 from tests.tinykit import tiny_llama_server, vllm_like_rig
 
 pytestmark = [pytest.mark.llama, pytest.mark.django_db(transaction=True)]
@@ -287,3 +287,25 @@ def test_an_infills_files_for_context_count_in_the_context_quota_at_submit(web_u
     refused = _post(web_url, "/infill", {**body, "input_extra": [{"filename": "a.py", "text": "word " * 400}]}, key)
     assert refused.status_code == 429 and "context" in refused.json()["error"]["message"], refused.text
     assert refused.json()["error"]["code"] == 429 and not Turn.objects.exists()
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [("/completion", {"n_predict": 700, "stream": True}), ("/v1/completions", {"max_tokens": 700, "stream": True})],
+)
+def test_a_client_that_leaves_a_completions_stream_cancels_its_turn(
+    web_url, celery_worker, rig, model_name, llama_url, owner, path, body
+):
+    """The raw completion streams (llama-server's own and OpenAI's) end their turn when the client goes away: the
+    server stops decoding and the slot frees."""
+    key = apikeys.api_key_create(owner=owner, name="editor").secret
+    asked = {**body, "model": model_name, "prompt": "Once upon a time, in a lighthouse", "temperature": 0.8}
+    with httpx.stream("POST", f"{web_url}{path}", json=asked, headers={"Authorization": f"Bearer {key}"},
+                      timeout=120) as response:  # fmt: skip
+        events = 0
+        for line in response.iter_lines():
+            events += line.startswith("data: ")
+            if events >= 5:
+                break
+    wait_until(lambda: Turn.objects.get().status == Turn.Status.CANCELLED, timeout_s=30, what="the turn cancelled")
+    wait_until(lambda: llama_busy_slots(llama_url) == 0, timeout_s=30, what="llama-server to free the slot")

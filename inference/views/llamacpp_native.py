@@ -14,7 +14,6 @@ server's stream is read by the fields it would leave out); every other field goe
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections.abc import AsyncIterator
 from typing import Any
@@ -37,10 +36,9 @@ from inference.views.openai_chat import (
     Submitted,
     answer_confirmed,
     answered,
-    chained,
     ended_error,
-    listener_finish,
     sse,
+    text_stream,
     turn_submit_for,
 )
 from inference.views.openai_request import DROPPED, BadRequest, ChatCompletionRequest, body_read
@@ -202,11 +200,10 @@ async def _completion_answer(request: HttpRequest, route: str) -> HttpResponse |
     def whole(turn: Turn, model_id: str) -> HttpResponse:
         return JsonResponse(_selected(_final(turn, model_id, turn.reply_text), fields))
 
-    async def stream(
+    def stream(
         turn: Turn, model_id: str, _usage: bool, listener: TurnListener, pieces: AsyncIterator[Piece], first: Piece
     ) -> AsyncIterator[bytes]:
-        async for event in _stream(turn, model_id, fields, listener, pieces, first):
-            yield event
+        return _stream(turn, model_id, fields, listener, pieces, first)
 
     return await answered(submitted, stream, whole, refuse=_refused)
 
@@ -282,7 +279,7 @@ def _selected(answer: dict[str, Any], fields: list[str] | None) -> dict[str, Any
     return chosen
 
 
-async def _stream(
+def _stream(
     turn: Turn,
     model_id: str,
     fields: list[str] | None,
@@ -292,23 +289,19 @@ async def _stream(
 ) -> AsyncIterator[bytes]:
     """The reply as llama-server streams it: ``content`` pieces with ``stop`` false, then the last result (its
     ``response_fields`` applied) or an error event; no ``[DONE]``. Closing it early cancels the turn."""
-    ended: Turn | None = None
-    try:
-        async for piece in chained(first, pieces):
-            if isinstance(piece, Turn):
-                ended = piece
-            elif isinstance(piece, str):
-                yield sse({"index": 0, "content": piece, "tokens": [], "stop": False})
-        assert ended is not None
+
+    def end(ended: Turn) -> list[bytes]:
         if ended.status in ENDED_STATUSES:
             status = ENDED_STATUSES[ended.status]
             error = {"code": status, "message": ended.error or f"The reply was {ended.status}.",
                      "type": ERROR_TYPES.get(status, "server_error")}  # fmt: skip
-            yield sse({"error": error})
-        else:
-            yield sse(_selected(_final(ended, model_id, ""), fields))
-    finally:
-        await asyncio.shield(listener_finish(listener, ended is None))
+            return [sse({"error": error})]
+        return [sse(_selected(_final(ended, model_id, ""), fields))]
+
+    def text(piece: str) -> bytes:
+        return sse({"index": 0, "content": piece, "tokens": [], "stop": False})
+
+    return text_stream(listener, first, pieces, text, end)
 
 
 # Tokens -----------------------------------------------------------------------------------------------------------

@@ -10,7 +10,6 @@ arguments a JSON string. What has no equivalent is refused by name (400, Ollama'
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import json
 from collections.abc import AsyncIterator, Callable
@@ -28,9 +27,8 @@ from inference.views.openai_chat import (
     Submitted,
     answer_confirmed,
     answered,
-    chained,
     ended_error,
-    listener_finish,
+    text_stream,
     turn_submit_for,
 )
 from inference.views.openai_embeddings import embeddings_answer, embeddings_submit
@@ -237,7 +235,7 @@ def _whole(chat: bool, turn: Turn, model_id: str) -> HttpResponse:
     return JsonResponse({**_final(turn, model_id), "message": message})
 
 
-async def _ndjson(
+def _ndjson(
     chat: bool,
     turn: Turn,
     model_id: str,
@@ -258,25 +256,18 @@ async def _ndjson(
         )
         return line({"model": model_id, "created_at": _now(), **part, "done": False})
 
-    ended: Turn | None = None
-    try:
-        async for piece in chained(first, pieces):
-            if isinstance(piece, Turn):
-                ended = piece
-            elif isinstance(piece, str):
-                yield text_line(piece)
-            elif chat and (thought := piece.get("thinking")):  # Ollama streams thoughts as the message's thinking
-                yield text_line("", thinking=thought)
-        assert ended is not None
+    def end(ended: Turn) -> list[bytes]:
         if ended.status in ENDED_STATUSES:
-            yield line({"error": ended.error or f"The reply was {ended.status}."})
-            return
-        if chat and (calls := _tool_calls(ended)):
-            yield text_line("", tool_calls=calls)
+            return [line({"error": ended.error or f"The reply was {ended.status}."})]
+        calls = [text_line("", tool_calls=found)] if chat and (found := _tool_calls(ended)) else []
         final = _final(ended, model_id)
-        yield line({**final, "message": {"role": "assistant", "content": ""}} if chat else {**final, "response": ""})
-    finally:
-        await asyncio.shield(listener_finish(listener, ended is None))
+        done = {**final, "message": {"role": "assistant", "content": ""}} if chat else {**final, "response": ""}
+        return [*calls, line(done)]
+
+    def thought(text: str) -> bytes:  # Ollama streams thoughts as the message's thinking
+        return text_line("", thinking=text)
+
+    return text_stream(listener, first, pieces, text_line, end, thinking=thought if chat else None)
 
 
 async def chat(request: HttpRequest) -> HttpResponse | StreamingHttpResponse:

@@ -376,6 +376,32 @@ async def chained(first: Piece, rest: AsyncIterator[Piece]) -> AsyncIterator[Pie
             yield piece
 
 
+async def text_stream(
+    listener: TurnListener,
+    first: Piece,
+    rest: AsyncIterator[Piece],
+    text: Callable[[str], bytes],
+    end: Callable[[Turn], list[bytes]],
+    thinking: Callable[[str], bytes] | None = None,
+) -> AsyncIterator[bytes]:
+    """A reply as an API's events of its text (and, with ``thinking``, of its thoughts), in order, then what ``end``
+    makes of the ended turn; closing it before the end (the client went away) cancels the turn."""
+    ended: Turn | None = None
+    try:
+        async for piece in chained(first, rest):
+            if isinstance(piece, Turn):
+                ended = piece
+            elif isinstance(piece, str):
+                yield text(piece)
+            elif thinking is not None and (thought := piece.get("thinking")):
+                yield thinking(thought)
+        assert ended is not None
+        for event in end(ended):
+            yield event
+    finally:
+        await asyncio.shield(listener_finish(listener, ended is None))
+
+
 class PieceWriter(Protocol):
     """An API's events for a reply's pieces (Anthropic's content blocks, the Responses API's output items)."""
 

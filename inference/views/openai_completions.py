@@ -9,7 +9,6 @@ with 501 and its words, which the client gets.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -23,10 +22,9 @@ from inference.views.openai_chat import (
     Submitted,
     answered,
     authenticated_submit,
-    chained,
     finish_reason_of,
-    listener_finish,
     sse,
+    text_stream,
     turn_submit_for,
     usage_of,
 )
@@ -65,7 +63,7 @@ def _base(turn: Turn, model_id: str) -> dict[str, Any]:
             "model": model_id}  # fmt: skip
 
 
-async def _stream(
+def _stream(
     turn: Turn, model_id: str, include_usage: bool, listener: TurnListener, pieces: AsyncIterator[Piece], first: Piece
 ) -> AsyncIterator[bytes]:
     """The completion's text as ``text_completion`` events; closing the iterator early cancels the turn."""
@@ -74,21 +72,12 @@ async def _stream(
     def chunk(text: str, finish: str | None = None) -> bytes:
         return sse({**base, "choices": [{"text": text, "index": 0, "logprobs": None, "finish_reason": finish}]})
 
-    ended: Turn | None = None
-    try:
-        async for piece in chained(first, pieces):
-            if isinstance(piece, Turn):
-                ended = piece
-            elif isinstance(piece, str):
-                yield chunk(piece)
-        assert ended is not None
+    def end(ended: Turn) -> list[bytes]:
         if ended.status in ENDED_STATUSES:
-            yield sse({"error": {"message": ended.error or f"The reply was {ended.status}.", "type": "server_error",
-                                 "param": None, "code": ended.status}})  # fmt: skip
-        else:
-            yield chunk("", finish_reason_of(ended))
-            if include_usage:
-                yield sse({**base, "choices": [], "usage": usage_of(ended)})
-        yield sse("[DONE]")
-    finally:
-        await asyncio.shield(listener_finish(listener, ended is None))
+            error = {"message": ended.error or f"The reply was {ended.status}.", "type": "server_error", "param": None,
+                     "code": ended.status}  # fmt: skip
+            return [sse({"error": error}), sse("[DONE]")]
+        usage = [sse({**base, "choices": [], "usage": usage_of(ended)})] if include_usage else []
+        return [chunk("", finish_reason_of(ended)), *usage, sse("[DONE]")]
+
+    return text_stream(listener, first, pieces, chunk, end)
