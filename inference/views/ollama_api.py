@@ -31,7 +31,7 @@ from inference.views.openai_chat import (
     text_stream,
     turn_submit_for,
 )
-from inference.views.openai_embeddings import embeddings_answer, embeddings_submit
+from inference.views.openai_embeddings import embeddings_submit, whole_answer
 from inference.views.openai_request import (
     BadRequest,
     ChatCompletionRequest,
@@ -329,13 +329,10 @@ async def embed(request: HttpRequest) -> HttpResponse:
     shape."""
     if request.method != "POST":
         return _error(405, "Use POST.")
-    submitted = await on_db_thread(_key_view(_embed_submit))(request)
-    if isinstance(submitted, HttpResponse):
-        return submitted
-    turn, model_id = submitted
-    answer = await embeddings_answer(turn)
-    if isinstance(answer, HttpResponse):
-        return _ollama_shape(answer)
+    answered = await whole_answer(request, _key_view(_embed_submit), _ollama_shape)
+    if isinstance(answered, HttpResponse):
+        return answered
+    answer, model_id = answered
     vectors = [item.get("embedding") for item in answer.get("data") or [] if isinstance(item, dict)]
     tokens = (answer.get("usage") or {}).get("prompt_tokens") or 0
     return JsonResponse({"model": model_id, "embeddings": vectors, "prompt_eval_count": tokens})
@@ -363,12 +360,10 @@ async def embeddings(request: HttpRequest) -> HttpResponse:
     answered as ``{"embedding": [...]}``."""
     if request.method != "POST":
         return _error(405, "Use POST.")
-    submitted = await on_db_thread(_key_view(_embeddings_submit))(request)
-    if isinstance(submitted, HttpResponse):
-        return submitted
-    answer = await embeddings_answer(submitted[0])
-    if isinstance(answer, HttpResponse):
-        return _ollama_shape(answer)
+    answered = await whole_answer(request, _key_view(_embeddings_submit), _ollama_shape)
+    if isinstance(answered, HttpResponse):
+        return answered
+    answer, _ = answered
     vectors = [item.get("embedding") for item in answer.get("data") or [] if isinstance(item, dict)]
     return JsonResponse({"embedding": vectors[0] if vectors else []})
 

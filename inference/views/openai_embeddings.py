@@ -8,6 +8,7 @@ https://platform.openai.com/docs/api-reference/embeddings.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from django.http import HttpRequest, HttpResponse, JsonResponse
@@ -64,15 +65,30 @@ async def embeddings_answer(turn: Turn) -> dict[str, Any] | HttpResponse:
     return answer
 
 
-async def embeddings(request: HttpRequest) -> HttpResponse:
-    if request.method != "POST":
-        return error(405, "Use POST.", code="method_not_allowed")
-    submitted = await on_db_thread(key_checked)(request, _submit)
+async def whole_answer(
+    request: HttpRequest,
+    submit: Callable[[HttpRequest], Asked | HttpResponse],
+    shape: Callable[[HttpResponse], HttpResponse],
+) -> tuple[dict[str, Any], str] | HttpResponse:
+    """A request answered whole (embeddings, a rerank): ``submit`` on a database thread (its refusals in its API's
+    shape), then the rig's answer and the model id the client named once the turn has ended; a failure as ``shape``
+    words it."""
+    submitted = await on_db_thread(submit)(request)
     if isinstance(submitted, HttpResponse):
         return submitted
     turn, model_id = submitted
     answer = await embeddings_answer(turn)
-    return answer if isinstance(answer, HttpResponse) else JsonResponse({**answer, "model": model_id})
+    return shape(answer) if isinstance(answer, HttpResponse) else (answer, model_id)
+
+
+async def embeddings(request: HttpRequest) -> HttpResponse:
+    if request.method != "POST":
+        return error(405, "Use POST.", code="method_not_allowed")
+    answered = await whole_answer(request, lambda asked: key_checked(asked, _submit), lambda failed: failed)
+    if isinstance(answered, HttpResponse):
+        return answered
+    answer, model_id = answered
+    return JsonResponse({**answer, "model": model_id})
 
 
 embeddings.csrf_exempt = True  # type: ignore[attr-defined]  # API keys only, never a session cookie

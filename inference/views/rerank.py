@@ -22,9 +22,8 @@ from inference.models import Turn
 from inference.turns.api import api_rerank_submit
 from inference.views.llamacpp_native import model_entry, native_authenticated, native_error, native_shape
 from inference.views.openai_chat import submitted_or_refused
-from inference.views.openai_embeddings import embeddings_answer
+from inference.views.openai_embeddings import whole_answer
 from inference.views.openai_request import BadRequest, body_read
-from inference.views.turn_listener import on_db_thread
 
 
 def _checked(body: dict[str, Any]) -> None:
@@ -61,13 +60,10 @@ def _submit(request: HttpRequest) -> tuple[Turn, str] | HttpResponse:
 async def rerank(request: HttpRequest) -> HttpResponse:
     if request.method != "POST":
         return native_error(405, "Use POST.")
-    submitted = await on_db_thread(_submit)(request)
-    if isinstance(submitted, HttpResponse):
-        return submitted
-    turn, model_id = submitted
-    answer = await embeddings_answer(turn)
-    if isinstance(answer, HttpResponse):
-        return native_shape(answer)
+    answered = await whole_answer(request, _submit, native_shape)
+    if isinstance(answered, HttpResponse):
+        return answered
+    answer, model_id = answered
     if "tei" in answer:  # TEI's shape is a bare list
         return JsonResponse(answer["tei"], safe=False)
     return JsonResponse({**answer, "model": model_id})
