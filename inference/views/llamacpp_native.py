@@ -125,7 +125,6 @@ def _parsed(body: dict[str, Any], route: str, model_id: str) -> ChatCompletionRe
     if not isinstance(stream, bool) and stream is not None:
         raise BadRequest('"stream" must be a boolean')
     cap, sent = _cap(body)
-    _response_fields(body)
     if route == "completion":
         prompt = body.get("prompt")
         if not isinstance(prompt, str) or not prompt:
@@ -184,8 +183,8 @@ def _submit(request: HttpRequest, route: str) -> tuple[Submitted, list[str] | No
         body = body_read(request.body)
         entry = model_entry(body)
         _native_rig(entry)
-        parsed = _parsed(body, route, entry.id)
         fields = _response_fields(body)
+        parsed = _parsed(body, route, entry.id)
     except BadRequest as exc:
         return answer_confirmed(request, native_error(exc.status, exc.message), _key_refused), None
     submitted = turn_submit_for(request, parsed)
